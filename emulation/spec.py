@@ -1,0 +1,281 @@
+"""FabricSpec and JobLayout: the emulated (and simulated) cluster as plain, validated data.
+
+Numbering conventions (shared by the Mininet builder, the controller and RLSim):
+
+* servers are numbered 0..n_servers-1, ToR by ToR; ToRs 0..n_tors-1, pod by pod; OCSes 0..ocs_count-1.
+* ToR OpenFlow ports: 1..servers_per_tor face servers (server local index + 1); then
+  servers_per_tor+1 .. servers_per_tor+uplinks_per_tor face the OCS layer (uplink u -> port S+1+u).
+* uplink u of ToR t lands on OCS ``u % ocs_count`` at port ``1 + t*k + u // ocs_count`` where
+  ``k = uplinks_per_tor // ocs_count`` (every ToR has k ports on every OCS).
+* names carry the prefix ``orl`` (NAME_PREFIX) so that ``orchestrrl clean`` finds every leftover.
+
+Rates: ``server_gbps`` and ``uplink_gbps`` are *real* link rates; the emulator shapes each link to
+``real_gbps * 1000 * scale`` Mb/s and every byte count is scaled by the same factor, so times stay real.
+"""
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Iterator, NamedTuple
+
+from .validation import SpecError, require
+
+NAME_PREFIX = "orl"
+TOR_DPID_BASE = 0x1000
+OCS_DPID_BASE = 0x2000
+MAX_EMULATED_SERVERS = 250
+
+
+class Uplink(NamedTuple):
+    tor: int
+    uplink: int  # 0..uplinks_per_tor-1
+    tor_port: int  # OpenFlow port on the ToR
+    ocs: int
+    ocs_port: int  # OpenFlow port on the OCS
+
+
+@dataclass(frozen=True)
+class FabricSpec:
+    pods: int = 2
+    tors_per_pod: int = 2
+    servers_per_tor: int = 2
+    gpus_per_server: int = 8
+    ocs_count: int = 1
+    ocs_ports: int = 0  # 0: exactly the ports the ToR uplinks need
+    uplinks_per_tor: int = 2
+    server_gbps: float = 400.0  # real rate of a server's fabric link
+    uplink_gbps: float = 400.0  # real rate of one ToR uplink (one OCS circuit)
+    scale: float = 0.001  # emulated Mb/s = real Gb/s * 1000 * scale
+    reconfig_delay_ms: float = 10.0  # default OCS switching time (3D-MEMS, REFERENCE.md)
+    fabric_subnet: str = "10.0.0.0/24"
+    mgmt_subnet: str = "10.0.1.0/24"
+
+    def __post_init__(self) -> None:
+        for name in ("pods", "tors_per_pod", "servers_per_tor", "gpus_per_server", "ocs_count",
+                     "uplinks_per_tor"):
+            require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        require(self.ocs_ports >= 0, "ocs_ports", f"must be >= 0, got {self.ocs_ports}")
+        require(self.uplinks_per_tor % self.ocs_count == 0, "uplinks_per_tor",
+                f"must be a multiple of ocs_count ({self.ocs_count}) so every ToR has the same ports on "
+                f"every OCS, got {self.uplinks_per_tor}")
+        if self.ocs_ports:
+            require(self.ocs_ports >= self.ocs_ports_needed, "ocs_ports",
+                    f"{self.n_tors} ToRs x {self.ports_per_tor_per_ocs} uplinks per OCS need "
+                    f"{self.ocs_ports_needed} ports, got {self.ocs_ports}")
+        for name in ("server_gbps", "uplink_gbps", "scale"):
+            require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
+        require(self.reconfig_delay_ms >= 0, "reconfig_delay_ms",
+                f"must be >= 0, got {self.reconfig_delay_ms}")
+        nets = {}
+        for name in ("fabric_subnet", "mgmt_subnet"):
+            try:
+                nets[name] = ipaddress.IPv4Network(getattr(self, name), strict=True)
+            except ValueError as e:
+                raise SpecError(name, f"not an IPv4 network: {e}") from None
+        require(not nets["fabric_subnet"].overlaps(nets["mgmt_subnet"]), "mgmt_subnet",
+                f"overlaps fabric_subnet {self.fabric_subnet}")
+
+    # ---- sizes -------------------------------------------------------------------------------
+    @property
+    def n_tors(self) -> int:
+        return self.pods * self.tors_per_pod
+
+    @property
+    def n_servers(self) -> int:
+        return self.n_tors * self.servers_per_tor
+
+    @property
+    def n_gpus(self) -> int:
+        return self.n_servers * self.gpus_per_server
+
+    @property
+    def ports_per_tor_per_ocs(self) -> int:
+        return self.uplinks_per_tor // self.ocs_count
+
+    @property
+    def ocs_ports_needed(self) -> int:
+        return self.n_tors * self.ports_per_tor_per_ocs
+
+    @property
+    def ports_per_ocs(self) -> int:
+        return self.ocs_ports or self.ocs_ports_needed
+
+    # ---- structure ---------------------------------------------------------------------------
+    def tor_of_server(self, server: int) -> int:
+        self._check_index("server", server, self.n_servers)
+        return server // self.servers_per_tor
+
+    def pod_of_tor(self, tor: int) -> int:
+        self._check_index("tor", tor, self.n_tors)
+        return tor // self.tors_per_pod
+
+    def pod_of_server(self, server: int) -> int:
+        return self.pod_of_tor(self.tor_of_server(server))
+
+    def tors_in_pod(self, pod: int) -> range:
+        self._check_index("pod", pod, self.pods)
+        return range(pod * self.tors_per_pod, (pod + 1) * self.tors_per_pod)
+
+    def servers_on_tor(self, tor: int) -> range:
+        self._check_index("tor", tor, self.n_tors)
+        return range(tor * self.servers_per_tor, (tor + 1) * self.servers_per_tor)
+
+    def server_port(self, server: int) -> int:
+        """ToR port facing ``server``."""
+        self._check_index("server", server, self.n_servers)
+        return server % self.servers_per_tor + 1
+
+    def uplink(self, tor: int, u: int) -> Uplink:
+        self._check_index("tor", tor, self.n_tors)
+        self._check_index("uplink", u, self.uplinks_per_tor)
+        ocs = u % self.ocs_count
+        port = 1 + tor * self.ports_per_tor_per_ocs + u // self.ocs_count
+        return Uplink(tor, u, self.servers_per_tor + 1 + u, ocs, port)
+
+    def uplinks(self) -> Iterator[Uplink]:
+        for t in range(self.n_tors):
+            for u in range(self.uplinks_per_tor):
+                yield self.uplink(t, u)
+
+    def ocs_port_owner(self, ocs: int, port: int) -> Uplink | None:
+        """The ToR uplink wired to ``(ocs, port)``, or None for a spare port."""
+        self._check_index("ocs", ocs, self.ocs_count)
+        if not 1 <= port <= self.ports_per_ocs:
+            raise SpecError("port", f"OCS {ocs} has ports 1..{self.ports_per_ocs}, got {port}")
+        idx = port - 1
+        if idx >= self.ocs_ports_needed:
+            return None
+        tor, j = divmod(idx, self.ports_per_tor_per_ocs)
+        return self.uplink(tor, j * self.ocs_count + ocs)
+
+    def _check_index(self, what: str, i: int, n: int) -> bool:
+        if not (isinstance(i, int) and 0 <= i < n):
+            raise SpecError(what, f"must be in 0..{n - 1}, got {i!r}")
+        return True
+
+    # ---- names, ids, addresses ---------------------------------------------------------------
+    @staticmethod
+    def host_name(server: int) -> str:
+        return f"{NAME_PREFIX}h{server}"
+
+    @staticmethod
+    def tor_name(tor: int) -> str:
+        return f"{NAME_PREFIX}t{tor}"
+
+    @staticmethod
+    def ocs_name(ocs: int) -> str:
+        return f"{NAME_PREFIX}o{ocs}"
+
+    @staticmethod
+    def tor_dpid(tor: int) -> int:
+        return TOR_DPID_BASE + tor
+
+    @staticmethod
+    def ocs_dpid(ocs: int) -> int:
+        return OCS_DPID_BASE + ocs
+
+    def classify_dpid(self, dpid: int) -> tuple[str, int] | None:
+        """('tor', t) or ('ocs', o) for a dpid of this fabric, else None."""
+        if TOR_DPID_BASE <= dpid < TOR_DPID_BASE + self.n_tors:
+            return ("tor", dpid - TOR_DPID_BASE)
+        if OCS_DPID_BASE <= dpid < OCS_DPID_BASE + self.ocs_count:
+            return ("ocs", dpid - OCS_DPID_BASE)
+        return None
+
+    def _addr(self, subnet: str, index: int) -> str:
+        net = ipaddress.IPv4Network(subnet)
+        if index + 1 >= net.num_addresses - 1:
+            raise SpecError(subnet, f"subnet {subnet} too small for host index {index}")
+        return str(net.network_address + index + 1)
+
+    def host_ip(self, server: int) -> str:
+        self._check_index("server", server, self.n_servers)
+        return self._addr(self.fabric_subnet, server)
+
+    def host_mgmt_ip(self, server: int) -> str:
+        self._check_index("server", server, self.n_servers)
+        return self._addr(self.mgmt_subnet, server)
+
+    @property
+    def mgmt_gateway_ip(self) -> str:
+        """Root-namespace end of the management network (last usable address)."""
+        net = ipaddress.IPv4Network(self.mgmt_subnet)
+        return str(net.broadcast_address - 1)
+
+    @property
+    def prefixlen(self) -> int:
+        return ipaddress.IPv4Network(self.fabric_subnet).prefixlen
+
+    @staticmethod
+    def host_mac(server: int) -> str:
+        return "02:00:00:%02x:%02x:%02x" % ((server >> 16) & 0xFF, (server >> 8) & 0xFF, server & 0xFF)
+
+    # ---- rates -------------------------------------------------------------------------------
+    def emulated_mbps(self, real_gbps: float) -> float:
+        return real_gbps * 1000.0 * self.scale
+
+    @property
+    def server_link_mbps(self) -> float:
+        return self.emulated_mbps(self.server_gbps)
+
+    @property
+    def uplink_mbps(self) -> float:
+        return self.emulated_mbps(self.uplink_gbps)
+
+    def scaled_bytes(self, real_bytes: float) -> float:
+        """Bytes to send on the emulated fabric for ``real_bytes`` on the real one (same duration)."""
+        return real_bytes * self.scale
+
+    @property
+    def aggregate_emulated_gbps(self) -> float:
+        """Most traffic the hosts can inject at once (all server links busy), emulated Gb/s."""
+        return self.n_servers * self.server_link_mbps / 1000.0
+
+    def check_emulatable(self) -> None:
+        """Raise SpecError when the Mininet builder cannot build this spec on one machine."""
+        require(self.n_servers <= MAX_EMULATED_SERVERS, "servers",
+                f"{self.n_servers} servers; the emulator builds at most {MAX_EMULATED_SERVERS} "
+                "(use RLSim for larger clusters)")
+        for name in ("fabric_subnet", "mgmt_subnet"):
+            net = ipaddress.IPv4Network(getattr(self, name))
+            require(net.num_addresses - 3 >= self.n_servers, name,
+                    f"{getattr(self, name)} has too few addresses for {self.n_servers} servers")
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """Which pods train and which generate (every pod exactly one role)."""
+
+    train_pods: tuple[int, ...] = (0,)
+    gen_pods: tuple[int, ...] = (1,)
+
+    def __post_init__(self) -> None:
+        require(len(self.train_pods) >= 1, "train_pods", "needs at least one pod")
+        require(len(self.gen_pods) >= 1, "gen_pods", "needs at least one pod")
+        both = set(self.train_pods) & set(self.gen_pods)
+        require(not both, "gen_pods", f"pods {sorted(both)} are also in train_pods")
+        for name in ("train_pods", "gen_pods"):
+            vals = getattr(self, name)
+            require(len(set(vals)) == len(vals), name, f"has duplicates: {list(vals)}")
+            require(all(v >= 0 for v in vals), name, f"pod indices must be >= 0, got {list(vals)}")
+
+    def check(self, spec: FabricSpec) -> None:
+        """Raise SpecError unless this layout covers exactly the pods of ``spec``."""
+        used = set(self.train_pods) | set(self.gen_pods)
+        bad = sorted(p for p in used if p >= spec.pods)
+        require(not bad, "layout", f"pods {bad} do not exist (fabric has {spec.pods} pods)")
+        missing = sorted(set(range(spec.pods)) - used)
+        require(not missing, "layout", f"pods {missing} have no role (list them in train_pods or gen_pods)")
+
+    def role_of_pod(self, pod: int) -> str:
+        if pod in self.train_pods:
+            return "train"
+        if pod in self.gen_pods:
+            return "gen"
+        raise SpecError("pod", f"pod {pod} has no role in this layout")
+
+    def train_servers(self, spec: FabricSpec) -> list[int]:
+        return [s for p in sorted(self.train_pods) for t in spec.tors_in_pod(p) for s in spec.servers_on_tor(t)]
+
+    def gen_servers(self, spec: FabricSpec) -> list[int]:
+        return [s for p in sorted(self.gen_pods) for t in spec.tors_in_pod(p) for s in spec.servers_on_tor(t)]

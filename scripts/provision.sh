@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Provision a Debian 12 machine (CI, a lab VM through the Vagrantfile, a fresh box) for the testbed.
+# Idempotent: safe to run again; it only adds what is missing.
+#   - Debian packages: Open vSwitch, Mininet, iperf3, tc/iproute2, ethtool, python3-venv
+#   - Open vSwitch started without systemd, userspace TSO enabled (see shared PLATFORM.md)
+#   - .venv (Debian's /usr/bin/python3, the one Mininet is packaged for) with the project and its extras
+# Usage: scripts/provision.sh [--no-ovs-start] [--extras test,sim]
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+extras="test"
+start_ovs=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --extras) extras="$2"; shift 2 ;;
+    --no-ovs-start) start_ovs=0; shift ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "provision.sh: unknown argument: $1" >&2; exit 2 ;;
+  esac
+done
+
+log() { printf '[provision] %s\n' "$*"; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "provision.sh: must run as root (it installs Debian packages and starts Open vSwitch)" >&2
+  exit 2
+fi
+
+# ---- Debian packages -------------------------------------------------------------------------
+pkgs=(openvswitch-switch openvswitch-common mininet iperf3 iproute2 ethtool python3-venv python3-dev procps)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  # mininet recommends openvswitch-testcontroller etc.; only what we name is needed
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  log "Debian packages present"
+fi
+
+# ---- Open vSwitch (no systemd; userspace datapath; userspace TSO) ------------------------------
+ovs_ctl=/usr/share/openvswitch/scripts/ovs-ctl
+if [ "$start_ovs" = 1 ]; then
+  if ! ovs-vsctl --timeout=5 show >/dev/null 2>&1; then
+    log "starting Open vSwitch"
+    "$ovs_ctl" start --system-id=random >/dev/null 2>&1 || "$ovs_ctl" start --system-id=random
+  fi
+  tso=$(ovs-vsctl --timeout=5 get Open_vSwitch . other_config:userspace-tso-enable 2>/dev/null | tr -d '"' || true)
+  if [ "$tso" != "true" ]; then
+    log "enabling userspace TSO (needs an ovs-vswitchd restart)"
+    ovs-vsctl --timeout=5 set Open_vSwitch . other_config:userspace-tso-enable=true
+    "$ovs_ctl" restart --system-id=random >/dev/null 2>&1 || "$ovs_ctl" restart --system-id=random
+  fi
+  ovs-vsctl --timeout=5 show >/dev/null
+  log "Open vSwitch $(ovs-vsctl --version | head -1 | awk '{print $NF}') running, userspace TSO on"
+fi
+
+# ---- Python virtual environment --------------------------------------------------------------
+py=/usr/bin/python3
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv with $py"
+  "$py" -m venv .venv
+fi
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# Debian's mininet lives in /usr/lib/python3/dist-packages; expose only it (not all system packages).
+mkdir -p .venv/debian-links
+ln -sfn /usr/lib/python3/dist-packages/mininet .venv/debian-links/mininet
+echo "$here/.venv/debian-links" > "$site/orchestrrl_debian_mininet.pth"
+
+log "installing the project with extras [$extras] (torch==2.13.0 CPU build from local disk)"
+.venv/bin/python -m pip install -q --upgrade pip setuptools wheel
+.venv/bin/python -m pip install -q -e ".[$extras]"
+.venv/bin/python -c 'import mininet.net, torch, os_ken, statsmodels; print("[provision] python deps import fine; torch", torch.__version__)'
+log "done"

@@ -1,0 +1,62 @@
+"""`orchestrrl` command line: one entry point, one module per command group.
+
+Each module in COMMAND_MODULES exposes ``register(subparsers)`` which adds its parser(s) and sets
+``func`` (``func(args) -> int``, the exit code). Exit codes: 0 ok, 1 failure/not ready, 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from emulation.validation import SpecError
+
+COMMAND_MODULES = (
+    "testbed.commands.doctor",
+    "testbed.commands.clean",
+    "testbed.commands.controller",
+    "testbed.commands.fabric",
+    "testbed.commands.bench",
+    "testbed.commands.sim",
+    "testbed.commands.demo",
+)
+
+
+class UsageError(Exception):
+    """Bad command-line input detected after parsing (exit code 2)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="orchestrrl", description="OrchestrRL emulation testbed")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # command group not built yet
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except (SpecError, UsageError) as e:
+        print(f"orchestrrl {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
