@@ -4,18 +4,21 @@
 #   - Debian packages: Open vSwitch, Mininet, iperf3, tc/iproute2, ethtool, python3-venv
 #   - Open vSwitch started without systemd, userspace TSO enabled (see shared PLATFORM.md)
 #   - .venv (Debian's /usr/bin/python3, the one Mininet is packaged for) with the project and its extras
-# Usage: scripts/provision.sh [--no-ovs-start] [--extras test,sim]
+# Usage: scripts/provision.sh [--extras test] [--with-vagrant] [--no-ovs-start]
+#   --with-vagrant  also install Debian's vagrant (CI uses it to validate the Vagrantfile)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 extras="test"
 start_ovs=1
+with_vagrant=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --extras) extras="$2"; shift 2 ;;
     --no-ovs-start) start_ovs=0; shift ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    --with-vagrant) with_vagrant=1; shift ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "provision.sh: unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -29,6 +32,7 @@ fi
 
 # ---- Debian packages -------------------------------------------------------------------------
 pkgs=(openvswitch-switch openvswitch-common mininet iperf3 iproute2 ethtool python3-venv python3-dev procps)
+[ "$with_vagrant" = 1 ] && pkgs+=(vagrant)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -73,7 +77,9 @@ ln -sfn /usr/lib/python3/dist-packages/mininet .venv/debian-links/mininet
 echo "$here/.venv/debian-links" > "$site/orchestrrl_debian_mininet.pth"
 
 log "installing the project with extras [$extras] (torch==2.13.0 CPU build from local disk)"
-.venv/bin/python -m pip install -q --upgrade pip setuptools wheel
-.venv/bin/python -m pip install -q -e ".[$extras]"
+# This machine's pip config lists local package mirrors; pip warns about every folder they lack. Hide that noise.
+quiet_pip() { .venv/bin/python -m pip "$@" 2>&1 | { grep -v "^WARNING: Location 'file://" || true; }; }
+quiet_pip install -q --upgrade pip setuptools wheel
+quiet_pip install -q -e ".[$extras]"
 .venv/bin/python -c 'import mininet.net, torch, os_ken, statsmodels; print("[provision] python deps import fine; torch", torch.__version__)'
 log "done"
