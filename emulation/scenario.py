@@ -1,0 +1,82 @@
+"""Scenario: one YAML file that says what to run (fabric, job layout, workload, controller settings).
+
+``load_scenario(path)`` reads and validates a scenario file. Every error is a :class:`SpecError` whose field
+is the dotted path in the file (``fabric.pods: must be >= 1, got 0``); a missing or unreadable file is a
+SpecError naming the path. The layout is checked against the fabric (every pod has exactly one role).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import yaml
+
+from .spec import FabricSpec, JobLayout
+from .validation import SpecError, from_dict, require
+from .workload import WorkloadSpec
+
+Phase = Literal["train", "gen", "sync"]
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    # OCS switching time in ms; None: the fabric's reconfig_delay_ms.
+    delay_ms: float | None = None
+    # Phase topology installed when the fabric comes up.
+    initial_phase: Phase = "train"
+
+    def __post_init__(self) -> None:
+        if self.delay_ms is not None:
+            require(math.isfinite(self.delay_ms) and self.delay_ms >= 0, "delay_ms",
+                    f"must be >= 0, got {self.delay_ms}")
+
+    def effective_delay_ms(self, fabric: FabricSpec) -> float:
+        return fabric.reconfig_delay_ms if self.delay_ms is None else self.delay_ms
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str = "scenario"
+    seed: int = 0
+    fabric: FabricSpec = field(default_factory=FabricSpec)
+    layout: JobLayout = field(default_factory=JobLayout)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    controller: ControllerSettings = field(default_factory=ControllerSettings)
+
+    def __post_init__(self) -> None:
+        require(bool(self.name.strip()), "name", "must not be empty")
+        require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        self.layout.check(self.fabric)
+
+    def rng(self) -> np.random.Generator:
+        """A fresh generator seeded with ``seed`` (same scenario, same draws)."""
+        return np.random.default_rng(self.seed)
+
+
+def scenario_from_dict(data: object, source: str = "scenario") -> Scenario:
+    """Validate a parsed scenario (a mapping) into a :class:`Scenario`."""
+    if data is None:
+        raise SpecError("", f"{source}: empty scenario")
+    return from_dict(Scenario, data, "")
+
+
+def load_scenario(path: str | os.PathLike) -> Scenario:
+    """Read and validate the scenario YAML file at ``path``."""
+    p = os.fspath(path)
+    try:
+        with open(p, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise SpecError("scenario", f"no such file: {p}") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise SpecError("scenario", f"cannot read {p}: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError("scenario", f"{p} is not valid YAML: {e}") from None
+    if data is None:
+        raise SpecError("scenario", f"{p} is empty")
+    return from_dict(Scenario, data, "")

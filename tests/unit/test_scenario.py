@@ -1,0 +1,84 @@
+import os
+
+import pytest
+import yaml
+
+from emulation.scenario import ControllerSettings, Scenario, load_scenario
+from emulation.validation import SpecError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCEN = os.path.join(ROOT, "scenarios")
+
+
+def write(tmp_path, data):
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_default_scenario_is_emulatable():
+    s = load_scenario(os.path.join(SCEN, "default.yaml"))
+    f = s.fabric
+    assert (f.pods, f.tors_per_pod, f.servers_per_tor, f.ocs_count, f.uplinks_per_tor) == (2, 2, 2, 1, 2)
+    assert f.server_link_mbps == pytest.approx(400.0)
+    f.check_emulatable()
+    assert s.controller.effective_delay_ms(f) == f.reconfig_delay_ms
+
+
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(SCEN) if n.endswith(".yaml")))
+def test_every_shipped_scenario_loads(name):
+    s = load_scenario(os.path.join(SCEN, name))
+    assert isinstance(s, Scenario)
+
+
+def test_empty_mapping_gives_defaults(tmp_path):
+    s = load_scenario(write(tmp_path, {"name": "x"}))
+    assert s == Scenario(name="x")
+
+
+@pytest.mark.parametrize("data, field, text", [
+    ({"fabric": {"pods": 0}}, "fabric.pods", "must be >= 1, got 0"),
+    ({"fabric": {"podz": 2}}, "fabric.podz", "unknown key"),
+    ({"workload": {"model": "x"}}, "workload.model", "must be one of"),
+    ({"workload": {"steps": 1.5}}, "workload.steps", "must be an integer"),
+    ({"controller": {"delay_ms": -1}}, "controller.delay_ms", "must be >= 0"),
+    ({"controller": {"initial_phase": "idle"}}, "controller.initial_phase", "must be one of"),
+    ({"layout": {"train_pods": [0], "gen_pods": [2]}}, "layout", "do not exist"),
+    ({"fabric": {"pods": 3}}, "layout", "have no role"),
+    ({"seed": -1}, "seed", ">= 0"),
+    ({"extra": 1}, "extra", "unknown key"),
+])
+def test_errors_name_the_dotted_field(tmp_path, data, field, text):
+    with pytest.raises(SpecError) as e:
+        load_scenario(write(tmp_path, data))
+    assert e.value.field == field
+    assert text in str(e.value)
+
+
+def test_missing_and_bad_files(tmp_path):
+    with pytest.raises(SpecError, match="no such file.*nope.yaml"):
+        load_scenario(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("fabric: [1, 2\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_scenario(bad)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(SpecError, match="empty"):
+        load_scenario(empty)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n")
+    with pytest.raises(SpecError, match="mapping"):
+        load_scenario(lst)
+
+
+def test_seed_reproduces_draws(tmp_path):
+    s = load_scenario(write(tmp_path, {"seed": 5}))
+    a = s.workload.sample_lengths(s.rng())
+    b = s.workload.sample_lengths(s.rng())
+    assert (a == b).all()
+
+
+def test_controller_delay_override():
+    s = Scenario(controller=ControllerSettings(delay_ms=2.5))
+    assert s.controller.effective_delay_ms(s.fabric) == 2.5
