@@ -1,0 +1,370 @@
+"""The os-ken app: thin OpenFlow 1.3 adapter between the switches and :class:`FabricController`.
+
+Handlers only look things up and delegate: switch connect/disconnect go to the core; flow (and group) read
+back after a connect is turned into plain data; the core decides what to change and calls back through
+:class:`OsKenDriver` (flow-mods, group-mods, barriers). No table-miss flow is ever installed: the bridges
+are fail-mode secure, so unmatched packets drop and flows survive a dead controller.
+
+:func:`run_controller` starts everything in one process: os-ken's OpenFlow listener, this app and the REST
+API (eventlet's WSGI server in a green thread).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Sequence
+
+import eventlet
+import eventlet.semaphore
+import eventlet.wsgi
+from os_ken.base import app_manager
+from os_ken.controller import ofp_event
+from os_ken.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
+from os_ken.lib import hub
+from os_ken.ofproto import ofproto_v1_3
+
+from .ocs import COOKIE_MASK, OCS_COOKIE, OCS_PRIORITY, TOR_COOKIE, FlowSpec
+from .reconfig import PreciseClock
+from .rest import RestApp
+from .runtime import ControllerConfig, FabricController
+
+log = logging.getLogger(__name__)
+
+BARRIER_TIMEOUT_S = 5.0
+STATS_TIMEOUT_S = 10.0
+ALL_BITS = 0xFFFFFFFFFFFFFFFF
+
+_CONFIG: ControllerConfig | None = None  # set by run_controller before the app is instantiated
+
+
+class SwitchTimeout(Exception):
+    pass
+
+
+class OrlControllerApp(app_manager.OSKenApp):
+    OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
+
+    def __init__(self, *args, **kwargs):  # os-ken's app constructor signature
+        super().__init__(*args, **kwargs)
+        if _CONFIG is None:
+            raise RuntimeError("OrlControllerApp needs controller.app.run_controller (no config set)")
+        cfg = _CONFIG
+        self.spec = cfg.spec
+        self.dps: dict[int, Any] = {}
+        self._waiters: dict[tuple[int, int], tuple[hub.Event, list]] = {}
+        self.tor_groups: dict[int, dict[int, tuple]] = {}  # tor -> {group_id: bucket ports} as read back
+        self.tor_flows: dict[int, dict[tuple, Any]] = {}  # tor -> {(priority, match items): stats}
+        self.fresh_tors: set[int] = set()  # ToRs read back since their last full sync
+        self.driver = OsKenDriver(self)
+        self.core = FabricController(cfg.spec, cfg.layout, self.driver, PreciseClock(eventlet.sleep),
+                                     eventlet.semaphore.Semaphore(1), initial_phase=cfg.initial_phase,
+                                     delay_ms=cfg.delay_ms, state_path=cfg.state_file)
+
+    # ---- connection life cycle -----------------------------------------------------------------
+    @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
+    def _features(self, ev):
+        dp = ev.msg.datapath
+        kind = self.spec.classify_dpid(dp.id)
+        log.info("switch features: dpid %#x (%s)", dp.id, kind)
+        # deliberately no table-miss flow: fail-secure, unmatched packets drop
+
+    @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
+    def _state_change(self, ev):
+        dp = ev.datapath
+        if dp.id is None:
+            return
+        if ev.state == MAIN_DISPATCHER:
+            if self.spec.classify_dpid(dp.id) is None:
+                log.warning("dpid %#x is not part of this fabric: ignored", dp.id)
+                return
+            self.dps[dp.id] = dp
+            self.core.switch_connected(dp.id)
+            hub.spawn(self._sync_switch, dp)
+        elif ev.state == DEAD_DISPATCHER:
+            if self.dps.get(dp.id) is dp:
+                del self.dps[dp.id]
+                self.core.switch_disconnected(dp.id)
+
+    def _sync_switch(self, dp) -> None:
+        """Read a newly connected switch's flows (and groups), then hand them to the core."""
+        try:
+            kind, idx = self.spec.classify_dpid(dp.id)
+            if kind == "ocs":
+                stats = self.request_flows(dp, OCS_COOKIE)
+                pairs = []
+                for st in stats:
+                    pair = ocs_flow_pair(st)
+                    if pair is None:
+                        log.warning("OCS %d: flow %s is not a circuit flow; deleting it", idx, st)
+                        self._delete_stats_flow(dp, st)
+                    else:
+                        pairs.append(pair)
+                self.core.switch_synced(dp.id, pairs)
+            else:
+                stats = self.request_flows(dp, TOR_COOKIE)
+                self.tor_flows[idx] = {(st.priority, match_items(st.match)): st for st in stats}
+                self.tor_groups[idx] = self.request_groups(dp)
+                self.fresh_tors.add(idx)
+                self.core.switch_synced(dp.id)
+        except Exception:  # noqa: BLE001 - a green thread must log, not die silently
+            log.exception("sync of switch %#x failed", dp.id)
+
+    # ---- requests with replies --------------------------------------------------------------------
+    def _request(self, dp, msg, timeout: float) -> list:
+        ev = hub.Event()
+        replies: list = []
+        xid = dp.set_xid(msg)
+        self._waiters[(dp.id, xid)] = (ev, replies)
+        try:
+            dp.send_msg(msg)
+            if not ev.wait(timeout=timeout):
+                raise SwitchTimeout(f"switch {dp.id:#x} did not answer {type(msg).__name__} within {timeout} s")
+            return replies
+        finally:
+            self._waiters.pop((dp.id, xid), None)
+
+    def request_flows(self, dp, cookie: int) -> list:
+        ofp, parser = dp.ofproto, dp.ofproto_parser
+        req = parser.OFPFlowStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, cookie, COOKIE_MASK,
+                                         parser.OFPMatch())
+        return [st for msg in self._request(dp, req, STATS_TIMEOUT_S) for st in msg.body]
+
+    def request_groups(self, dp) -> dict[int, tuple]:
+        req = dp.ofproto_parser.OFPGroupDescStatsRequest(dp, 0)
+        out = {}
+        for msg in self._request(dp, req, STATS_TIMEOUT_S):
+            for g in msg.body:
+                out[g.group_id] = tuple(a.port for b in g.buckets for a in b.actions if hasattr(a, "port"))
+        return out
+
+    def _reply(self, ev, last: bool) -> None:
+        msg = ev.msg
+        w = self._waiters.get((msg.datapath.id, msg.xid))
+        if w is None:
+            return
+        w[1].append(msg)
+        if last:
+            w[0].set()
+
+    @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
+    def _barrier_reply(self, ev):
+        self._reply(ev, True)
+
+    @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)
+    def _flow_stats_reply(self, ev):
+        self._reply(ev, not (ev.msg.flags & ev.msg.datapath.ofproto.OFPMPF_REPLY_MORE))
+
+    @set_ev_cls(ofp_event.EventOFPGroupDescStatsReply, MAIN_DISPATCHER)
+    def _group_desc_reply(self, ev):
+        self._reply(ev, not (ev.msg.flags & ev.msg.datapath.ofproto.OFPMPF_REPLY_MORE))
+
+    @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    def _error(self, ev):
+        m = ev.msg
+        log.error("switch %#x: OpenFlow error type %d code %d (xid %d)", m.datapath.id, m.type, m.code, m.xid)
+
+    def _delete_stats_flow(self, dp, st) -> None:
+        ofp, parser = dp.ofproto, dp.ofproto_parser
+        dp.send_msg(parser.OFPFlowMod(dp, cookie=st.cookie, cookie_mask=ALL_BITS, table_id=st.table_id,
+                                      command=ofp.OFPFC_DELETE_STRICT, priority=st.priority,
+                                      out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=st.match))
+
+    def barrier(self, dpids: Sequence[int], timeout: float = BARRIER_TIMEOUT_S) -> None:
+        """Send a barrier to every switch, then wait for every reply (one deadline for all)."""
+        waits = []
+        try:
+            for d in dpids:
+                dp = self.dps.get(d)
+                if dp is None:
+                    raise SwitchTimeout(f"switch {d:#x} is not connected")
+                req = dp.ofproto_parser.OFPBarrierRequest(dp)
+                xid = dp.set_xid(req)
+                ev = hub.Event()
+                self._waiters[(d, xid)] = (ev, [])
+                waits.append((d, xid, ev))
+                dp.send_msg(req)
+            deadline = time.monotonic() + timeout
+            for d, xid, ev in waits:
+                if not ev.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    raise SwitchTimeout(f"switch {d:#x} did not confirm (barrier) within {timeout} s")
+        finally:
+            for d, xid, _ in waits:
+                self._waiters.pop((d, xid), None)
+
+
+# ---- message building (pure helpers over an os-ken datapath) ------------------------------------------
+def match_items(match) -> tuple:
+    return tuple(sorted((k, v) for k, v in match.items()))
+
+
+def ocs_flow_pair(st) -> tuple[int, int] | None:
+    """(in_port, out_port) of a circuit flow read back from an OCS; None for anything else."""
+    items = dict(match_items(st.match))
+    if set(items) != {"in_port"} or st.priority != OCS_PRIORITY or len(st.instructions) != 1:
+        return None
+    acts = getattr(st.instructions[0], "actions", [])
+    if len(acts) != 1 or not hasattr(acts[0], "port"):
+        return None
+    return int(items["in_port"]), int(acts[0].port)
+
+
+def _actions(dp, fs: FlowSpec) -> list:
+    parser = dp.ofproto_parser
+    out = []
+    for kind, arg in fs.actions:
+        if kind == "output":
+            out.append(parser.OFPActionOutput(int(arg)))
+        elif kind == "group":
+            out.append(parser.OFPActionGroup(int(arg)))
+        else:
+            raise ValueError(f"unsupported action {kind!r} in {fs}")
+    return out
+
+
+def flow_add(dp, fs: FlowSpec):
+    ofp, parser = dp.ofproto, dp.ofproto_parser
+    inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, _actions(dp, fs))]
+    return parser.OFPFlowMod(dp, cookie=fs.cookie, command=ofp.OFPFC_ADD, priority=fs.priority,
+                             match=parser.OFPMatch(**fs.match_dict()), instructions=inst)
+
+
+def flow_delete(dp, fs: FlowSpec):
+    ofp, parser = dp.ofproto, dp.ofproto_parser
+    return parser.OFPFlowMod(dp, cookie=fs.cookie, cookie_mask=COOKIE_MASK, command=ofp.OFPFC_DELETE_STRICT,
+                             priority=fs.priority, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
+                             match=parser.OFPMatch(**fs.match_dict()))
+
+
+def group_mod(dp, group_id: int, ports: Sequence[int], command: str):
+    ofp, parser = dp.ofproto, dp.ofproto_parser
+    cmd = {"add": ofp.OFPGC_ADD, "modify": ofp.OFPGC_MODIFY, "delete": ofp.OFPGC_DELETE}[command]
+    buckets = [] if command == "delete" else [
+        parser.OFPBucket(weight=1, watch_port=ofp.OFPP_ANY, watch_group=ofp.OFPG_ANY,
+                         actions=[parser.OFPActionOutput(int(p))]) for p in ports]
+    return parser.OFPGroupMod(dp, command=cmd, type_=ofp.OFPGT_SELECT, group_id=int(group_id), buckets=buckets)
+
+
+class OsKenDriver:
+    """:class:`controller.reconfig.Driver` over the app's connected datapaths."""
+
+    def __init__(self, app: OrlControllerApp):
+        self.app = app
+
+    def _dp(self, dpid: int):
+        dp = self.app.dps.get(dpid)
+        if dp is None:
+            raise SwitchTimeout(f"switch {dpid:#x} is not connected")
+        return dp
+
+    def send_ocs_flows(self, ocs: int, deletes: Sequence[FlowSpec], adds: Sequence[FlowSpec]) -> None:
+        dp = self._dp(self.app.spec.ocs_dpid(ocs))
+        for fs in deletes:
+            dp.send_msg(flow_delete(dp, fs))
+        for fs in adds:
+            dp.send_msg(flow_add(dp, fs))
+
+    def barrier_ocs(self, ocses: Sequence[int]) -> None:
+        self.app.barrier([self.app.spec.ocs_dpid(o) for o in ocses])
+
+    def apply_route_changes(self, changes: Any, full: bool = False) -> None:
+        touched = send_route_changes(self.app, changes, full)
+        if touched:
+            self.app.barrier(touched)
+
+
+def _stats_actions(st) -> tuple:
+    out = []
+    for inst in st.instructions:
+        for a in getattr(inst, "actions", []):
+            if hasattr(a, "group_id"):
+                out.append(("group", int(a.group_id)))
+            elif hasattr(a, "port"):
+                out.append(("output", int(a.port)))
+            else:
+                out.append((type(a).__name__, None))
+    return tuple(out)
+
+
+def send_route_changes(app: OrlControllerApp, changes: Any, full: bool) -> list[int]:
+    """Queue the ToR group/flow changes of a ``routing.RouteChanges``; returns the dpids touched.
+
+    ``full``: ``changes`` is the complete route state. Only ToRs whose tables were just read back (a fresh
+    connect) are synced, against what they hold: identical flows and groups are left alone (counters kept),
+    differing ones replaced, extra ones deleted. ToRs without a fresh read-back are assumed to be in step.
+    """
+    touched = []
+    tors = sorted(app.fresh_tors) if full else sorted(changes.per_tor)
+    for t in tors:
+        dpid = app.spec.tor_dpid(t)
+        dp = app.dps.get(dpid)
+        if dp is None:
+            raise SwitchTimeout(f"ToR {t} (switch {dpid:#x}) is not connected")
+        ch = changes.per_tor.get(t)
+        add_groups = list(ch.add_groups) if ch else []
+        mod_groups = list(ch.modify_groups) if ch else []
+        add_flows = list(ch.add_flows) if ch else []
+        del_flows = list(ch.delete_flows) if ch else []
+        del_groups = list(ch.delete_groups) if ch else []
+        if full:
+            app.fresh_tors.discard(t)
+            have_groups = app.tor_groups.get(t, {})
+            have_flows = app.tor_flows.get(t, {})
+            want_g = {g.group_id: g for g in add_groups + mod_groups}
+            add_groups = [g for g in want_g.values() if g.group_id not in have_groups]
+            mod_groups = [g for g in want_g.values()
+                          if g.group_id in have_groups and tuple(have_groups[g.group_id]) != tuple(g.ports)]
+            want_f = {(f.priority, tuple(sorted(f.match))): f for f in add_flows}
+            add_flows = [f for k, f in want_f.items()
+                         if k not in have_flows or _stats_actions(have_flows[k]) != tuple(f.actions)]
+            for k, st in have_flows.items():
+                if k not in want_f:
+                    app._delete_stats_flow(dp, st)
+            del_groups = [g for g in have_groups if g not in want_g]
+        if not (add_groups or mod_groups or add_flows or del_flows or del_groups) and not full:
+            continue
+        for g in add_groups:
+            dp.send_msg(group_mod(dp, g.group_id, g.ports, "add"))
+        for g in mod_groups:
+            dp.send_msg(group_mod(dp, g.group_id, g.ports, "modify"))
+        for f in add_flows:
+            dp.send_msg(flow_add(dp, f))
+        for f in del_flows:
+            dp.send_msg(flow_delete(dp, f))
+        for gid in del_groups:
+            dp.send_msg(group_mod(dp, gid, (), "delete"))
+        touched.append(dpid)
+    return touched
+
+
+# ---- process entry --------------------------------------------------------------------------------
+def run_controller(cfg: ControllerConfig) -> int:
+    """Run the controller in this process until it is killed (SIGTERM/SIGINT end it)."""
+    global _CONFIG
+    hub.patch(thread=False)
+    from os_ken import cfg as oscfg
+
+    oscfg.CONF(args=["--ofp-tcp-listen-port", str(cfg.of_port), "--ofp-listen-host", cfg.of_host],
+               project="os_ken")
+    try:
+        rest_sock = eventlet.listen((cfg.rest_host, cfg.rest_port))
+    except OSError as e:
+        log.error("cannot listen for REST on %s:%d: %s", cfg.rest_host, cfg.rest_port, e)
+        return 1
+    _CONFIG = cfg
+    mgr = app_manager.AppManager.get_instance()
+    mgr.load_apps([__name__])
+    contexts = mgr.create_contexts()
+    services = mgr.instantiate_apps(**contexts)
+    app = app_manager.lookup_service_brick(OrlControllerApp.__name__)
+    rest = RestApp(app.core, cfg.token)
+    access_log = logging.getLogger("controller.rest.access")
+    services.append(hub.spawn(eventlet.wsgi.server, rest_sock, rest, log=access_log, log_output=False))
+    log.info("OpenFlow on %s:%d; REST API on http://%s:%d/api/v1/ (%s)", cfg.of_host, cfg.of_port,
+             cfg.rest_host, cfg.rest_port, "no auth" if cfg.token is None else f"token in {cfg.token_file}")
+    try:
+        hub.joinall(services)
+    except KeyboardInterrupt:
+        log.info("interrupted")
+    finally:
+        mgr.close()
+    return 0

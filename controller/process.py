@@ -1,0 +1,172 @@
+"""Run the controller as a subprocess (``python -m controller``) from Python: tests, benchmarks, the CLI.
+
+:class:`ControllerProcess` is a context manager: it picks free ports when none are given, writes a token
+file (mode 0600) unless a token is given, records the PID in ``emulation.registry`` (so ``orchestrrl clean``
+can stop a leftover), waits until the REST API answers, and stops the process by its PID on exit.
+``kill()`` sends SIGKILL (crash tests); ``restart()`` starts a new process on the same ports, token and
+state file.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from emulation.spec import FabricSpec, JobLayout
+from emulation.validation import to_dict
+
+from .client import ControllerClient
+
+log = logging.getLogger(__name__)
+
+try:
+    from emulation import registry as _registry
+except ModuleNotFoundError:  # pragma: no cover - the registry lands with the builder
+    _registry = None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ControllerProcess:
+    def __init__(self, spec: FabricSpec, layout: JobLayout, of_port: int | None = None,
+                 rest_port: int | None = None, initial_phase: str = "train", delay_ms: float | None = None,
+                 state_file: str | os.PathLike | None = None, token: str | None = None,
+                 start_timeout_s: float = 30.0, stop_timeout_s: float = 5.0, verbose: bool = False):
+        self.spec = spec
+        self.layout = layout
+        self.of_port = of_port or free_port()
+        self.rest_port = rest_port or free_port()
+        self.initial_phase = initial_phase
+        self.delay_ms = delay_ms
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.verbose = verbose
+        self._dir = Path(tempfile.mkdtemp(prefix="orlctl-"))
+        self.state_file = Path(state_file) if state_file else self._dir / "state.json"
+        self.token = token or secrets.token_urlsafe(32)
+        self.token_file = self._dir / "token"
+        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.token + "\n")
+        self.log_path = self._dir / "controller.log"
+        self.client = ControllerClient(f"http://127.0.0.1:{self.rest_port}", self.token)
+        self._proc: subprocess.Popen | None = None
+        self._log_file = None
+        self.starts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def argv(self) -> list[str]:
+        spec_json = json.dumps({"fabric": to_dict(self.spec), "layout": to_dict(self.layout)})
+        argv = [sys.executable, "-m", "controller", "--spec-json", spec_json, "--of-port", str(self.of_port),
+                "--rest-port", str(self.rest_port), "--token-file", str(self.token_file),
+                "--state-file", str(self.state_file), "--initial-phase", self.initial_phase]
+        if self.delay_ms is not None:
+            argv += ["--delay-ms", str(self.delay_ms)]
+        if self.verbose:
+            argv.append("-v")
+        return argv
+
+    # ---- life cycle -----------------------------------------------------------------------------------
+    def start(self) -> "ControllerProcess":
+        if self.running:
+            raise RuntimeError(f"controller already running (pid {self.pid})")
+        self._log_file = open(self.log_path, "ab")
+        self._log_file.write(f"==== start {self.starts}: {' '.join(self.argv()[:3])} ...\n".encode())
+        self._log_file.flush()
+        self._proc = subprocess.Popen(self.argv(), stdout=self._log_file, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, cwd=str(Path(__file__).resolve().parents[1]))
+        self.starts += 1
+        if _registry is not None:
+            _registry.record_process(self._proc.pid, "controller")
+        try:
+            self._wait_answering()
+        except BaseException:
+            self.stop()
+            raise
+        log.info("controller pid %d: OpenFlow :%d, REST :%d, log %s", self.pid, self.of_port, self.rest_port,
+                 self.log_path)
+        return self
+
+    def _wait_answering(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"controller exited with code {self._proc.returncode} during start:\n"
+                                   f"{self.log_tail()}")
+            try:
+                self.client.request("GET", "state", timeout_s=1.0)
+                return
+            except OSError:
+                pass
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"controller REST API not answering on :{self.rest_port} after "
+                                   f"{self.start_timeout_s} s:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def log_tail(self, n_bytes: int = 4000) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-n_bytes:].decode(errors="replace")
+
+    def _reap(self, timeout_s: float) -> bool:
+        try:
+            self._proc.wait(timeout=timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def _forget(self) -> None:
+        if self._proc is not None and _registry is not None:
+            _registry.forget_process(self._proc.pid)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def kill(self) -> None:
+        """SIGKILL (a crash: the switches keep their flows)."""
+        if self.running:
+            self._proc.send_signal(signal.SIGKILL)
+            self._reap(self.stop_timeout_s)
+        self._forget()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after the deadline. Idempotent."""
+        if self.running:
+            self._proc.send_signal(signal.SIGTERM)
+            if not self._reap(self.stop_timeout_s):
+                log.warning("controller pid %d ignored SIGTERM; killing it", self._proc.pid)
+                self._proc.send_signal(signal.SIGKILL)
+                self._reap(self.stop_timeout_s)
+        self._forget()
+
+    def restart(self) -> "ControllerProcess":
+        """Stop (if running) and start a new process on the same ports, token and state file."""
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> "ControllerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,344 @@
+"""OCS reconfiguration (pure): the slack rule, validated requests, ordered plans and a timed executor.
+
+A reconfiguration goes from the current circuits to a target, OCS by OCS, in four ordered steps:
+
+1. move ToR routes off the circuits that will change, wherever another path exists (transition routes);
+2. delete the flows of the changed OCS ports: they go dark;
+3. ``delay_ms`` after the deletes were *sent*, send the new circuits' flows and wait for a barrier reply from
+   every OCS touched;
+4. install the final routes computed on the new circuit graph.
+
+Unchanged circuits are never touched. Flow-mods take effect about one install latency after they are sent,
+and deletes and adds see the same latency, so the adds are scheduled at ``delete sent + delay`` (not at the
+delete's barrier reply + delay), with a precise wait (coarse sleep, then a spin on the clock).
+
+Everything here is datapath-neutral: the executor talks to a :class:`Driver` (the os-ken app in production,
+a fake flow table in unit tests) and reads time from an injected :class:`Clock`.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+
+from emulation.spec import FabricSpec, JobLayout
+from emulation.validation import SpecError, from_dict, require
+
+from .ocs import OCS_COOKIE, OCS_PRIORITY, FlowSpec, Matching, MatchingDiff, circuit_flow_changes, diff
+
+log = logging.getLogger(__name__)
+
+MAX_DELAY_MS = 60000.0
+MAX_WINDOW_MS = 3600_000.0
+SPIN_MARGIN_S = 0.001  # sleep until this long before a deadline, then spin on the clock
+
+
+# ---- the slack rule ------------------------------------------------------------------------------
+def fits_slack(window_ms: float | None, delay_ms: float) -> bool:
+    """True when a reconfiguration taking ``delay_ms`` fits an idle window of ``window_ms``.
+
+    No window (None) means the caller does not constrain it: it fits. Otherwise the window must be strictly
+    longer than the switching delay (a window exactly as long as the delay leaves no margin).
+    """
+    if window_ms is None:
+        return True
+    return window_ms > delay_ms
+
+
+# ---- requests ------------------------------------------------------------------------------------
+def _check_delay(value: float | None, name: str) -> None:
+    if value is None:
+        return
+    require(math.isfinite(value), name, f"must be a finite number, got {value!r}")
+    require(value >= 0, name, f"must be >= 0, got {value}")
+    require(value <= MAX_DELAY_MS, name, f"must be <= {MAX_DELAY_MS:g} ms, got {value}")
+
+
+def _check_window(value: float | None) -> None:
+    if value is None:
+        return
+    require(math.isfinite(value), "window_ms", f"must be a finite number, got {value!r}")
+    require(value >= 0, "window_ms", f"must be >= 0, got {value}")
+    require(value <= MAX_WINDOW_MS, "window_ms", f"must be <= {MAX_WINDOW_MS:g} ms, got {value}")
+
+
+@dataclass(frozen=True)
+class CircuitsBody:
+    """JSON body of ``POST /api/v1/circuits``: ``{"circuits": {"0": [[1, 3], [2, 4]]}, "delay_ms": 10}``."""
+
+    circuits: dict[str, Any]
+    delay_ms: Optional[float] = None
+    window_ms: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        _check_delay(self.delay_ms, "delay_ms")
+        _check_window(self.window_ms)
+
+
+@dataclass(frozen=True)
+class PhaseBody:
+    """JSON body of ``POST /api/v1/phase``: ``{"phase": "train", "delay_ms": 10, "window_ms": null}``."""
+
+    phase: str
+    delay_ms: Optional[float] = None
+    window_ms: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        _check_delay(self.delay_ms, "delay_ms")
+        _check_window(self.window_ms)
+
+
+@dataclass(frozen=True)
+class ReconfigRequest:
+    """A validated reconfiguration: target matchings for some OCSes (the others keep theirs).
+
+    ``phase`` names the phase the target realises (None for explicit circuits). ``delay_ms`` None means the
+    spec's default switching delay. ``source``: who asked (``rest``, ``initial``, ``reconcile``).
+    """
+
+    target: Mapping[int, Matching]
+    phase: str | None = None
+    delay_ms: float | None = None
+    window_ms: float | None = None
+    source: str = "rest"
+
+    def __post_init__(self) -> None:
+        _check_delay(self.delay_ms, "delay_ms")
+        _check_window(self.window_ms)
+
+    def effective_delay_ms(self, spec: FabricSpec) -> float:
+        return spec.reconfig_delay_ms if self.delay_ms is None else float(self.delay_ms)
+
+
+def _ocs_index(spec: FabricSpec, key: object) -> int:
+    f = f"circuits.{key}"
+    if not isinstance(key, str) or not key.isdigit() or (len(key) > 1 and key.startswith("0")):
+        raise SpecError(f, f"OCS must be a decimal index 0..{spec.ocs_count - 1}, got {key!r}")
+    o = int(key)
+    require(o < spec.ocs_count, f, f"unknown OCS {o} (fabric has OCSes 0..{spec.ocs_count - 1})")
+    return o
+
+
+def circuits_request(spec: FabricSpec, data: Any) -> ReconfigRequest:
+    """Validate a ``POST /circuits`` JSON body into a request (raises SpecError naming the field)."""
+    body = from_dict(CircuitsBody, data)
+    require(len(body.circuits) > 0, "circuits", "must name at least one OCS")
+    target = {}
+    for key, pairs in body.circuits.items():
+        o = _ocs_index(spec, key)
+        target[o] = Matching.from_pairs(spec.ports_per_ocs, pairs, field=f"circuits.{key}")
+    return ReconfigRequest(target=target, delay_ms=body.delay_ms, window_ms=body.window_ms)
+
+
+def phase_request(spec: FabricSpec, layout: JobLayout, data: Any) -> ReconfigRequest:
+    """Validate a ``POST /phase`` JSON body into a request with the phase's matchings on every OCS."""
+    from . import phases
+
+    body = from_dict(PhaseBody, data)
+    require(body.phase in phases.PHASES, "phase",
+            f"unknown phase {body.phase!r} (known: {', '.join(phases.PHASES)})")
+    target = phases.phase_matchings(spec, layout, body.phase)
+    return ReconfigRequest(target=dict(target), phase=body.phase, delay_ms=body.delay_ms,
+                           window_ms=body.window_ms)
+
+
+# ---- plans ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OcsStep:
+    """The flow changes of one OCS whose matching changes."""
+
+    ocs: int
+    diff: MatchingDiff
+    deletes: tuple[FlowSpec, ...]
+    adds: tuple[FlowSpec, ...]
+
+
+@dataclass(frozen=True)
+class ReconfigPlan:
+    current: Mapping[int, Matching]
+    target: Mapping[int, Matching]  # complete: every OCS
+    ocs_steps: tuple[OcsStep, ...]  # only OCSes whose matching changes, by OCS index
+    transition_routes: Any = None  # routing.Routes while the changed circuits are dark
+    final_routes: Any = None  # routing.Routes on the new circuit graph
+    move_changes: Any = None  # routing.RouteChanges current -> transition (None: nothing to do)
+    final_changes: Any = None  # routing.RouteChanges transition -> final
+    routes_full: bool = False  # final_changes is the complete route state (routes were unknown)
+
+    @property
+    def is_noop(self) -> bool:
+        return not self.ocs_steps
+
+    @property
+    def touched_ocses(self) -> list[int]:
+        return [s.ocs for s in self.ocs_steps]
+
+    def summary(self) -> dict:
+        return {
+            "ocs": {str(s.ocs): {"removed": [list(c) for c in sorted(s.diff.removed)],
+                                  "added": [list(c) for c in sorted(s.diff.added)],
+                                  "unchanged": len(s.diff.unchanged),
+                                  "dark_ports": sorted(s.diff.changed_ports)}
+                    for s in self.ocs_steps},
+        }
+
+
+def complete_target(current: Mapping[int, Matching], target: Mapping[int, Matching]) -> dict[int, Matching]:
+    """``current`` with the OCSes listed in ``target`` replaced."""
+    out = dict(current)
+    for o, m in target.items():
+        if o not in current:
+            raise SpecError(f"circuits.{o}", f"unknown OCS {o}")
+        out[o] = m
+    return out
+
+
+def stray_flow(in_port: int, out_port: int) -> FlowSpec:
+    """The circuit-flow shape of a stray ``in_port -> out_port`` flow read back from an OCS (to delete it)."""
+    return FlowSpec(OCS_PRIORITY, (("in_port", int(in_port)),), (("output", int(out_port)),), OCS_COOKIE)
+
+
+def plan_reconfig(spec: FabricSpec, current: Mapping[int, Matching], current_routes: Any,
+                  target: Mapping[int, Matching], with_routes: bool = True,
+                  stray: Mapping[int, Sequence[tuple[int, int]]] | None = None) -> ReconfigPlan:
+    """The ordered steps from ``current`` to ``target`` (OCSes not in ``target`` keep their circuits).
+
+    ``current_routes`` None means the ToRs' routes are unknown (first install): the transition step then
+    moves nothing. ``with_routes=False`` plans circuits only (used by tests of the OCS side). ``stray``:
+    flows read back from an OCS that form no circuit (after a restart); they are deleted with the changes.
+    """
+    full = complete_target(current, target)
+    stray = stray or {}
+    steps = []
+    for o in sorted(full):
+        d = diff(current[o], full[o])
+        extra = tuple(stray_flow(a, b) for a, b in sorted(stray.get(o, ())))
+        if d.is_empty and not extra:
+            continue
+        dels, adds = circuit_flow_changes(current[o], full[o])
+        steps.append(OcsStep(o, d, tuple(dels) + extra, tuple(adds)))
+    if not with_routes:
+        return ReconfigPlan(dict(current), full, tuple(steps))
+    from . import phases, routing
+
+    final_routes = routing.compute_routes(spec, phases.circuit_graph(spec, full))
+    if not steps and current_routes is not None:
+        return ReconfigPlan(dict(current), full, (), current_routes, current_routes, None, None)
+    if current_routes is None:
+        transition = None
+        move = None
+        final_changes = routing.route_flow_changes(spec, None, final_routes)
+    else:
+        stable = {o: Matching(m.n_ports, diff(m, full[o]).unchanged) for o, m in current.items()}
+        transition = routing.transition_routes(spec, current_routes, phases.circuit_graph(spec, stable))
+        move = routing.route_flow_changes(spec, current_routes, transition)
+        final_changes = routing.route_flow_changes(spec, transition, final_routes)
+    return ReconfigPlan(dict(current), full, tuple(steps), transition, final_routes, move, final_changes,
+                        routes_full=current_routes is None)
+
+
+# ---- execution -----------------------------------------------------------------------------------
+class Driver(Protocol):
+    """What the executor needs from the datapaths (the os-ken app; a fake in unit tests)."""
+
+    def apply_route_changes(self, changes: Any, full: bool = False) -> None:
+        """Send route changes to the ToRs and return once every touched ToR confirmed (barrier).
+
+        ``full``: ``changes`` is the complete route state (from ``route_flow_changes(spec, None, routes)``);
+        the driver makes each ToR hold exactly that (it knows what the ToR held when it connected).
+        """
+
+    def send_ocs_flows(self, ocs: int, deletes: Sequence[FlowSpec], adds: Sequence[FlowSpec]) -> None:
+        """Queue flow deletes then adds to an OCS; do not wait."""
+
+    def barrier_ocs(self, ocses: Sequence[int]) -> None:
+        """Return once every OCS in ``ocses`` answered a barrier sent now (raise on timeout)."""
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Monotonic seconds."""
+
+    def sleep_until(self, deadline: float) -> None:
+        """Return at ``deadline`` (not before)."""
+
+
+class PreciseClock:
+    """perf_counter time; waits by a coarse sleep until ``margin`` before the deadline, then spins.
+
+    ``coarse_sleep`` is ``eventlet.sleep`` inside the controller (other green threads run meanwhile);
+    the spin holds the hub for at most ``margin`` so nothing else delays the deadline.
+    """
+
+    def __init__(self, coarse_sleep: Callable[[float], None] = time.sleep, margin: float = SPIN_MARGIN_S):
+        self._sleep = coarse_sleep
+        self._margin = margin
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def sleep_until(self, deadline: float) -> None:
+        remaining = deadline - time.perf_counter()
+        if remaining > self._margin:
+            self._sleep(remaining - self._margin)
+        while time.perf_counter() < deadline:
+            pass
+
+
+TIMESTAMPS = ("received", "routes_moved", "dark_sent", "dark_confirmed", "new_sent", "confirmed",
+              "final_routes")
+
+
+@dataclass
+class Execution:
+    """Timestamps (clock seconds) of one executed plan."""
+
+    delay_ms: float
+    t: dict[str, float] = field(default_factory=dict)
+
+    def relative_ms(self) -> dict[str, float]:
+        t0 = self.t["received"]
+        return {k: round((self.t[k] - t0) * 1000.0, 3) for k in TIMESTAMPS if k in self.t}
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        t = self.t
+        if "confirmed" in t:
+            out["total_ms"] = round((t["confirmed"] - t["received"]) * 1000.0, 3)
+            out["overhead_ms"] = round(out["total_ms"] - self.delay_ms, 3)
+        if "dark_sent" in t and "new_sent" in t:
+            out["dark_ms"] = round((t["new_sent"] - t["dark_sent"]) * 1000.0, 3)
+        return out
+
+
+def execute_plan(plan: ReconfigPlan, delay_ms: float, driver: Driver, clock: Clock,
+                 received: float | None = None) -> Execution:
+    """Run ``plan`` on ``driver``: the four ordered steps, adds at (deletes sent + delay).
+
+    A no-op plan sends nothing (but still reports its timestamps).
+    """
+    ex = Execution(delay_ms=float(delay_ms))
+    ex.t["received"] = clock.now() if received is None else received
+    if plan.move_changes is not None:
+        driver.apply_route_changes(plan.move_changes)
+    ex.t["routes_moved"] = clock.now()
+    if plan.ocs_steps:
+        for s in plan.ocs_steps:
+            driver.send_ocs_flows(s.ocs, s.deletes, ())
+        dark_sent = clock.now()
+        ex.t["dark_sent"] = dark_sent
+        touched = plan.touched_ocses
+        if any(s.deletes for s in plan.ocs_steps):
+            driver.barrier_ocs(touched)
+        ex.t["dark_confirmed"] = clock.now()
+        clock.sleep_until(dark_sent + delay_ms / 1000.0)
+        for s in plan.ocs_steps:
+            driver.send_ocs_flows(s.ocs, (), s.adds)
+        ex.t["new_sent"] = clock.now()
+        driver.barrier_ocs(touched)
+    ex.t["confirmed"] = clock.now()
+    if plan.final_changes is not None:
+        driver.apply_route_changes(plan.final_changes, full=plan.routes_full)
+    ex.t["final_routes"] = clock.now()
+    return ex

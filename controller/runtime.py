@@ -1,0 +1,447 @@
+"""The controller's state machine (no os-ken here) and its runtime configuration.
+
+:class:`FabricController` is what the REST API talks to and what the os-ken app feeds with switch events.
+It owns the intended circuits, the current routes, the phase, the connected switches and the history, and it
+serialises reconfigurations (one at a time; a second waits its turn). It reaches the switches only through a
+:class:`controller.reconfig.Driver`, so unit tests run it against fake datapaths.
+
+:class:`ControllerConfig` is the validated command line of ``python -m controller``; :func:`main` parses it
+and runs the os-ken app (imported only there).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import secrets
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from emulation.spec import FabricSpec, JobLayout
+from emulation.validation import SpecError, from_dict, require, to_dict
+
+from .ocs import Matching, split_flows
+from .reconfig import (Clock, Driver, ReconfigPlan, ReconfigRequest, circuits_request, execute_plan, fits_slack,
+                       phase_request, plan_reconfig)
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+HISTORY_LIMIT = 10000
+
+
+class NotReady(Exception):
+    """The fabric is not fully connected/initialised yet (HTTP 503)."""
+
+
+class ReconfigFailed(Exception):
+    """A switch did not confirm in time or disconnected during a reconfiguration (HTTP 503)."""
+
+
+# ---- state file ------------------------------------------------------------------------------------
+def save_state(path: Path, circuits: Mapping[int, Matching], phase: str | None) -> None:
+    """Atomically write the intended circuits (temporary file + fsync + rename)."""
+    data = {"version": STATE_VERSION, "phase": phase,
+            "circuits": {str(o): m.to_json() for o, m in sorted(circuits.items())}}
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_state(path: Path, spec: FabricSpec) -> tuple[dict[int, Matching], str | None] | None:
+    """The intended circuits and phase from ``path``; None when the file does not exist.
+
+    Raises SpecError naming the field when the file is not a state file for this fabric.
+    """
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SpecError("state_file", f"{path}: not readable JSON: {e}") from None
+    f = f"state_file({path})"
+    require(isinstance(data, dict), f, "must be a JSON object")
+    unknown = sorted(set(data) - {"version", "phase", "circuits"})
+    require(not unknown, f"{f}.{unknown[0] if unknown else ''}", "unknown key")
+    require(data.get("version") == STATE_VERSION, f"{f}.version", f"must be {STATE_VERSION}, got {data.get('version')!r}")
+    phase = data.get("phase")
+    require(phase is None or isinstance(phase, str), f"{f}.phase", f"must be a string or null, got {phase!r}")
+    circ = data.get("circuits")
+    require(isinstance(circ, dict), f"{f}.circuits", "must be a mapping")
+    out = {}
+    for o in range(spec.ocs_count):
+        require(str(o) in circ, f"{f}.circuits.{o}", "missing (the fabric has this OCS)")
+        out[o] = Matching.from_pairs(spec.ports_per_ocs, circ[str(o)], field=f"{f}.circuits.{o}")
+    extra = sorted(set(circ) - {str(o) for o in range(spec.ocs_count)})
+    require(not extra, f"{f}.circuits.{extra[0] if extra else ''}", "unknown OCS for this fabric")
+    return out, phase
+
+
+# ---- the controller core -------------------------------------------------------------------------------
+class FabricController:
+    """Intended state + serialised reconfiguration. Thread-safety comes from the injected ``lock``.
+
+    The os-ken app calls :meth:`switch_connected` / :meth:`switch_disconnected` and, after reading a
+    switch's flows, :meth:`switch_synced`; it runs those that may reconfigure in their own green thread
+    (a reconfiguration waits for barrier replies that the app's event loop delivers).
+    """
+
+    def __init__(self, spec: FabricSpec, layout: JobLayout, driver: Driver, clock: Clock, lock: Any,
+                 initial_phase: str = "train", delay_ms: float | None = None, state_path: str | Path | None = None,
+                 wall: Callable[[], float] = time.time):
+        layout.check(spec)
+        self.spec = spec
+        self.layout = layout
+        self.driver = driver
+        self.clock = clock
+        self._lock = lock
+        self.initial_phase = initial_phase
+        self.default_delay_ms = spec.reconfig_delay_ms if delay_ms is None else float(delay_ms)
+        self.state_path = Path(state_path) if state_path else None
+        self._wall = wall
+        self.expected = sorted([spec.tor_dpid(t) for t in range(spec.n_tors)] +
+                               [spec.ocs_dpid(o) for o in range(spec.ocs_count)])
+        self.connected: set[int] = set()
+        self.synced: set[int] = set()
+        self.ocs_readback: dict[int, Any] = {}  # ocs -> FlowReadback from the switch
+        self.matchings: dict[int, Matching] | None = None  # what the OCSes hold (after init)
+        self.routes: Any = None
+        self.phase: str | None = None
+        self.initialised = False
+        self.busy = False
+        self._history: list[dict] = []
+        self._next_id = 1
+        self._stored = load_state(self.state_path, spec) if self.state_path else None
+
+    # ---- read side (REST GETs) ---------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.initialised and set(self.expected) <= self.connected
+
+    def state(self) -> dict:
+        missing = sorted(set(self.expected) - self.connected)
+        return {"connected": sorted(self.connected), "expected": self.expected, "missing": missing,
+                "ready": self.ready, "initialised": self.initialised, "phase": self.phase, "busy": self.busy,
+                "default_delay_ms": self.default_delay_ms}
+
+    def circuits(self) -> dict:
+        if self.matchings is None:
+            return {}
+        return {str(o): m.to_json() for o, m in sorted(self.matchings.items())}
+
+    def topology(self) -> dict:
+        s = self.spec
+        return {
+            "spec": to_dict(s),
+            "layout": to_dict(self.layout),
+            "tors": [{"tor": t, "name": s.tor_name(t), "dpid": s.tor_dpid(t), "pod": s.pod_of_tor(t),
+                      "role": self.layout.role_of_pod(s.pod_of_tor(t)), "servers": list(s.servers_on_tor(t))}
+                     for t in range(s.n_tors)],
+            "ocses": [{"ocs": o, "name": s.ocs_name(o), "dpid": s.ocs_dpid(o), "ports": s.ports_per_ocs}
+                      for o in range(s.ocs_count)],
+            "uplinks": [u._asdict() for u in s.uplinks()],
+        }
+
+    def history(self) -> list[dict]:
+        return list(self._history)
+
+    # ---- write side (REST POSTs) -------------------------------------------------------------------
+    def record_rejected(self, kind: str, error: str) -> dict:
+        return self._record({"kind": kind, "source": "rest", "status": "rejected", "error": error})
+
+    def request_circuits(self, data: Any) -> dict:
+        """Validate and run a ``POST /circuits`` body. SpecError -> rejected (nothing sent)."""
+        received = self.clock.now()
+        try:
+            req = circuits_request(self.spec, data)
+        except SpecError as e:
+            self.record_rejected("circuits", str(e))
+            raise
+        return self.reconfigure(req, "circuits", received)
+
+    def request_phase(self, data: Any) -> dict:
+        received = self.clock.now()
+        try:
+            req = phase_request(self.spec, self.layout, data)
+        except SpecError as e:
+            self.record_rejected("phase", str(e))
+            raise
+        return self.reconfigure(req, "phase", received)
+
+    def reconfigure(self, req: ReconfigRequest, kind: str, received: float | None = None) -> dict:
+        """Run one reconfiguration (waits for any running one). Returns its history record."""
+        received = self.clock.now() if received is None else received
+        received_at = self._wall()
+        with self._lock:
+            if not self.ready:
+                missing = sorted(set(self.expected) - self.connected)
+                rec = {"kind": kind, "source": req.source, "status": "rejected",
+                       "error": f"fabric not ready (missing dpids {missing})" if missing else
+                       "fabric not ready (initial circuits not installed yet)"}
+                self._record(rec)
+                raise NotReady(rec["error"])
+            return self._run(req, kind, received, received_at)
+
+    # ---- switch events (from the os-ken app) ------------------------------------------------------
+    def switch_connected(self, dpid: int) -> None:
+        if self.spec.classify_dpid(dpid) is None:
+            log.warning("switch %#x is not part of this fabric; ignored", dpid)
+            return
+        self.connected.add(dpid)
+        log.info("switch %#x connected (%d/%d)", dpid, len(self.connected), len(self.expected))
+
+    def switch_disconnected(self, dpid: int) -> None:
+        self.connected.discard(dpid)
+        self.synced.discard(dpid)
+        log.warning("switch %#x disconnected", dpid)
+
+    def switch_synced(self, dpid: int, ocs_flows: Sequence[tuple[int, int]] | None = None) -> None:
+        """The app read the flows of switch ``dpid`` (OCS: ``(in_port, out_port)`` pairs of its circuits).
+
+        Before initialisation, waits for every switch, then installs the intended state. Afterwards (a
+        switch reconnected), reconciles that switch only. Blocks while it reconfigures.
+        """
+        kind = self.spec.classify_dpid(dpid)
+        if kind is None:
+            return
+        with self._lock:
+            if dpid not in self.connected:
+                return  # gone again
+            self.synced.add(dpid)
+            if kind[0] == "ocs":
+                self.ocs_readback[kind[1]] = split_flows(self.spec.ports_per_ocs, ocs_flows or ())
+            if not self.initialised:
+                if set(self.expected) <= self.synced:
+                    self._initialise()
+                return
+            if kind[0] == "ocs":
+                self._reconcile_ocs(kind[1])
+            else:
+                self.driver.apply_route_changes(self._full_routes(), full=True)
+
+    # ---- internals ----------------------------------------------------------------------------------
+    def _full_routes(self) -> Any:
+        from . import routing
+
+        return routing.route_flow_changes(self.spec, None, self.routes)
+
+    def _initialise(self) -> None:
+        from . import phases
+
+        current = {o: self.ocs_readback[o].matching for o in range(self.spec.ocs_count)}
+        stray = {o: self.ocs_readback[o].stray for o in range(self.spec.ocs_count)}
+        if self._stored is not None:
+            target, phase = self._stored
+            source = "reconcile"
+        elif any(len(m) for m in current.values()):
+            target, phase = current, None
+            source = "adopt"
+            log.info("no state file: adopting the circuits the OCSes hold")
+        else:
+            target = dict(phases.phase_matchings(self.spec, self.layout, self.initial_phase))
+            phase = self.initial_phase
+            source = "initial"
+        plan = plan_reconfig(self.spec, current, None, target, stray=stray)
+        delay = self.default_delay_ms if any(s.diff.removed for s in plan.ocs_steps) else 0.0
+        req = ReconfigRequest(target=target, phase=phase, delay_ms=delay, source=source)
+        self.matchings = current
+        self.routes = None
+        self.initialised = True
+        self._run(req, "initial", self.clock.now(), self._wall(), plan=plan)
+        log.info("fabric initialised (%s): phase %s", source, phase)
+
+    def _reconcile_ocs(self, ocs: int) -> None:
+        rb = self.ocs_readback[ocs]
+        assert self.matchings is not None
+        intended = self.matchings[ocs]
+        current = dict(self.matchings)
+        current[ocs] = rb.matching
+        plan = plan_reconfig(self.spec, current, self.routes, {ocs: intended}, stray={ocs: rb.stray})
+        if plan.is_noop:
+            log.info("OCS %d reconnected holding the intended circuits", ocs)
+            return
+        delay = self.default_delay_ms if any(s.diff.removed for s in plan.ocs_steps) else 0.0
+        req = ReconfigRequest(target={ocs: intended}, phase=self.phase, delay_ms=delay, source="reconcile")
+        self.matchings = current
+        self._run(req, "reconcile", self.clock.now(), self._wall(), plan=plan)
+
+    def _run(self, req: ReconfigRequest, kind: str, received: float, received_at: float,
+             plan: ReconfigPlan | None = None) -> dict:
+        delay = req.effective_delay_ms(self.spec) if req.delay_ms is not None else self.default_delay_ms
+        rec: dict = {"kind": kind, "source": req.source, "phase": req.phase, "delay_ms": delay,
+                     "window_ms": req.window_ms, "received_at": received_at}
+        if not fits_slack(req.window_ms, delay):
+            rec.update(status="deferred",
+                       reason=f"window_ms {req.window_ms:g} is not longer than the switching delay "
+                              f"{delay:g} ms: the current circuits stay")
+            return self._record(rec)
+        assert self.matchings is not None
+        if plan is None:
+            plan = plan_reconfig(self.spec, self.matchings, self.routes, req.target)
+        rec["changes"] = plan.summary()
+        new_phase = req.phase
+        if self.state_path is not None:
+            save_state(self.state_path, plan.target, new_phase)
+        self.busy = True
+        started = self.clock.now()
+        try:
+            ex = execute_plan(plan, delay if not plan.is_noop else 0.0, self.driver, self.clock, received)
+        except Exception as e:  # a switch did not confirm: the intended state is persisted; reconcile later
+            log.exception("reconfiguration failed")
+            self.matchings = dict(plan.target)
+            rec.update(status="failed", error=f"{type(e).__name__}: {e}")
+            self._record(rec)
+            raise ReconfigFailed(rec["error"]) from e
+        finally:
+            self.busy = False
+        ex.t["started"] = started
+        self.matchings = dict(plan.target)
+        self.routes = plan.final_routes
+        self.phase = new_phase
+        rec.update(status="done", noop=plan.is_noop,
+                   t_ms=ex.relative_ms(), **ex.metrics())
+        rec["t_ms"]["started"] = round((started - received) * 1000.0, 3)
+        log.info("reconfiguration %s (%s): %s", kind, req.source, {k: rec.get(k) for k in
+                                                                    ("overhead_ms", "dark_ms", "noop")})
+        return self._record(rec)
+
+    def _record(self, rec: dict) -> dict:
+        rec = {"id": self._next_id, **rec}
+        self._next_id += 1
+        self._history.append(rec)
+        if len(self._history) > HISTORY_LIMIT:
+            del self._history[: len(self._history) - HISTORY_LIMIT]
+        return rec
+
+
+# ---- runtime configuration --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SpecJson:
+    """``--spec-json``: a FabricSpec plus an optional layout (and nothing else)."""
+
+    fabric: FabricSpec = FabricSpec()
+    layout: JobLayout = JobLayout()
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    spec: FabricSpec
+    layout: JobLayout
+    of_port: int
+    rest_port: int
+    rest_host: str = "127.0.0.1"
+    of_host: str = "127.0.0.1"
+    token: str | None = None  # None: no auth (--no-auth)
+    token_file: str | None = None
+    state_file: str | None = None
+    initial_phase: str = "train"
+    delay_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("of_port", "rest_port"):
+            v = getattr(self, name)
+            require(isinstance(v, int) and 1 <= v <= 65535, name, f"must be a TCP port 1..65535, got {v!r}")
+        require(self.of_port != self.rest_port, "rest_port", f"must differ from of_port ({self.of_port})")
+        if self.delay_ms is not None:
+            require(0 <= self.delay_ms <= 60000, "delay_ms", f"must be in 0..60000 ms, got {self.delay_ms}")
+
+
+def read_or_create_token(path: str) -> str:
+    """The token in ``path``; when the file does not exist, a new random token written there (mode 0600)."""
+    p = Path(path)
+    if p.exists():
+        tok = p.read_text().strip()
+        require(len(tok) >= 16, "token_file", f"{path}: token must be at least 16 characters")
+        return tok
+    tok = secrets.token_urlsafe(32)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(tok + "\n")
+    return tok
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m controller", description="OrchestrRL SDN controller (os-ken)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--scenario", help="scenario YAML (fabric, layout, controller settings)")
+    src.add_argument("--spec-json", help='JSON: {"fabric": {FabricSpec fields}, "layout": {JobLayout fields}}')
+    p.add_argument("--of-port", type=int, required=True, help="OpenFlow listen port")
+    p.add_argument("--of-host", default="127.0.0.1", help="OpenFlow listen address (default 127.0.0.1)")
+    p.add_argument("--rest-port", type=int, required=True, help="REST API port")
+    p.add_argument("--rest-host", default="127.0.0.1", help="REST API address (default 127.0.0.1)")
+    auth = p.add_mutually_exclusive_group()
+    auth.add_argument("--token-file", help="bearer token file (created with a random token, mode 0600, if absent)")
+    auth.add_argument("--no-auth", action="store_true", help="serve the REST API without a token")
+    p.add_argument("--state-file", help="JSON file holding the intended circuits (reconciled after a restart)")
+    p.add_argument("--initial-phase", default=None, help="phase installed on a fresh fabric (default train)")
+    p.add_argument("--delay-ms", type=float, default=None, help="default OCS switching delay (ms)")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ControllerConfig:
+    """Validated config from parsed arguments (SpecError names the field)."""
+    initial_phase = args.initial_phase
+    delay_ms = args.delay_ms
+    if args.scenario:
+        try:
+            from emulation.scenario import load_scenario
+        except ModuleNotFoundError as e:
+            raise SpecError("scenario", f"scenarios are not supported yet ({e}); use --spec-json") from None
+        sc = load_scenario(args.scenario)
+        spec, layout = sc.fabric, sc.layout
+        ctl = getattr(sc, "controller", None)
+        if ctl is not None:
+            if initial_phase is None and getattr(ctl, "initial_phase", None):
+                initial_phase = ctl.initial_phase
+            if delay_ms is None and getattr(ctl, "delay_ms", None) is not None:
+                delay_ms = ctl.delay_ms
+    else:
+        try:
+            data = json.loads(args.spec_json)
+        except ValueError as e:
+            raise SpecError("spec_json", f"not valid JSON: {e}") from None
+        sj = from_dict(SpecJson, data, "spec_json")
+        spec, layout = sj.fabric, sj.layout
+    layout.check(spec)
+    initial_phase = initial_phase or "train"
+    from . import phases
+
+    require(initial_phase in phases.PHASES, "initial_phase",
+            f"unknown phase {initial_phase!r} (known: {', '.join(phases.PHASES)})")
+    if args.state_file:
+        load_state(Path(args.state_file), spec)  # a broken state file stops the start (exit 2), not later
+    token = None
+    if not args.no_auth:
+        require(bool(args.token_file), "token_file", "give --token-file FILE (or --no-auth explicitly)")
+        token = read_or_create_token(args.token_file)
+    return ControllerConfig(spec=spec, layout=layout, of_port=args.of_port, rest_port=args.rest_port,
+                            rest_host=args.rest_host, of_host=args.of_host, token=token,
+                            token_file=args.token_file, state_file=args.state_file,
+                            initial_phase=initial_phase, delay_ms=delay_ms)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_arg_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose == 0 else logging.DEBUG,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = config_from_args(args)
+    except SpecError as e:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    from .app import run_controller  # os-ken only from here on
+
+    return run_controller(cfg)
