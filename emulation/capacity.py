@@ -1,0 +1,89 @@
+"""This machine's measured forwarding capacity (written by ``orchestrrl bench fabric``, read by the builder).
+
+Stored as JSON at ``$ORCHESTRRL_CAPACITY_FILE`` (default /var/lib/orchestrrl/capacity.json).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+
+from .validation import SpecError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CAPACITY_FILE = "/var/lib/orchestrrl/capacity.json"
+
+
+def capacity_file() -> Path:
+    return Path(os.environ.get("ORCHESTRRL_CAPACITY_FILE", DEFAULT_CAPACITY_FILE))
+
+
+def _positive(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise SpecError(name, f"must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def save_capacity(capacity_gbps: float, goodput_ratio: float, source_command: str) -> dict:
+    """Store a measurement: aggregate Gb/s the emulated fabric forwarded, goodput/configured ratio, and
+    the command that measured it. Returns the stored record."""
+    cap = _positive("capacity_gbps", capacity_gbps)
+    ratio = _positive("goodput_ratio", goodput_ratio)
+    if ratio > 1.5:
+        raise SpecError("goodput_ratio", f"must be a ratio (about 0..1), got {goodput_ratio}")
+    if not isinstance(source_command, str) or not source_command.strip():
+        raise SpecError("source_command", "must be a non-empty string")
+    rec = {"capacity_gbps": cap, "goodput_ratio": ratio, "source_command": source_command,
+           "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "hostname": socket.gethostname(),
+           "cpus": os.cpu_count()}
+    path = capacity_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
+    with open(tmp, "w") as f:
+        json.dump(rec, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return rec
+
+
+def load_capacity() -> dict | None:
+    """The stored measurement, or None when there is none (or it is unreadable: logged)."""
+    path = capacity_file()
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning("unreadable capacity file %s: %s", path, e)
+        return None
+    try:
+        _positive("capacity_gbps", data["capacity_gbps"])
+        _positive("goodput_ratio", data["goodput_ratio"])
+    except (KeyError, TypeError, SpecError) as e:
+        log.warning("malformed capacity file %s: %s", path, e)
+        return None
+    return data
+
+
+def check_capacity(aggregate_gbps: float, measured: dict | None) -> dict:
+    """Compare what a fabric can inject at once with the measured capacity (pure)."""
+    if measured is None:
+        return {"aggregate_emulated_gbps": aggregate_gbps, "capacity_gbps": None, "measured": False,
+                "ok": None, "utilisation": None,
+                "message": "no capacity measurement yet (run `orchestrrl bench fabric`)"}
+    cap = float(measured["capacity_gbps"])
+    util = aggregate_gbps / cap
+    ok = aggregate_gbps <= cap
+    msg = (f"fabric can inject {aggregate_gbps:.3g} Gb/s, {util:.0%} of the measured {cap:.3g} Gb/s"
+           + ("" if ok else ": links will run below their configured rates (lower FabricSpec.scale)"))
+    return {"aggregate_emulated_gbps": aggregate_gbps, "capacity_gbps": cap, "measured": True, "ok": ok,
+            "utilisation": util, "message": msg, "measured_at": measured.get("measured_at"),
+            "source_command": measured.get("source_command")}

@@ -1,0 +1,385 @@
+"""Crash-safe bookkeeping of what the testbed started and created, and ``clean()`` that undoes it.
+
+Every process the testbed starts and every bridge / interface / network namespace it creates is
+recorded here *before* it can leak, as one small JSON file per record under the state directory
+(``$ORCHESTRRL_STATE_DIR``, default ``/run/orchestrrl``: a tmpfs, so a reboot clears it together with
+the PIDs it names). Files are written atomically (temporary file + rename): a ``kill -9`` at any moment
+leaves only complete records.
+
+``clean()`` (what ``orchestrrl clean`` runs) stops recorded processes whose start time still matches
+(so a recycled PID is never killed), deletes every OVS bridge, root-namespace interface and named
+network namespace whose name starts with ``orl``, and removes the records. It never kills by name.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .spec import NAME_PREFIX
+from .validation import SpecError
+
+log = logging.getLogger(__name__)
+
+RESOURCE_KINDS = ("bridge", "interface", "netns")
+DEFAULT_STATE_DIR = "/run/orchestrrl"
+_PROC_PREFIX = "proc-"
+_RES_PREFIX = "res-"
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("ORCHESTRRL_STATE_DIR", DEFAULT_STATE_DIR))
+
+
+# ---- /proc helpers ------------------------------------------------------------------------------
+def proc_start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (start time in clock ticks since boot), None if no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode("ascii", "replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # comm (field 2) may contain spaces and parentheses: split after the last ')'
+    rest = data[data.rfind(")") + 2:].split()
+    # rest[0] is field 3 (state); field 22 is rest[19]
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def proc_state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode("ascii", "replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    rest = data[data.rfind(")") + 2:].split()
+    return rest[0] if rest else None
+
+
+def proc_cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+def process_alive(pid: int, start_time: int | None = None) -> bool:
+    """True when ``pid`` runs (not a zombie) and, if given, still has ``start_time``."""
+    st = proc_start_time(pid)
+    if st is None:
+        return False
+    if start_time is not None and st != start_time:
+        return False
+    return proc_state(pid) != "Z"
+
+
+# ---- records ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProcessRecord:
+    pid: int
+    role: str
+    start_time: int
+    cmdline: list[str]
+    group: bool = False  # stop the whole process group (pgid == pid)
+    stop_signal: int = int(signal.SIGTERM)
+    recorded_at: float = 0.0
+
+
+def _check_name(kind: str, name: str) -> None:
+    if kind not in RESOURCE_KINDS:
+        raise SpecError("kind", f"must be one of {', '.join(RESOURCE_KINDS)}, got {kind!r}")
+    if not isinstance(name, str) or not name.startswith(NAME_PREFIX) or "/" in name:
+        raise SpecError("name", f"must start with {NAME_PREFIX!r} (and contain no '/'), got {name!r}")
+    if kind == "interface" and len(name) > 15:
+        raise SpecError("name", f"interface names have at most 15 characters, got {name!r}")
+
+
+def _write_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def record_process(pid: int, role: str, group: bool = False, stop_signal: int = signal.SIGTERM) -> ProcessRecord:
+    """Record a running process so that ``clean()`` can stop it after a crash.
+
+    ``group``: stop its whole process group (only when the process leads its own group).
+    ``stop_signal``: the polite signal sent first (interactive bash shells need SIGHUP); SIGKILL follows
+    after the deadline.
+    """
+    if not isinstance(pid, int) or pid <= 1:
+        raise SpecError("pid", f"must be an integer > 1, got {pid!r}")
+    st = proc_start_time(pid)
+    if st is None:
+        raise SpecError("pid", f"no process {pid}")
+    rec = ProcessRecord(pid=pid, role=str(role), start_time=st, cmdline=proc_cmdline(pid), group=bool(group),
+                        stop_signal=int(stop_signal), recorded_at=time.time())
+    _write_atomic(state_dir() / f"{_PROC_PREFIX}{pid}.json", asdict(rec))
+    return rec
+
+
+def forget_process(pid: int) -> None:
+    _unlink(state_dir() / f"{_PROC_PREFIX}{int(pid)}.json")
+
+
+def record_resource(kind: str, name: str) -> None:
+    _check_name(kind, name)
+    _write_atomic(state_dir() / f"{_RES_PREFIX}{kind}-{name}.json",
+                  {"kind": kind, "name": name, "recorded_at": time.time()})
+
+
+def forget_resource(kind: str, name: str) -> None:
+    _check_name(kind, name)
+    _unlink(state_dir() / f"{_RES_PREFIX}{kind}-{name}.json")
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning("unreadable registry record %s: %s", path, e)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def list_processes() -> list[ProcessRecord]:
+    out = []
+    d = state_dir()
+    if not d.is_dir():
+        return out
+    for p in sorted(d.glob(f"{_PROC_PREFIX}*.json")):
+        data = _read_json(p)
+        if data is None:
+            continue
+        try:
+            out.append(ProcessRecord(pid=int(data["pid"]), role=str(data.get("role", "")),
+                                     start_time=int(data["start_time"]), cmdline=list(data.get("cmdline", [])),
+                                     group=bool(data.get("group", False)),
+                                     stop_signal=int(data.get("stop_signal", signal.SIGTERM)),
+                                     recorded_at=float(data.get("recorded_at", 0.0))))
+        except (KeyError, TypeError, ValueError) as e:
+            log.warning("malformed process record %s: %s", p, e)
+    return out
+
+
+def list_resources() -> list[tuple[str, str]]:
+    out = []
+    d = state_dir()
+    if not d.is_dir():
+        return out
+    for p in sorted(d.glob(f"{_RES_PREFIX}*.json")):
+        data = _read_json(p)
+        if data and data.get("kind") in RESOURCE_KINDS and str(data.get("name", "")).startswith(NAME_PREFIX):
+            out.append((data["kind"], data["name"]))
+    return out
+
+
+# ---- stopping processes -------------------------------------------------------------------------
+def _signal(rec: ProcessRecord, sig: int) -> None:
+    try:
+        if rec.group and os.getpgid(rec.pid) == rec.pid:
+            os.killpg(rec.pid, sig)
+        else:
+            os.kill(rec.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def stop_process(rec: ProcessRecord, timeout_s: float = 2.0, poll_s: float = 0.01) -> str:
+    """Stop one recorded process: polite signal, then SIGKILL at the deadline.
+
+    Returns "gone" (not running or PID recycled: nothing sent), "stopped" or "killed".
+    """
+    if not process_alive(rec.pid, rec.start_time):
+        return "gone"
+    _signal(rec, rec.stop_signal)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not process_alive(rec.pid, rec.start_time):
+            return "stopped"
+        time.sleep(poll_s)
+    if process_alive(rec.pid, rec.start_time):
+        _signal(rec, signal.SIGKILL)
+        kill_deadline = time.monotonic() + 2.0
+        while time.monotonic() < kill_deadline and process_alive(rec.pid, rec.start_time):
+            time.sleep(poll_s)
+    return "killed"
+
+
+def stop_processes(recs: list[ProcessRecord], timeout_s: float = 2.0, poll_s: float = 0.01) -> dict[int, str]:
+    """Stop several processes in parallel (signal all, then wait once for all)."""
+    result: dict[int, str] = {}
+    live = []
+    for r in recs:
+        if process_alive(r.pid, r.start_time):
+            _signal(r, r.stop_signal)
+            live.append(r)
+        else:
+            result[r.pid] = "gone"
+    deadline = time.monotonic() + timeout_s
+    while live and time.monotonic() < deadline:
+        still = []
+        for r in live:
+            if process_alive(r.pid, r.start_time):
+                still.append(r)
+            else:
+                result[r.pid] = "stopped"
+        live = still
+        if live:
+            time.sleep(poll_s)
+    for r in live:
+        _signal(r, signal.SIGKILL)
+    kill_deadline = time.monotonic() + 2.0
+    while live and time.monotonic() < kill_deadline:
+        live = [r for r in live if process_alive(r.pid, r.start_time)]
+        if live:
+            time.sleep(poll_s)
+    for r in recs:
+        result.setdefault(r.pid, "killed")
+    return result
+
+
+# ---- system listings ----------------------------------------------------------------------------
+def _run(argv: list[str], timeout_s: float = 10.0) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+
+
+def ovs_bridges() -> list[str]:
+    """All OVS bridges (raises OSError / subprocess errors when OVS does not answer)."""
+    r = _run(["ovs-vsctl", "--timeout=5", "list-br"])
+    if r.returncode != 0:
+        raise RuntimeError(f"ovs-vsctl list-br failed: {r.stderr.strip()}")
+    return [b for b in r.stdout.split() if b]
+
+
+def root_interfaces() -> list[str]:
+    r = _run(["ip", "-o", "link", "show"])
+    if r.returncode != 0:
+        raise RuntimeError(f"ip link show failed: {r.stderr.strip()}")
+    names = []
+    for line in r.stdout.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) >= 2:
+            names.append(parts[1].strip().split("@", 1)[0])
+    return names
+
+
+def named_netns() -> list[str]:
+    r = _run(["ip", "netns", "list"])
+    if r.returncode != 0:
+        return []
+    return [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+
+
+# ---- clean --------------------------------------------------------------------------------------
+@dataclass
+class CleanReport:
+    dry_run: bool = False
+    processes: list[dict] = field(default_factory=list)  # {pid, role, cmdline, result}
+    bridges: list[str] = field(default_factory=list)
+    interfaces: list[str] = field(default_factory=list)
+    netns: list[str] = field(default_factory=list)
+    records_removed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def nothing_done(self) -> bool:
+        return not (self.processes or self.bridges or self.interfaces or self.netns or self.records_removed)
+
+
+def clean(dry_run: bool = False, process_timeout_s: float = 2.0,
+          run: Callable[[list[str]], subprocess.CompletedProcess] | None = None) -> CleanReport:
+    """Stop recorded processes, delete every ``orl*`` bridge / interface / netns, remove the records."""
+    run = run or _run
+    rep = CleanReport(dry_run=dry_run)
+    procs = list_processes()
+    resources = list_resources()
+    live = [p for p in procs if process_alive(p.pid, p.start_time)]
+    if dry_run:
+        rep.processes = [{"pid": p.pid, "role": p.role, "cmdline": p.cmdline, "result": "would stop"} for p in live]
+    else:
+        results = stop_processes(live, timeout_s=process_timeout_s)
+        rep.processes = [{"pid": p.pid, "role": p.role, "cmdline": p.cmdline, "result": results[p.pid]}
+                         for p in live]
+
+    # bridges: every orl* bridge OVS knows plus the recorded ones
+    recorded_bridges = {n for k, n in resources if k == "bridge"}
+    try:
+        existing = set(ovs_bridges())
+        bridges = sorted(b for b in existing if b.startswith(NAME_PREFIX))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        rep.errors.append(f"cannot list OVS bridges ({e}); trying recorded bridges only")
+        bridges = sorted(recorded_bridges)
+    if bridges and not dry_run:
+        argv = ["ovs-vsctl", "--timeout=10"]
+        for b in bridges:
+            argv += ["--", "--if-exists", "del-br", b]
+        try:
+            r = run(argv)
+            if r.returncode != 0:
+                rep.errors.append(f"ovs-vsctl del-br failed: {r.stderr.strip()}")
+        except (OSError, subprocess.SubprocessError) as e:
+            rep.errors.append(f"ovs-vsctl del-br failed: {e}")
+    rep.bridges = bridges
+
+    # interfaces in the root namespace (userspace bridges leave a tap named like the bridge)
+    try:
+        intfs = sorted(i for i in root_interfaces() if i.startswith(NAME_PREFIX))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        rep.errors.append(f"cannot list interfaces: {e}")
+        intfs = []
+    for name in intfs:
+        if dry_run:
+            rep.interfaces.append(name)
+            continue
+        r = run(["ip", "link", "del", name])
+        if r.returncode == 0:
+            rep.interfaces.append(name)
+        elif "Cannot find device" not in r.stderr:  # deleted with its veth peer: fine
+            rep.errors.append(f"ip link del {name}: {r.stderr.strip()}")
+
+    for ns in sorted(n for n in named_netns() if n.startswith(NAME_PREFIX)):
+        if dry_run:
+            rep.netns.append(ns)
+            continue
+        r = run(["ip", "netns", "del", ns])
+        if r.returncode == 0:
+            rep.netns.append(ns)
+        else:
+            rep.errors.append(f"ip netns del {ns}: {r.stderr.strip()}")
+
+    if not dry_run:
+        for p in procs:
+            forget_process(p.pid)
+        for kind, name in resources:
+            forget_resource(kind, name)
+        rep.records_removed = len(procs) + len(resources)
+    return rep
