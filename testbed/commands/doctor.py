@@ -1,0 +1,188 @@
+"""`orchestrrl doctor`: is this machine ready to run the emulated testbed? Each check prints OK/FAIL and a fix."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+PROVISION = "sudo scripts/provision.sh"
+PY_DEPS = ("os_ken", "eventlet", "pyroute2", "torch", "statsmodels", "numpy", "yaml", "msgpack")
+TEST_BRIDGE = "orl-doctor-test"
+TEST_VETH = ("orldoc0", "orldoc1")
+TEST_NETNS = "orldoctest"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # OK | FAIL | SKIP
+    detail: str = ""
+    fix: str = ""
+
+
+def _run(argv: list[str], timeout_s: float = 10.0) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except FileNotFoundError as e:
+        return subprocess.CompletedProcess(argv, 127, "", str(e))
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"timed out after {timeout_s}s")
+
+
+def _err(r: subprocess.CompletedProcess) -> str:
+    return (r.stderr or r.stdout).strip().splitlines()[-1][:200] if (r.stderr or r.stdout).strip() else f"exit {r.returncode}"
+
+
+def check_root() -> Check:
+    if os.geteuid() == 0:
+        return Check("root", "OK", "running as root")
+    return Check("root", "FAIL", f"running as uid {os.geteuid()}", "run as root (sudo .venv/bin/orchestrrl ...)")
+
+
+def check_ovs() -> list[Check]:
+    out = []
+    if not shutil.which("ovs-vsctl"):
+        return [Check("ovs-vsctl present", "FAIL", "ovs-vsctl not on PATH", PROVISION)]
+    out.append(Check("ovs-vsctl present", "OK", shutil.which("ovs-vsctl") or ""))
+    r = _run(["ovs-vsctl", "--timeout=5", "show"])
+    if r.returncode != 0:
+        out.append(Check("ovsdb-server answering", "FAIL", _err(r), PROVISION + " (starts Open vSwitch)"))
+        return out
+    out.append(Check("ovsdb-server answering", "OK"))
+    r = _run(["ovs-appctl", "--timeout=5", "version"])
+    if r.returncode != 0:
+        out.append(Check("ovs-vswitchd answering", "FAIL", _err(r), PROVISION + " (starts Open vSwitch)"))
+        return out
+    out.append(Check("ovs-vswitchd answering", "OK", r.stdout.strip().splitlines()[0] if r.stdout.strip() else ""))
+    r = _run(["ovs-vsctl", "--timeout=5", "get", "Open_vSwitch", ".", "other_config:userspace-tso-enable"])
+    val = r.stdout.strip().strip('"') if r.returncode == 0 else ""
+    if val == "true":
+        out.append(Check("userspace TSO enabled", "OK", "other_config:userspace-tso-enable=true"))
+    else:
+        out.append(Check("userspace TSO enabled", "FAIL", f"userspace-tso-enable={val or 'unset'} (TCP through "
+                         "userspace bridges fails with bad checksums)", PROVISION + " (sets it and restarts OVS)"))
+    return out
+
+
+def check_netdev_bridge() -> Check:
+    r = _run(["ovs-vsctl", "--timeout=10", "--", "--if-exists", "del-br", TEST_BRIDGE, "--", "add-br", TEST_BRIDGE,
+              "--", "set", "bridge", TEST_BRIDGE, "datapath_type=netdev"])
+    d = _run(["ovs-vsctl", "--timeout=10", "--if-exists", "del-br", TEST_BRIDGE])
+    if r.returncode != 0:
+        return Check("netdev bridge", "FAIL", _err(r), PROVISION)
+    if d.returncode != 0:
+        return Check("netdev bridge", "FAIL", f"created but could not delete {TEST_BRIDGE}: {_err(d)}",
+                     "orchestrrl clean")
+    return Check("netdev bridge", "OK", f"created and deleted {TEST_BRIDGE} (datapath_type=netdev)")
+
+
+def check_kernel() -> list[Check]:
+    out = []
+    a, b = TEST_VETH
+    _run(["ip", "link", "del", a])
+    r = _run(["ip", "link", "add", a, "type", "veth", "peer", "name", b])
+    if r.returncode != 0:
+        out.append(Check("veth", "FAIL", _err(r), "a kernel with veth (CONFIG_VETH); " + PROVISION + " installs iproute2"))
+        out.append(Check("htb qdisc", "SKIP", "needs veth"))
+    else:
+        out.append(Check("veth", "OK"))
+        r = _run(["tc", "qdisc", "add", "dev", a, "root", "handle", "1:", "htb", "default", "1"])
+        r2 = _run(["tc", "class", "add", "dev", a, "parent", "1:", "classid", "1:1", "htb", "rate", "1500mbit"]) \
+            if r.returncode == 0 else r
+        if r.returncode == 0 and r2.returncode == 0:
+            out.append(Check("htb qdisc", "OK"))
+        else:
+            out.append(Check("htb qdisc", "FAIL", _err(r2), "a kernel with sch_htb (CONFIG_NET_SCH_HTB)"))
+        _run(["ip", "link", "del", a])
+    _run(["ip", "netns", "del", TEST_NETNS])
+    r = _run(["ip", "netns", "add", TEST_NETNS])
+    if r.returncode == 0:
+        _run(["ip", "netns", "del", TEST_NETNS])
+        out.append(Check("netns", "OK"))
+    else:
+        out.append(Check("netns", "FAIL", _err(r), "a kernel with network namespaces (CONFIG_NET_NS)"))
+    return out
+
+
+def _import(name: str) -> tuple[bool, str]:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # eventlet's deprecation notice is not a finding
+            mod = importlib.import_module(name)
+    except Exception as e:  # any import failure is the finding
+        return False, f"{type(e).__name__}: {e}"
+    return True, str(getattr(mod, "__version__", ""))
+
+
+def check_python() -> list[Check]:
+    out = []
+    ok, detail = _import("mininet.net")
+    out.append(Check("Mininet importable", "OK" if ok else "FAIL", detail,
+                     "" if ok else PROVISION + " (Debian's mininet, linked into .venv)"))
+    if not shutil.which("mnexec"):
+        out.append(Check("mnexec present", "FAIL", "mnexec not on PATH", PROVISION))
+    for name in PY_DEPS:
+        ok, detail = _import(name)
+        out.append(Check(f"python: {name}", "OK" if ok else "FAIL", detail,
+                         "" if ok else PROVISION + " (creates .venv with the project's extras)"))
+    return out
+
+
+def run_checks(progress: Callable[[Check], None] | None = None) -> list[Check]:
+    checks: list[Check] = []
+
+    def add(c: Check) -> None:
+        checks.append(c)
+        if progress:
+            progress(c)
+
+    root = check_root()
+    add(root)
+    ovs = check_ovs()
+    for c in ovs:
+        add(c)
+    ovs_up = all(c.status == "OK" for c in ovs if c.name != "userspace TSO enabled") and len(ovs) >= 3
+    if root.status != "OK":
+        for name in ("netdev bridge", "veth", "htb qdisc", "netns"):
+            add(Check(name, "SKIP", "needs root", "run as root"))
+    else:
+        add(check_netdev_bridge() if ovs_up else Check("netdev bridge", "SKIP", "Open vSwitch not answering",
+                                                       PROVISION))
+        for c in check_kernel():
+            add(c)
+    for c in check_python():
+        add(c)
+    return checks
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("doctor", help="check that this machine can run the emulated testbed",
+                              description="Checks root, Open vSwitch (answering, userspace TSO, netdev bridges), "
+                                          "kernel features (veth, htb, netns), Mininet and the Python "
+                                          "dependencies. Exit 0 when ready, 1 when not.")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    def show(c: Check) -> None:
+        line = f"[{c.status:4}] {c.name}"
+        if c.detail:
+            line += f": {c.detail}"
+        print(line, flush=True)
+        if c.status != "OK" and c.fix:
+            print(f"       fix: {c.fix}", flush=True)
+
+    checks = run_checks(None if args.json else show)
+    ready = all(c.status == "OK" for c in checks)
+    if args.json:
+        print(json.dumps({"ready": ready, "checks": [asdict(c) for c in checks]}, indent=1))
+    else:
+        print("ready" if ready else "NOT ready: fix the failures above")
+    return 0 if ready else 1
