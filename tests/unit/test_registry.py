@@ -1,0 +1,127 @@
+"""Registry records (tmp ORCHESTRRL_STATE_DIR): atomic JSON files, recycled-PID safety, name checks."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from emulation import registry
+from emulation.validation import SpecError
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    d = tmp_path / "state"
+    monkeypatch.setenv("ORCHESTRRL_STATE_DIR", str(d))
+    return d
+
+
+def test_process_record_roundtrip(state_dir):
+    rec = registry.record_process(os.getpid(), "test", group=False)
+    assert rec.start_time == registry.proc_start_time(os.getpid())
+    assert rec.cmdline == registry.proc_cmdline(os.getpid()) and rec.cmdline
+    files = list(state_dir.iterdir())
+    assert [f.name for f in files] == [f"proc-{os.getpid()}.json"]
+    data = json.loads(files[0].read_text())
+    assert data["pid"] == os.getpid() and data["role"] == "test"
+    assert registry.list_processes() == [rec]
+    registry.forget_process(os.getpid())
+    registry.forget_process(os.getpid())  # idempotent
+    assert registry.list_processes() == []
+
+
+def test_no_temporary_files_left(state_dir):
+    for i in range(5):
+        registry.record_resource("bridge", f"orlt{i}")
+    assert all(not f.name.startswith(".tmp") for f in state_dir.iterdir())
+    assert registry.list_resources() == [("bridge", f"orlt{i}") for i in range(5)]
+
+
+def test_partial_and_foreign_files_are_skipped(state_dir):
+    registry.record_resource("interface", "orlh0-eth0")
+    (state_dir / "proc-123.json").write_text('{"pid": 12')  # torn write (cannot happen with rename)
+    (state_dir / ".tmp-abc").write_text("junk")
+    assert registry.list_processes() == []
+    assert registry.list_resources() == [("interface", "orlh0-eth0")]
+
+
+@pytest.mark.parametrize("kind,name", [("bridge", "br0"), ("interface", "orl-very-long-name"), ("disk", "orl1"),
+                                       ("netns", "orl/../x")])
+def test_bad_resources_rejected(kind, name, state_dir):
+    with pytest.raises(SpecError):
+        registry.record_resource(kind, name)
+    assert not state_dir.exists() or list(state_dir.iterdir()) == []
+
+
+def test_record_missing_process_rejected():
+    with pytest.raises(SpecError, match="pid"):
+        registry.record_process(2**22 + 12345, "ghost")
+
+
+def test_recycled_pid_is_not_alive():
+    st = registry.proc_start_time(os.getpid())
+    assert registry.process_alive(os.getpid(), st)
+    assert not registry.process_alive(os.getpid(), st + 1)
+
+
+def test_stop_process_group_and_recycled_pid_safety():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        rec = registry.record_process(p.pid, "sleeper", group=True)
+        fake = registry.ProcessRecord(pid=p.pid, role="x", start_time=rec.start_time + 7, cmdline=[])
+        assert registry.stop_process(fake) == "gone"  # wrong start time: nothing sent
+        assert p.poll() is None
+        assert registry.stop_process(rec, timeout_s=5) == "stopped"
+        assert p.wait(timeout=5) == -signal.SIGTERM
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_stop_escalates_to_sigkill():
+    code = "import signal, time, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        rec = registry.record_process(p.pid, "stubborn")
+        res = registry.stop_processes([rec], timeout_s=0.2)
+        assert res == {p.pid: "killed"}
+        assert p.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_clean_dry_run_changes_nothing(state_dir, monkeypatch):
+    calls = []
+    monkeypatch.setattr(registry, "ovs_bridges", lambda: ["orlt0", "br-other"])
+    monkeypatch.setattr(registry, "root_interfaces", lambda: ["lo", "orlt0-eth1", "eth0"])
+    monkeypatch.setattr(registry, "named_netns", lambda: ["orlns", "other"])
+    registry.record_resource("bridge", "orlt0")
+    rep = registry.clean(dry_run=True, run=lambda argv: calls.append(argv))
+    assert calls == []
+    assert (rep.bridges, rep.interfaces, rep.netns) == (["orlt0"], ["orlt0-eth1"], ["orlns"])
+    assert registry.list_resources() == [("bridge", "orlt0")]
+
+
+def test_clean_deletes_only_orl_names_and_records(state_dir, monkeypatch):
+    calls = []
+
+    def run(argv):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(registry, "ovs_bridges", lambda: ["orlt0", "orlo0", "br-other"])
+    monkeypatch.setattr(registry, "root_interfaces", lambda: ["lo", "orlt0-eth1", "eth0"])
+    monkeypatch.setattr(registry, "named_netns", lambda: [])
+    registry.record_resource("bridge", "orlt0")
+    rep = registry.clean(run=run)
+    assert calls[0] == ["ovs-vsctl", "--timeout=10", "--", "--if-exists", "del-br", "orlo0",
+                        "--", "--if-exists", "del-br", "orlt0"]
+    assert calls[1] == ["ip", "link", "del", "orlt0-eth1"]
+    assert len(calls) == 2
+    assert rep.records_removed == 1 and registry.list_resources() == []
