@@ -127,12 +127,12 @@ class OrlControllerApp(app_manager.OSKenApp):
         ofp, parser = dp.ofproto, dp.ofproto_parser
         req = parser.OFPFlowStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, cookie, COOKIE_MASK,
                                          parser.OFPMatch())
-        return [st for msg in self._request(dp, req, STATS_TIMEOUT_S) for st in msg.body]
+        return [st for msg, _ in self._request(dp, req, STATS_TIMEOUT_S) for st in msg.body]
 
     def request_groups(self, dp) -> dict[int, tuple]:
         req = dp.ofproto_parser.OFPGroupDescStatsRequest(dp, 0)
         out = {}
-        for msg in self._request(dp, req, STATS_TIMEOUT_S):
+        for msg, _ in self._request(dp, req, STATS_TIMEOUT_S):
             for g in msg.body:
                 out[g.group_id] = tuple(a.port for b in g.buckets for a in b.actions if hasattr(a, "port"))
         return out
@@ -142,7 +142,7 @@ class OrlControllerApp(app_manager.OSKenApp):
         w = self._waiters.get((msg.datapath.id, msg.xid))
         if w is None:
             return
-        w[1].append(msg)
+        w[1].append((msg, time.perf_counter()))
         if last:
             w[0].set()
 
@@ -169,8 +169,8 @@ class OrlControllerApp(app_manager.OSKenApp):
                                       command=ofp.OFPFC_DELETE_STRICT, priority=st.priority,
                                       out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=st.match))
 
-    def barrier(self, dpids: Sequence[int], timeout: float = BARRIER_TIMEOUT_S) -> None:
-        """Send a barrier to every switch, then wait for every reply (one deadline for all)."""
+    def send_barrier(self, dpids: Sequence[int], timeout: float = BARRIER_TIMEOUT_S) -> "AppBarrier":
+        """Send a barrier to every switch now; ``wait()`` on the result collects the replies."""
         waits = []
         try:
             for d in dpids:
@@ -183,13 +183,32 @@ class OrlControllerApp(app_manager.OSKenApp):
                 self._waiters[(d, xid)] = (ev, [])
                 waits.append((d, xid, ev))
                 dp.send_msg(req)
-            deadline = time.monotonic() + timeout
-            for d, xid, ev in waits:
-                if not ev.wait(timeout=max(0.0, deadline - time.monotonic())):
-                    raise SwitchTimeout(f"switch {d:#x} did not confirm (barrier) within {timeout} s")
-        finally:
+        except BaseException:
             for d, xid, _ in waits:
                 self._waiters.pop((d, xid), None)
+            raise
+        return AppBarrier(self, waits, timeout)
+
+
+class AppBarrier:
+    def __init__(self, app: OrlControllerApp, waits: list, timeout: float):
+        self.app = app
+        self.waits = waits
+        self.deadline = time.monotonic() + timeout
+        self.timeout = timeout
+
+    def wait(self) -> float:
+        """Block until every reply arrived; the perf_counter time of the last one."""
+        try:
+            last = 0.0
+            for d, xid, ev in self.waits:
+                if not ev.wait(timeout=max(0.0, self.deadline - time.monotonic())):
+                    raise SwitchTimeout(f"switch {d:#x} did not confirm (barrier) within {self.timeout} s")
+                last = max(last, self.app._waiters[(d, xid)][1][-1][1])
+            return last if self.waits else time.perf_counter()
+        finally:
+            for d, xid, _ in self.waits:
+                self.app._waiters.pop((d, xid), None)
 
 
 # ---- message building (pure helpers over an os-ken datapath) ------------------------------------------
@@ -263,13 +282,13 @@ class OsKenDriver:
         for fs in adds:
             dp.send_msg(flow_add(dp, fs))
 
-    def barrier_ocs(self, ocses: Sequence[int]) -> None:
-        self.app.barrier([self.app.spec.ocs_dpid(o) for o in ocses])
+    def send_barrier(self, ocses: Sequence[int]) -> AppBarrier:
+        return self.app.send_barrier([self.app.spec.ocs_dpid(o) for o in ocses])
 
     def apply_route_changes(self, changes: Any, full: bool = False) -> None:
         touched = send_route_changes(self.app, changes, full)
         if touched:
-            self.app.barrier(touched)
+            self.app.send_barrier(touched).wait()
 
 
 def _stats_actions(st) -> tuple:

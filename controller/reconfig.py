@@ -252,8 +252,16 @@ class Driver(Protocol):
     def send_ocs_flows(self, ocs: int, deletes: Sequence[FlowSpec], adds: Sequence[FlowSpec]) -> None:
         """Queue flow deletes then adds to an OCS; do not wait."""
 
-    def barrier_ocs(self, ocses: Sequence[int]) -> None:
-        """Return once every OCS in ``ocses`` answered a barrier sent now (raise on timeout)."""
+    def send_barrier(self, ocses: Sequence[int]) -> "PendingBarrier":
+        """Send a barrier to every OCS in ``ocses`` now; the answer is collected with ``wait()``.
+
+        A barrier also orders the switch's processing: flow-mods sent after it apply after those before it.
+        """
+
+
+class PendingBarrier(Protocol):
+    def wait(self) -> float:
+        """Block until every reply arrived (raise on timeout); return the clock time of the last reply."""
 
 
 class Clock(Protocol):
@@ -324,21 +332,103 @@ def execute_plan(plan: ReconfigPlan, delay_ms: float, driver: Driver, clock: Clo
         driver.apply_route_changes(plan.move_changes)
     ex.t["routes_moved"] = clock.now()
     if plan.ocs_steps:
+        touched = plan.touched_ocses
         for s in plan.ocs_steps:
             driver.send_ocs_flows(s.ocs, s.deletes, ())
         dark_sent = clock.now()
         ex.t["dark_sent"] = dark_sent
-        touched = plan.touched_ocses
-        if any(s.deletes for s in plan.ocs_steps):
-            driver.barrier_ocs(touched)
-        ex.t["dark_confirmed"] = clock.now()
+        # the barrier orders the deletes before the adds on the switch; its reply is collected later, so a
+        # delay shorter than the switch's round trip still puts the adds at (deletes sent + delay)
+        dark_barrier = driver.send_barrier(touched) if any(s.deletes for s in plan.ocs_steps) else None
         clock.sleep_until(dark_sent + delay_ms / 1000.0)
         for s in plan.ocs_steps:
             driver.send_ocs_flows(s.ocs, (), s.adds)
         ex.t["new_sent"] = clock.now()
-        driver.barrier_ocs(touched)
+        new_barrier = driver.send_barrier(touched)
+        try:
+            ex.t["dark_confirmed"] = dark_barrier.wait() if dark_barrier is not None else dark_sent
+        finally:
+            new_barrier.wait()
     ex.t["confirmed"] = clock.now()
     if plan.final_changes is not None:
         driver.apply_route_changes(plan.final_changes, full=plan.routes_full)
     ex.t["final_routes"] = clock.now()
     return ex
+
+
+# ---- test utilities (like ocs.FakeFlowTable: used by unit tests, never by the controller) ---------------
+class FakeClock:
+    """A manual clock: ``sleep_until`` jumps; events scheduled with :meth:`at` run when time passes them."""
+
+    def __init__(self, start: float = 100.0):
+        self.t = start
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = 0
+
+    def now(self) -> float:
+        return self.t
+
+    def at(self, when: float, fn: Callable[[], None]) -> None:
+        self._seq += 1
+        self._events.append((when, self._seq, fn))
+        self._events.sort(key=lambda e: (e[0], e[1]))
+
+    def advance_to(self, when: float) -> None:
+        while self._events and self._events[0][0] <= when:
+            t, _, fn = self._events.pop(0)
+            self.t = max(self.t, t)
+            fn()
+        self.t = max(self.t, when)
+
+    def sleep_until(self, deadline: float) -> None:
+        self.advance_to(deadline)
+
+    def pending_until(self) -> float:
+        return self._events[-1][0] if self._events else self.t
+
+
+class FakeDriver:
+    """A :class:`Driver` over one :class:`controller.ocs.FakeFlowTable` per OCS.
+
+    A flow-mod takes effect ``install_s`` after it is sent (like a real switch); a barrier returns once every
+    queued flow-mod took effect, plus ``rtt_s``. ``log`` records every call in order (``("routes", changes,
+    full)``, ``("ocs", ocs, deletes, adds)``, ``("barrier", ocses)``) so tests can check the order and that
+    nothing at all was sent.
+    """
+
+    def __init__(self, clock: FakeClock, n_ocs: int, install_s: float = 0.0035, rtt_s: float = 0.0005):
+        from .ocs import FakeFlowTable
+
+        self.clock = clock
+        self.install_s = install_s
+        self.rtt_s = rtt_s
+        self.tables = {o: FakeFlowTable(clock.now) for o in range(n_ocs)}
+        self.log: list[tuple] = []
+
+    def apply_route_changes(self, changes: Any, full: bool = False) -> None:
+        self.log.append(("routes", changes, full))
+        self.clock.advance_to(self.clock.now() + self.install_s + self.rtt_s)
+
+    def send_ocs_flows(self, ocs: int, deletes: Sequence[FlowSpec], adds: Sequence[FlowSpec]) -> None:
+        self.log.append(("ocs", ocs, tuple(deletes), tuple(adds)))
+        table = self.tables[ocs]
+        dels, ads = list(deletes), list(adds)
+        self.clock.at(self.clock.now() + self.install_s, lambda: table.apply(dels, ads))
+
+    def send_barrier(self, ocses: Sequence[int]) -> "_FakeBarrier":
+        self.log.append(("barrier", tuple(ocses)))
+        return _FakeBarrier(self.clock, max(self.clock.pending_until(), self.clock.now()) + self.rtt_s)
+
+    def sent(self) -> list[tuple]:
+        """Calls that changed something on a switch (route changes and flow-mods; not barriers)."""
+        return [e for e in self.log if e[0] != "barrier"]
+
+
+class _FakeBarrier:
+    def __init__(self, clock: FakeClock, arrival: float):
+        self.clock = clock
+        self.arrival = arrival
+
+    def wait(self) -> float:
+        self.clock.advance_to(self.arrival)
+        return self.arrival

@@ -1,0 +1,286 @@
+"""controller.reconfig: slack rule, request validation, plans, and the executor's timing on a fake clock;
+controller.runtime.FabricController: initialisation, serialisation, deferral, state file."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from controller import phases
+from controller.ocs import FlowSpec, Matching
+from controller.reconfig import (FakeClock, FakeDriver, PreciseClock, ReconfigRequest, circuits_request,
+                                 execute_plan, fits_slack, phase_request, plan_reconfig)
+from controller.runtime import FabricController, NotReady, load_state, save_state
+from emulation.spec import FabricSpec, JobLayout
+from emulation.validation import SpecError
+
+SPEC = FabricSpec()  # 2 pods x 2 ToRs, 2 uplinks, 1 OCS with 8 ports
+LAYOUT = JobLayout()
+
+
+def m(*pairs, n=8) -> Matching:
+    return Matching.from_pairs(n, [list(p) for p in pairs])
+
+
+# ---- slack ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("window,delay,fits", [
+    (None, 10.0, True), (None, 0.0, True), (10.5, 10.0, True), (10.0, 10.0, False), (5.0, 10.0, False),
+    (0.0, 0.0, False), (0.1, 0.0, True)])
+def test_fits_slack_only_when_window_longer_than_delay(window, delay, fits):
+    assert fits_slack(window, delay) is fits
+
+
+# ---- requests --------------------------------------------------------------------------------------------
+def test_circuits_request_valid_and_defaults():
+    req = circuits_request(SPEC, {"circuits": {"0": [[3, 1], [2, 4]]}})
+    assert req.target == {0: m((1, 3), (2, 4))}
+    assert req.delay_ms is None and req.effective_delay_ms(SPEC) == SPEC.reconfig_delay_ms
+    assert circuits_request(SPEC, {"circuits": {"0": []}, "delay_ms": 0}).effective_delay_ms(SPEC) == 0.0
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"circuits": {"0": [[1, 99]]}}, "circuits.0[0]"),
+    ({"circuits": {"0": [[1, 2], [2, 3]]}}, "circuits.0[1]"),
+    ({"circuits": {"0": [[1, 1]]}}, "circuits.0[0]"),
+    ({"circuits": {"1": [[1, 2]]}}, "circuits.1"),
+    ({"circuits": {"x": [[1, 2]]}}, "circuits.x"),
+    ({"circuits": {"0": [[1, 2]]}, "delay_ms": -1}, "delay_ms"),
+    ({"circuits": {"0": [[1, 2]]}, "delay_ms": 60001}, "delay_ms"),
+    ({"circuits": {"0": [[1, 2]]}, "delay_ms": "10"}, "delay_ms"),
+    ({"circuits": {"0": [[1, 2]]}, "window_ms": -5}, "window_ms"),
+    ({"circuits": {"0": [[1, 2]]}, "extra": 1}, "extra"),
+    ({"circuits": [[1, 2]]}, "circuits"),
+    ({"circuits": {}}, "circuits"),
+    ({}, "circuits"),
+    ([1], ""),
+])
+def test_circuits_request_errors_name_the_field(body, field):
+    with pytest.raises(SpecError) as ei:
+        circuits_request(SPEC, body)
+    assert ei.value.field == field
+
+
+def test_phase_request():
+    req = phase_request(SPEC, LAYOUT, {"phase": "gen", "delay_ms": 5})
+    assert req.phase == "gen" and req.target == phases.phase_matchings(SPEC, LAYOUT, "gen")
+    with pytest.raises(SpecError) as ei:
+        phase_request(SPEC, LAYOUT, {"phase": "bogus"})
+    assert ei.value.field == "phase" and "train" in ei.value.message
+
+
+def test_request_rejects_negative_delay_directly():
+    with pytest.raises(SpecError, match="delay_ms"):
+        ReconfigRequest(target={}, delay_ms=-0.1)
+
+
+# ---- plans ------------------------------------------------------------------------------------------------
+def test_plan_touches_only_changed_circuits():
+    cur = {0: m((1, 7), (2, 6), (3, 5), (4, 8))}
+    tgt = {0: m((1, 7), (2, 6), (3, 4), (5, 8))}
+    plan = plan_reconfig(SPEC, cur, None, tgt, with_routes=False)
+    (step,) = plan.ocs_steps
+    assert step.diff.unchanged == {(1, 7), (2, 6)}
+    assert step.diff.changed_ports == {3, 4, 5, 8}
+    touched = {dict(f.match)["in_port"] for f in step.deletes + step.adds}
+    assert touched == {3, 4, 5, 8}
+
+
+def test_empty_diff_is_a_noop_that_still_reports():
+    cur = {0: m((1, 7), (2, 6))}
+    plan = plan_reconfig(SPEC, cur, None, {0: m((2, 6), (1, 7))}, with_routes=False)
+    assert plan.is_noop and plan.summary() == {"ocs": {}}
+    clock = FakeClock()
+    drv = FakeDriver(clock, 1)
+    ex = execute_plan(plan, 10.0, drv, clock)
+    assert drv.sent() == [] and "confirmed" in ex.t and ex.metrics()["total_ms"] == 0.0
+
+
+def test_plan_with_routes_orders_transition_before_final():
+    old = phases.phase_matchings(SPEC, LAYOUT, "train")
+    new = phases.phase_matchings(SPEC, LAYOUT, "gen")
+    first = plan_reconfig(SPEC, {0: Matching.empty(8)}, None, old)
+    assert first.routes_full and first.move_changes is None and first.final_changes is not None
+    plan = plan_reconfig(SPEC, old, first.final_routes, new)
+    assert plan.move_changes is not None and plan.final_changes is not None
+    assert plan.transition_routes is not None and plan.final_routes is not None
+    assert not plan.routes_full
+
+
+def test_plan_deletes_stray_flows():
+    cur = {0: m((1, 7))}
+    plan = plan_reconfig(SPEC, cur, None, {0: m((1, 7))}, with_routes=False, stray={0: [(3, 5)]})
+    (step,) = plan.ocs_steps
+    assert [dict(f.match)["in_port"] for f in step.deletes] == [3] and step.adds == ()
+
+
+# ---- executor timing (fake clock, fake flow table with install latency) ---------------------------------
+def _dark(drv: FakeDriver, port: int) -> list:
+    return drv.tables[0].dark_intervals(port)
+
+
+@pytest.mark.parametrize("delay_ms", [0.0, 10.0, 50.0])
+def test_changed_ports_dark_for_exactly_the_delay_and_unchanged_never(delay_ms):
+    clock = FakeClock()
+    drv = FakeDriver(clock, 1, install_s=0.0035)
+    cur = {0: m((1, 7), (2, 6), (3, 5), (4, 8))}
+    drv.tables[0].add([f for f in _flows(cur[0])])
+    tgt = {0: m((1, 7), (2, 6), (3, 4), (5, 8))}
+    plan = plan_reconfig(SPEC, cur, None, tgt, with_routes=False)
+    ex = execute_plan(plan, delay_ms, drv, clock)
+    for p in (3, 4, 5, 8):
+        (iv,) = _dark(drv, p)
+        assert iv[1] - iv[0] == pytest.approx(delay_ms / 1000.0, abs=1e-9)
+    for p in (1, 7, 2, 6):
+        assert _dark(drv, p) == []
+        assert drv.tables[0].lookup(p) == cur[0].peer(p)
+    assert sorted(drv.tables[0].port_flows()) == sorted(
+        [(a, b) for a, b in tgt[0].pairs()] + [(b, a) for a, b in tgt[0].pairs()])
+    # adds are scheduled from the deletes' send time, not from their barrier reply
+    assert ex.metrics()["dark_ms"] == pytest.approx(delay_ms, abs=1e-6)
+    assert ex.t["dark_confirmed"] > ex.t["dark_sent"]
+    assert ex.t["confirmed"] >= ex.t["new_sent"] + drv.install_s
+
+
+def test_executor_step_order():
+    clock = FakeClock()
+    drv = FakeDriver(clock, 1)
+    old = phases.phase_matchings(SPEC, LAYOUT, "train")
+    first = plan_reconfig(SPEC, {0: Matching.empty(8)}, None, old)
+    plan = plan_reconfig(SPEC, old, first.final_routes, phases.phase_matchings(SPEC, LAYOUT, "gen"))
+    execute_plan(plan, 10.0, drv, clock)
+    kinds = [(e[0], bool(e[2]) if e[0] == "ocs" else None) for e in drv.log]
+    assert kinds == [("routes", None), ("ocs", True), ("barrier", None), ("ocs", False), ("barrier", None),
+                     ("routes", None)]
+    assert drv.log[1][3] == () and drv.log[3][2] == ()  # deletes first, adds after the delay
+    assert drv.log[0][1] is plan.move_changes and drv.log[-1][1] is plan.final_changes
+
+
+def _flows(matching: Matching) -> list[FlowSpec]:
+    from controller.ocs import circuit_flows
+
+    return circuit_flows(matching.pairs())
+
+
+def test_precise_clock_waits_until_deadline_with_little_coarse_sleep():
+    calls = []
+    clock = PreciseClock(coarse_sleep=lambda s: calls.append(s), margin=0.001)
+    deadline = clock.now() + 0.003
+    clock.sleep_until(deadline)
+    assert clock.now() >= deadline
+    assert len(calls) <= 1 and all(c <= 0.003 for c in calls)
+
+
+# ---- FabricController ------------------------------------------------------------------------------------
+def make_core(tmp_path=None, lock=None, clock=None, **kw):
+    fake = FakeClock()
+    drv = FakeDriver(fake, SPEC.ocs_count)
+    clock = clock or fake
+    core = FabricController(SPEC, LAYOUT, drv, clock, lock or threading.Lock(),
+                            state_path=(tmp_path / "state.json") if tmp_path else None, **kw)
+    return core, drv
+
+
+def connect_all(core, ocs_flows=None):
+    for d in core.expected:
+        core.switch_connected(d)
+    for d in core.expected:
+        kind = SPEC.classify_dpid(d)
+        core.switch_synced(d, (ocs_flows or {}).get(kind[1], []) if kind[0] == "ocs" else None)
+
+
+def test_initialises_to_initial_phase_once_all_switches_synced(tmp_path):
+    core, drv = make_core(tmp_path, initial_phase="gen")
+    for d in core.expected[:-1]:
+        core.switch_connected(d)
+        core.switch_synced(d, [])
+    assert not core.ready and drv.sent() == []
+    core.switch_connected(core.expected[-1])
+    core.switch_synced(core.expected[-1], [])
+    assert core.ready and core.phase == "gen"
+    gen = phases.phase_matchings(SPEC, LAYOUT, "gen")
+    assert core.circuits() == {"0": gen[0].to_json()}
+    assert json.loads((tmp_path / "state.json").read_text())["circuits"] == {"0": gen[0].to_json()}
+    assert drv.log[-1][0] == "routes" and drv.log[-1][2] is True  # full route install
+    assert core.history()[-1]["status"] == "done"
+
+
+def test_adopts_switch_circuits_without_state_file():
+    core, drv = make_core()
+    held = [(1, 2), (2, 1), (5, 6), (6, 5)]
+    connect_all(core, {0: held})
+    assert core.circuits() == {"0": [[1, 2], [5, 6]]}
+    assert [e for e in drv.log if e[0] == "ocs"] == []  # nothing deleted or re-added
+
+
+def test_reconciles_to_state_file_changing_only_what_differs(tmp_path):
+    save_state(tmp_path / "state.json", {0: m((1, 2), (3, 4))}, "custom")
+    core, drv = make_core(tmp_path)
+    connect_all(core, {0: [(1, 2), (2, 1), (5, 6), (6, 5), (7, 8)]})  # (7->8): a stray half circuit
+    assert core.circuits() == {"0": [[1, 2], [3, 4]]}
+    ocs_ops = [e for e in drv.log if e[0] == "ocs"]
+    deleted = {dict(f.match)["in_port"] for e in ocs_ops for f in e[2]}
+    added = {dict(f.match)["in_port"] for e in ocs_ops for f in e[3]}
+    assert deleted == {5, 6, 7} and added == {3, 4}
+    assert drv.tables[0].ops == [] or all(dict(f.match)["in_port"] not in (1, 2) for _, _, f in drv.tables[0].ops)
+
+
+def test_broken_state_file_names_the_field(tmp_path):
+    p = tmp_path / "state.json"
+    p.write_text(json.dumps({"version": 1, "phase": None, "circuits": {"0": [[1, 2], [2, 3]]}}))
+    with pytest.raises(SpecError) as ei:
+        load_state(p, SPEC)
+    assert "circuits.0[1]" in ei.value.field
+
+
+def test_deferred_when_window_not_longer_than_delay():
+    core, drv = make_core()
+    connect_all(core)
+    before, n = core.circuits(), len(drv.log)
+    rec = core.request_circuits({"circuits": {"0": [[1, 2]]}, "delay_ms": 10, "window_ms": 10})
+    assert rec["status"] == "deferred" and "window_ms" in rec["reason"]
+    assert core.circuits() == before and len(drv.log) == n
+    assert core.history()[-1]["status"] == "deferred"
+
+
+def test_not_ready_rejects():
+    core, drv = make_core()
+    with pytest.raises(NotReady, match="missing"):
+        core.request_phase({"phase": "gen"})
+    assert drv.sent() == [] and core.history()[-1]["status"] == "rejected"
+
+
+def test_requests_are_serialised():
+    lock = threading.Lock()
+    clock = PreciseClock()
+    core, drv = make_core(lock=lock, clock=clock)
+    connect_all(core)
+    inside = []
+    overlaps = []
+    orig = drv.send_ocs_flows
+
+    def send(ocs, deletes, adds):
+        inside.append(threading.get_ident())
+        orig(ocs, deletes, adds)
+
+    drv.send_ocs_flows = send
+    orig_barrier = drv.send_barrier
+
+    def barrier(ocses):
+        if lock.acquire(blocking=False):  # the lock must be held during every step
+            overlaps.append("lock not held")
+            lock.release()
+        return orig_barrier(ocses)
+
+    drv.send_barrier = barrier
+    targets = [{"0": [[1, 2], [3, 4]]}, {"0": [[1, 3], [2, 4]]}, {"0": [[1, 4], [2, 3]]}]
+    threads = [threading.Thread(target=core.request_circuits, args=({"circuits": t, "delay_ms": 2},))
+               for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert overlaps == []
+    # each request's delete and add came from the same thread, back to back (no interleaving)
+    assert len(inside) == 6 and all(inside[i] == inside[i + 1] for i in range(0, 6, 2))
+    assert [h["status"] for h in core.history()][-3:] == ["done"] * 3

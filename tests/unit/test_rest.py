@@ -1,0 +1,181 @@
+"""controller.rest: the WSGI app over a FabricController with a fake datapath (no os-ken event loop).
+
+Every bad input gets the right status, an error naming the field, and sends nothing to the switches."""
+from __future__ import annotations
+
+import io
+import json
+import threading
+
+import pytest
+
+from controller import phases
+from controller.reconfig import FakeClock, FakeDriver
+from controller.rest import MAX_BODY_BYTES, RestApp
+from controller.runtime import FabricController
+from emulation.spec import FabricSpec, JobLayout
+
+SPEC = FabricSpec()
+LAYOUT = JobLayout()
+TOKEN = "t0ken-" + "x" * 20
+
+
+@pytest.fixture
+def fab():
+    clock = FakeClock()
+    drv = FakeDriver(clock, SPEC.ocs_count)
+    core = FabricController(SPEC, LAYOUT, drv, clock, threading.Lock())
+    for d in core.expected:
+        core.switch_connected(d)
+    for d in core.expected:
+        core.switch_synced(d, [] if SPEC.classify_dpid(d)[0] == "ocs" else None)
+    assert core.ready
+    drv.log.clear()
+    return core, drv, RestApp(core, TOKEN)
+
+
+def call(app, method, path, body=None, raw=None, token=TOKEN, headers=None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else b"")
+    env = {"REQUEST_METHOD": method, "PATH_INFO": path, "wsgi.input": io.BytesIO(data),
+           "CONTENT_LENGTH": str(len(data)) if data else ""}
+    if token is not None:
+        env["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    env.update(headers or {})
+    out = {}
+
+    def start_response(status, hdrs):
+        out["status"] = int(status.split()[0])
+        out["headers"] = dict(hdrs)
+
+    payload = b"".join(app(env, start_response))
+    assert out["headers"]["Content-Type"] == "application/json"
+    return out["status"], json.loads(payload)
+
+
+def test_gets(fab):
+    core, drv, app = fab
+    st, topo = call(app, "GET", "/api/v1/topology")
+    assert st == 200 and len(topo["tors"]) == SPEC.n_tors and len(topo["uplinks"]) == SPEC.n_tors * 2
+    assert topo["ocses"][0]["dpid"] == SPEC.ocs_dpid(0)
+    st, circ = call(app, "GET", "/api/v1/circuits")
+    assert st == 200 and circ == {"0": phases.phase_matchings(SPEC, LAYOUT, "train")[0].to_json()}
+    st, state = call(app, "GET", "/api/v1/state")
+    assert st == 200 and state["ready"] and state["phase"] == "train" and not state["busy"]
+    assert state["connected"] == state["expected"] and state["missing"] == []
+    st, hist = call(app, "GET", "/api/v1/history")
+    assert st == 200 and hist[0]["source"] == "initial"
+    assert drv.sent() == []
+
+
+def test_post_circuits_changes_only_listed_and_reports(fab):
+    core, drv, app = fab
+    cur = core.matchings[0].pairs()
+    (a, b), (c, d) = cur[0], cur[1]
+    new = [[a, c], [b, d]] + [list(p) for p in cur[2:]]
+    st, rep = call(app, "POST", "/api/v1/circuits", {"circuits": {"0": new}, "delay_ms": 0})
+    assert st == 200 and rep["status"] == "done", rep
+    assert rep["changes"]["ocs"]["0"]["unchanged"] == len(cur) - 2
+    assert set(rep["t_ms"]) >= {"received", "routes_moved", "dark_sent", "dark_confirmed", "new_sent",
+                                "confirmed", "final_routes"}
+    ocs_ops = [e for e in drv.log if e[0] == "ocs"]
+    touched = {dict(f.match)["in_port"] for e in ocs_ops for f in e[2] + e[3]}
+    assert touched == {a, b, c, d}
+    assert call(app, "GET", "/api/v1/circuits")[1] == {"0": sorted(sorted(p) for p in new)}
+    assert call(app, "GET", "/api/v1/state")[1]["phase"] is None  # custom circuits: no phase
+
+
+def test_post_phase(fab):
+    core, drv, app = fab
+    st, rep = call(app, "POST", "/api/v1/phase", {"phase": "sync", "delay_ms": 10})
+    assert st == 200 and rep["status"] == "done" and rep["phase"] == "sync"
+    assert core.phase == "sync" and drv.sent()
+
+
+BAD = [
+    ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 99]]}}, None, 400, "circuits.0[0]"),
+    ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2], [2, 3]]}}, None, 400, "circuits.0[1]"),
+    ("POST", "/api/v1/circuits", {"circuits": {"7": [[1, 2]]}}, None, 400, "circuits.7"),
+    ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "bogus": 1}, None, 400, "bogus"),
+    ("POST", "/api/v1/circuits", {"circuits": {"0": [["1", 2]]}}, None, 400, "circuits.0[0]"),
+    ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "delay_ms": "fast"}, None, 400, "delay_ms"),
+    ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "delay_ms": -1}, None, 400, "delay_ms"),
+    ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "delay_ms": 60001}, None, 400, "delay_ms"),
+    ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "window_ms": True}, None, 400, "window_ms"),
+    ("POST", "/api/v1/circuits", None, b"{not json", 400, "body"),
+    ("POST", "/api/v1/circuits", None, b'{"circuits": {"0": []}, "delay_ms": NaN}', 400, "body"),
+    ("POST", "/api/v1/circuits", None, b"", 400, "body"),
+    ("POST", "/api/v1/phase", {"phase": "bogus"}, None, 400, "phase"),
+    ("POST", "/api/v1/phase", {"phase": 3}, None, 400, "phase"),
+    ("POST", "/api/v1/phase", {"phase": "gen", "window": 3}, None, 400, "window"),
+    ("POST", "/api/v1/phase", ["gen"], None, 400, ""),
+    ("POST", "/api/v1/nothing", {}, None, 404, "path"),
+    ("GET", "/elsewhere", None, None, 404, "path"),
+    ("GET", "/api/v1/phase", None, None, 405, "method"),
+    ("POST", "/api/v1/state", {}, None, 405, "method"),
+    ("DELETE", "/api/v1/circuits", None, None, 405, "method"),
+]
+
+
+@pytest.mark.parametrize("method,path,body,raw,status,field", BAD)
+def test_bad_input_names_field_and_changes_nothing(fab, method, path, body, raw, status, field):
+    core, drv, app = fab
+    before = core.circuits()
+    st, err = call(app, method, path, body=body, raw=raw)
+    assert st == status, err
+    assert err["field"] == field and isinstance(err["error"], str) and err["error"]
+    if field:
+        assert field in err["error"]
+    assert drv.sent() == [] and drv.log == []
+    assert core.circuits() == before
+
+
+def test_rejected_posts_are_in_history(fab):
+    core, drv, app = fab
+    call(app, "POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2], [2, 3]]}})
+    call(app, "POST", "/api/v1/phase", raw=b"[")
+    hist = call(app, "GET", "/api/v1/history")[1]
+    assert [h["status"] for h in hist[-2:]] == ["rejected", "rejected"]
+    assert "circuits.0[1]" in hist[-2]["error"] and "body" in hist[-1]["error"]
+
+
+def test_body_too_large_is_413_and_unread(fab):
+    core, drv, app = fab
+    raw = b"{" + b" " * (MAX_BODY_BYTES + 1) + b"}"
+    st, err = call(app, "POST", "/api/v1/circuits", raw=raw)
+    assert st == 413 and err["field"] == "body"
+    assert drv.log == []
+
+
+@pytest.mark.parametrize("token,headers", [
+    (None, None), ("wrong-token-xxxxxxxxxxxx", None),
+    (None, {"HTTP_AUTHORIZATION": "Basic dXNlcjpwdw=="}), (None, {"HTTP_AUTHORIZATION": "Bearer "})])
+def test_token_required(fab, token, headers):
+    core, drv, app = fab
+    for method, path, body in (("GET", "/api/v1/state", None),
+                               ("POST", "/api/v1/phase", {"phase": "gen"})):
+        st, err = call(app, method, path, body=body, token=token, headers=headers)
+        assert st == 401 and err["field"] == "Authorization"
+    assert drv.log == [] and core.phase == "train"
+
+
+def test_no_auth_only_when_token_is_none(fab):
+    core, drv, _ = fab
+    st, _ = call(RestApp(core, None), "GET", "/api/v1/state", token=None)
+    assert st == 200
+
+
+def test_deferred_reply(fab):
+    core, drv, app = fab
+    st, rep = call(app, "POST", "/api/v1/phase", {"phase": "gen", "delay_ms": 10, "window_ms": 8})
+    assert st == 200 and rep["status"] == "deferred" and "window_ms" in rep["reason"]
+    assert drv.log == [] and core.phase == "train"
+    assert call(app, "GET", "/api/v1/history")[1][-1]["status"] == "deferred"
+
+
+def test_not_ready_is_503():
+    clock = FakeClock()
+    drv = FakeDriver(clock, 1)
+    core = FabricController(SPEC, LAYOUT, drv, clock, threading.Lock())
+    st, err = call(RestApp(core, TOKEN), "POST", "/api/v1/phase", {"phase": "gen"})
+    assert st == 503 and "missing" in err["error"]
+    assert drv.log == []
