@@ -1,0 +1,161 @@
+"""Build a real 2-pod emulated fabric: bridges, OpenFlow ports, shaping, mgmt network, forwarding, teardown.
+
+Flows are programmed with ovs-ofctl here (a test tool standing in for the controller).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from emulation import registry, shaping
+from emulation.builder import EmulatedFabric
+from emulation.spec import FabricSpec
+
+pytestmark = pytest.mark.system
+
+SPEC = FabricSpec(pods=2, tors_per_pod=2, servers_per_tor=2, ocs_count=1, uplinks_per_tor=2,
+                  server_gbps=400, uplink_gbps=800, scale=0.001)  # servers 400 Mb/s, uplinks 800 Mb/s
+UNUSED_CONTROLLER_PORT = 16699  # nothing listens: fail-mode secure bridges forward only what we program
+
+
+def vsctl(*args: str) -> str:
+    return subprocess.run(["ovs-vsctl", "--timeout=5", *args], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def wait_for(cond, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def add_flows(bridge: str, flows: list[str]) -> None:
+    for f in flows:
+        subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "add-flow", bridge, f], check=True)
+
+
+def tor_flows(spec: FabricSpec) -> None:
+    for t in range(spec.n_tors):
+        flows = [f"priority=10,ip,nw_dst={spec.host_ip(s)},actions=output:{spec.server_port(s)}"
+                 for s in spec.servers_on_tor(t)]
+        flows.append(f"priority=1,ip,actions=output:{spec.uplink(t, 0).tor_port}")
+        add_flows(spec.tor_name(t), flows)
+
+
+def probe(fab: EmulatedFabric, tmp_path, src: int, dst: int, tag: str) -> dict:
+    recv_out, send_out, ready = (str(tmp_path / f"{tag}-{n}") for n in ("recv.json", "send.json", "ready"))
+    r = fab.popen(dst, [sys.executable, "-m", "emulation.probe", "recv", "--port", "47000", "--duration", "1.5",
+                        "--out", recv_out, "--ready-file", ready])
+    wait_for(lambda: os.path.exists(ready), 10, "probe receiver bound")
+    s = fab.popen(src, [sys.executable, "-m", "emulation.probe", "send", "--dst", fab.spec.host_ip(dst),
+                        "--port", "47000", "--pps", "1000", "--duration", "0.3", "--out", send_out])
+    assert s.wait(timeout=20) == 0 and r.wait(timeout=20) == 0
+    from emulation.probe import summarize
+    with open(send_out) as f1, open(recv_out) as f2:
+        return summarize(json.load(f1), json.load(f2))
+
+
+def test_build_check_forward_and_stop(orl_state_dir, no_capacity_file, orl_leftovers, tmp_path):
+    assert orl_leftovers() == {"bridges": [], "interfaces": []}, "leftovers from an earlier run: orchestrrl clean"
+    fab = EmulatedFabric(SPEC, controller_port=UNUSED_CONTROLLER_PORT)
+    with fab:
+        # bridges: names, dpids, userspace datapath, OpenFlow13, fail-mode secure, controller target
+        assert sorted(orl_leftovers()["bridges"]) == sorted(fab.bridge_names())
+        for sw in fab.plan.switches:
+            assert vsctl("get", "bridge", sw.name, "datapath_id").strip('"') == "%016x" % sw.dpid
+            assert vsctl("get", "bridge", sw.name, "fail_mode") == "secure"
+            assert vsctl("get", "bridge", sw.name, "datapath_type") == "netdev"
+            assert "OpenFlow13" in vsctl("get", "bridge", sw.name, "protocols")
+            ctrl = vsctl("get", "bridge", sw.name, "controller").strip("[]")
+            assert vsctl("get", "controller", ctrl, "target").strip('"') == f"tcp:127.0.0.1:{UNUSED_CONTROLLER_PORT}"
+        assert sorted(fab.dpids()) == sorted([0x1000, 0x1001, 0x1002, 0x1003, 0x2000])
+        # OpenFlow port numbers as spec.py documents
+        for s in range(SPEC.n_servers):
+            tor = SPEC.tor_name(SPEC.tor_of_server(s))
+            assert vsctl("get", "interface", f"{tor}-eth{SPEC.server_port(s)}", "ofport") == str(SPEC.server_port(s))
+        for up in SPEC.uplinks():
+            assert vsctl("get", "interface", f"{SPEC.tor_name(up.tor)}-eth{up.tor_port}", "ofport") == str(up.tor_port)
+            assert vsctl("get", "interface", f"{SPEC.ocs_name(up.ocs)}-eth{up.ocs_port}", "ofport") == str(up.ocs_port)
+        # htb on both ends of every link, at the link's rate
+        for link in fab.plan.links:
+            assert shaping.read_rate_mbps(link.intf2) == pytest.approx(link.rate_mbps)
+            if link.kind == "uplink":
+                assert shaping.read_rate_mbps(link.intf1) == pytest.approx(800.0)
+            else:
+                pid = fab.host(int(link.node1[len("orlh"):])).pid
+                assert shaping.read_rate_mbps(link.intf1, netns_pid=pid) == pytest.approx(400.0)
+        # live rate change
+        shaping.change_rate("orlt0-eth3", 1500.0)
+        assert shaping.read_rate_mbps("orlt0-eth3") == pytest.approx(1500.0)
+        # management network: root namespace reaches every host's mgmt IP; never on OVS
+        all_ports = " ".join(vsctl("list-ports", b) for b in fab.bridge_names())
+        assert "orlm" not in all_ports and "-m" not in all_ports
+        listener = ("import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);"
+                    "s.bind((sys.argv[1], 7000)); s.listen(); print('ok', flush=True);"
+                    "c,_=s.accept(); c.sendall(sys.argv[1].encode()); c.close()")
+        for s in range(SPEC.n_servers):
+            p = fab.popen(s, [sys.executable, "-c", listener, SPEC.host_mgmt_ip(s)], stdout=subprocess.PIPE,
+                          text=True)
+            assert p.stdout.readline().strip() == "ok"
+            with socket.create_connection((SPEC.host_mgmt_ip(s), 7000), timeout=5) as c:
+                assert c.recv(64).decode() == SPEC.host_mgmt_ip(s)
+            p.wait(timeout=5)
+        # forwarding through ToR -> OCS -> ToR: nothing crosses the OCS until its circuit exists
+        tor_flows(SPEC)
+        before = probe(fab, tmp_path, 0, 4, "nocircuit")
+        assert before["sent"] > 0 and before["received"] == 0
+        a, b = SPEC.uplink(0, 0).ocs_port, SPEC.uplink(2, 0).ocs_port
+        add_flows(SPEC.ocs_name(0), [f"in_port={a},actions=output:{b}", f"in_port={b},actions=output:{a}"])
+        after = probe(fab, tmp_path, 0, 4, "circuit")
+        assert after["received"] >= 0.95 * after["sent"]
+        # a long-running host process, stopped by stop()
+        sleeper = fab.popen(3, ["sleep", "60"])
+        shells = [r.pid for r in registry.list_processes() if r.role in ("mnhost", "mnswitch")]
+        assert len(shells) == SPEC.n_servers + SPEC.n_tors + SPEC.ocs_count
+        times = dict(fab.timings)
+    fab.stop()  # idempotent
+    assert sleeper.poll() is not None
+    assert orl_leftovers() == {"bridges": [], "interfaces": []}
+    assert not any(registry.process_alive(p) for p in shells)
+    assert registry.list_processes() == [] and registry.list_resources() == []
+    print(json.dumps({"bench": "fabric_2pod", "build_s": times["build_s"], "start_s": times["start_s"],
+                      "stop_s": fab.timings["stop_s"]}))
+
+
+def test_failed_start_cleans_up_and_wait_connected_gets_all_dpids(orl_state_dir, no_capacity_file, orl_leftovers):
+    seen = {}
+
+    def wait_connected(dpids: set[int], timeout_s: float) -> None:
+        seen["dpids"], seen["timeout"] = set(dpids), timeout_s
+        seen["bridges_up"] = orl_leftovers()["bridges"]
+        raise TimeoutError("controller never saw the switches")
+
+    fab = EmulatedFabric(SPEC, controller_port=UNUSED_CONTROLLER_PORT, wait_connected=wait_connected,
+                         connect_timeout_s=7.0)
+    with pytest.raises(TimeoutError):
+        fab.start()
+    assert seen["dpids"] == set(fab.dpids()) and seen["timeout"] == 7.0
+    assert sorted(seen["bridges_up"]) == sorted(fab.bridge_names())
+    assert orl_leftovers() == {"bridges": [], "interfaces": []}
+    assert registry.list_processes() == [] and registry.list_resources() == []
+    fab.stop()
+
+
+def test_capacity_check_warns(tmp_path, monkeypatch, caplog):
+    from emulation import capacity
+    monkeypatch.setenv("ORCHESTRRL_CAPACITY_FILE", str(tmp_path / "cap.json"))
+    fab = EmulatedFabric(SPEC, controller_port=UNUSED_CONTROLLER_PORT)
+    assert fab.capacity_check()["measured"] is False
+    capacity.save_capacity(2.0, 0.95, "orchestrrl bench fabric")
+    fab2 = EmulatedFabric(SPEC, controller_port=UNUSED_CONTROLLER_PORT)
+    chk = fab2.capacity_check()
+    assert chk["ok"] is False and chk["aggregate_emulated_gbps"] == pytest.approx(3.2)
