@@ -324,10 +324,13 @@ def clean(dry_run: bool = False, process_timeout_s: float = 2.0,
     resources = list_resources()
     live = [p for p in procs if process_alive(p.pid, p.start_time)]
     if dry_run:
-        rep.processes = [{"pid": p.pid, "role": p.role, "cmdline": p.cmdline, "result": "would stop"} for p in live]
+        rep.processes = [{"pid": p.pid, "role": p.role, "cmdline": proc_cmdline(p.pid) or p.cmdline,
+                          "result": "would stop"} for p in live]
     else:
+        # the command line now (a record taken between fork and exec holds the parent's or none)
+        cmdlines = {p.pid: proc_cmdline(p.pid) or p.cmdline for p in live}
         results = stop_processes(live, timeout_s=process_timeout_s)
-        rep.processes = [{"pid": p.pid, "role": p.role, "cmdline": p.cmdline, "result": results[p.pid]}
+        rep.processes = [{"pid": p.pid, "role": p.role, "cmdline": cmdlines[p.pid], "result": results[p.pid]}
                          for p in live]
 
     # bridges: every orl* bridge OVS knows plus the recorded ones

@@ -1,0 +1,77 @@
+"""`orchestrrl clean` after a kill -9 of a run: no orl* bridge, interface or recorded process remains."""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from emulation import registry
+
+pytestmark = pytest.mark.system
+
+ORCHESTRRL = str(Path(sys.executable).with_name("orchestrrl"))
+
+RUN = r"""
+import sys, time
+from emulation.builder import EmulatedFabric
+from emulation.spec import FabricSpec
+fab = EmulatedFabric(FabricSpec(), controller_port=16698)
+fab.start()
+fab.popen(0, ["sleep", "300"])          # own session: survives its parent
+fab.popen(5, ["sleep", "300"])
+print("UP", flush=True)
+time.sleep(300)
+"""
+
+
+def read_line(p: subprocess.Popen, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    buf = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([p.stdout], [], [], 0.1)
+        if ready:
+            chunk = os.read(p.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            buf += chunk
+            if b"\n" in buf:
+                return buf.decode().splitlines()[0]
+    raise AssertionError(f"no line from the run within {timeout_s}s (got {buf!r}, rc={p.poll()})")
+
+
+def test_clean_after_kill_9(orl_state_dir, no_capacity_file, orl_leftovers):
+    assert orl_leftovers() == {"bridges": [], "interfaces": []}, "leftovers from an earlier run: orchestrrl clean"
+    run = subprocess.Popen([sys.executable, "-c", RUN], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert read_line(run, 60) == "UP"
+        recorded = registry.list_processes()
+        assert {r.role.split(":")[0] for r in recorded} == {"mnhost", "mnswitch", "hostproc"}
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait(timeout=10)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    left = orl_leftovers()
+    assert left["bridges"] and left["interfaces"]  # the crash did leave things behind
+    sleepers = [r for r in recorded if r.role.startswith("hostproc")]
+    assert all(registry.process_alive(r.pid, r.start_time) for r in sleepers)
+
+    out = subprocess.run([ORCHESTRRL, "clean", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert set(left["bridges"]) <= set(rep["bridges"])
+    assert {p["pid"] for p in rep["processes"]} >= {r.pid for r in sleepers}
+
+    assert orl_leftovers() == {"bridges": [], "interfaces": []}
+    assert not any(registry.process_alive(r.pid, r.start_time) for r in recorded)
+    assert registry.list_processes() == [] and registry.list_resources() == []
+    again = subprocess.run([ORCHESTRRL, "clean"], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "nothing to clean" in again.stdout
