@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import yaml
 
 from emulation.validation import SpecError, from_dict, require
@@ -279,6 +280,23 @@ class CostModel:
         bytes_ = self._decode_weight_bytes(batch) / tp + self.kv_bytes_per_token() * context_tokens / self._kv_shards(tp)
         memory = bytes_ / (self.gpu.hbm_bytes_per_s * self.eff.decode_hbm)
         return max(compute, memory) + self._tp_comm_s(batch, tp)
+
+    def decode_step_s_array(self, batch: np.ndarray, context_tokens: np.ndarray, tp: int = 1) -> np.ndarray:
+        """Vectorised :meth:`decode_step_s` over arrays of batch sizes and total KV lengths."""
+        _check_tp(tp)
+        b = np.asarray(batch, dtype=float)
+        ctx = np.asarray(context_tokens, dtype=float)
+        if (b < 0).any() or (ctx < 0).any() or not (np.isfinite(b).all() and np.isfinite(ctx).all()):
+            raise SpecError("batch", "batch sizes and context lengths must be finite and >= 0")
+        m = self.model
+        flops = 2.0 * m.matmul_params_active * b + 4.0 * m.layers * m.attn_width * ctx
+        compute = flops / tp / (self.gpu.peak_flops * self.eff.decode_mfu)
+        wb = np.vectorize(self._decode_weight_bytes, otypes=[float])(b) if m.is_moe else \
+            np.full(b.shape, self._decode_weight_bytes(1.0))
+        bytes_ = wb / tp + self.kv_bytes_per_token() * ctx / self._kv_shards(tp)
+        memory = bytes_ / (self.gpu.hbm_bytes_per_s * self.eff.decode_hbm)
+        out = np.maximum(compute, memory) + self._tp_comm_s(1.0, tp) * b
+        return np.where(b > 0, out, 0.0)
 
     def prefill_s(self, batch: float, prompt_tokens: float, tp: int = 1) -> float:
         """Prefill of ``batch`` prompts of ``prompt_tokens`` tokens each (causal attention)."""

@@ -1,0 +1,430 @@
+"""One RL iteration (generate -> train -> sync weights) of a scenario on a fabric, simulated.
+
+Compute comes from the GPU cost model (``agents.costmodel``); every network transfer runs through the
+flow-level simulator (``rlsim.flowsim``) on the fabric's links (``rlsim.fabrics``).
+
+* Generation: the step's responses (lengths drawn from the workload's distribution with the scenario's
+  seed) are dealt at random to the rollout replicas (``rollout_tp`` GPUs each). A replica prefills its
+  prompts, then decodes with continuous batching (at most ``max_num_seqs`` sequences at a time; a finished
+  sequence's slot takes the next waiting one); every decode step costs the roofline time of its batch and
+  KV length. The phase ends when the slowest replica (the long tail) is done and its tokens have streamed to
+  the trainers (each replica streams its responses, 8 bytes per token, when it finishes).
+* Training: compute ``6 N D`` (plus attention) at the cost model's MFU, times the pipeline bubble
+  ``1 + (pp - 1) / microbatches``; then the exposed communication: MoE expert all-to-all (EP), pipeline
+  point-to-point activations (PP), and the data-parallel gradient ring all-reduce (DP, one ring per pipeline
+  stage over the servers that hold that stage; TP stays inside a server on NVLink).
+* Weight sync: every trainer DP replica holds a full copy; the generator servers are split into as many
+  pipelined broadcast chains (fan-out ``sync_fanout``) as there are replicas.
+* RFabric re-wires its OCSes between phases with the controller's phase topologies. A circuit that changes
+  must be dark for ``T_ocs``; the controller's slack rule (``controller.reconfig.fits_slack``) says whether
+  the idle window at the end of the previous phase on the changed circuits hides it. If not, the next phase
+  waits for the rest of the switching time (a *stall*, reported per transition). MixNet re-wires its regional
+  OCSes once per iteration, before training, by the same rule. TopoOpt is static for the job.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import logging
+import math
+import resource
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from agents.costmodel import CostModel
+from controller.ocs import diff
+from controller.reconfig import fits_slack
+from emulation.scenario import Scenario
+from emulation.spec import FabricSpec, JobLayout
+from emulation.validation import SpecError, require
+
+from . import traffic
+from .cost import fabric_cost
+from .fabrics import FABRICS, CircuitNetwork, FabricOptions, Network, build_network, mixnet_split, rfabric_counts
+from .flowsim import Transfer, simulate
+
+log = logging.getLogger(__name__)
+
+TOKEN_STREAM_BYTES = 8  # per generated token: token id + log-prob (4 + 4 bytes)
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    t_ocs_ms: float | None = None  # OCS switching time; None: the scenario's controller delay
+    latency_us: float = 5.0  # per lock-step of a collective (assumption: NIC + switch latency)
+    sync_fanout: int = 1  # broadcast tree fan-out for weight sync (1: pipelined chains)
+    sync_stripes: int = 0  # replicas a chain head pulls from (0: one per trainer ToR)
+    max_num_seqs: int = 256  # concurrent sequences per rollout replica (vLLM's default)
+    fabric: FabricOptions = FabricOptions()
+
+    def __post_init__(self) -> None:
+        if self.t_ocs_ms is not None:
+            require(math.isfinite(self.t_ocs_ms) and self.t_ocs_ms >= 0, "t_ocs_ms",
+                    f"must be >= 0, got {self.t_ocs_ms}")
+        require(self.latency_us >= 0, "latency_us", f"must be >= 0, got {self.latency_us}")
+        require(self.sync_stripes >= 0, "sync_stripes", f"must be >= 0, got {self.sync_stripes}")
+        require(self.sync_fanout >= 1, "sync_fanout", f"must be >= 1, got {self.sync_fanout}")
+        require(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
+
+
+# ---- sizing ------------------------------------------------------------------------------------
+def pod_gpus(spec: FabricSpec) -> int:
+    return spec.tors_per_pod * spec.servers_per_tor * spec.gpus_per_server
+
+
+def scale_scenario(scn: Scenario, gpus: int | None) -> Scenario:
+    """``scn`` re-sized to ``gpus`` GPUs by its number of pods (layout from the workload's gen_fraction)."""
+    if gpus is None or gpus == scn.fabric.n_gpus:
+        return scn
+    per_pod = pod_gpus(scn.fabric)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise SpecError("gpus", f"must be a positive integer, got {gpus!r}")
+    if gpus % per_pod:
+        raise SpecError("gpus", f"must be a multiple of the pod size ({per_pod} GPUs: tors_per_pod x "
+                                f"servers_per_tor x gpus_per_server), got {gpus}")
+    pods = gpus // per_pod
+    if pods < 2:
+        raise SpecError("gpus", f"needs at least 2 pods (one trains, one generates): >= {2 * per_pod}, got {gpus}")
+    n_gen = min(max(1, round(pods * scn.workload.gen_fraction)), pods - 1)
+    fabric = dataclasses.replace(scn.fabric, pods=pods, ocs_ports=0)
+    layout = JobLayout(train_pods=tuple(range(pods - n_gen)), gen_pods=tuple(range(pods - n_gen, pods)))
+    return dataclasses.replace(scn, fabric=fabric, layout=layout)
+
+
+# ---- generation ----------------------------------------------------------------------------------
+def replica_decode_s(cm: CostModel, lengths: np.ndarray, prompt: int, tp: int, slots: int) -> float:
+    """Decode time of one replica serving responses of ``lengths`` with continuous batching."""
+    n = len(lengths)
+    if n == 0:
+        return 0.0
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if n <= slots:
+        start = np.zeros(n, dtype=np.int64)
+    else:  # greedy list scheduling in decode-step units (every active sequence advances one token a step)
+        start = np.zeros(n, dtype=np.int64)
+        free = [0] * slots
+        for i, L in enumerate(lengths):
+            s = heapq.heappop(free)
+            start[i] = s
+            heapq.heappush(free, s + int(L))
+    end = start + lengths
+    pts = np.unique(np.concatenate([start, end]))
+    k0, k1 = pts[:-1], pts[1:]
+    # active sequences and their total context on each segment [k0, k1)
+    st_sorted, en_sorted = np.sort(start), np.sort(end)
+    n_started = np.searchsorted(st_sorted, k0, side="right")
+    n_ended = np.searchsorted(en_sorted, k0, side="right")
+    active = n_started - n_ended
+    cs_start = np.concatenate([[0], np.cumsum(st_sorted)])
+    cs_end_start = np.concatenate([[0], np.cumsum(start[np.argsort(end, kind="stable")])])
+    sum_start_active = cs_start[n_started] - cs_end_start[n_ended]
+    mid = (k0 + k1) / 2.0
+    ctx = active * (prompt + mid) - sum_start_active
+    step = cm.decode_step_s_array(active, np.maximum(ctx, 0.0), tp)
+    return float(np.sum(step * (k1 - k0)))
+
+
+def generation_compute(cm: CostModel, lengths: np.ndarray, n_replicas: int, prompt: int, tp: int,
+                       slots: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(finish time, generated tokens) of each replica (prefill + decode); responses dealt at random."""
+    order = rng.permutation(len(lengths))
+    fin = np.zeros(n_replicas)
+    toks = np.zeros(n_replicas)
+    for r in range(n_replicas):
+        mine = lengths[order[r::n_replicas]]
+        if len(mine) == 0:
+            continue
+        pre = 0.0
+        for b0 in range(0, len(mine), slots):
+            pre += cm.prefill_s(min(slots, len(mine) - b0), prompt, tp)
+        fin[r] = pre + replica_decode_s(cm, mine, prompt, tp, slots)
+        toks[r] = float(np.sum(mine))
+    return fin, toks
+
+
+# ---- network helpers -----------------------------------------------------------------------------
+def run_demands(net: Network, demands, arrivals=None):
+    transfers = []
+    for i, (s, d, b) in enumerate(demands):
+        transfers.append(Transfer(float(b), net.paths(s, d), 0.0 if arrivals is None else float(arrivals[i])))
+    return simulate(net.capacity, transfers)
+
+
+@dataclass
+class PhaseRun:
+    duration: float
+    detail: dict
+    busy: dict  # label -> (network, FlowResult, offset in the phase)
+
+
+def ring_order(net: Network, servers: list[int]) -> list[int]:
+    """Servers in ring order: ToR by ToR; on a direct-connect fabric the ToRs are chained greedily along
+    the widest circuit bundles (what a topology-aware collective library does), else in index order."""
+    spt = net.spec.servers_per_tor
+    by_tor: dict[int, list[int]] = {}
+    for s in servers:
+        by_tor.setdefault(s // spt, []).append(s)
+    tors = list(by_tor)
+    if isinstance(net, CircuitNetwork) and len(tors) > 2:
+        c = net.counts[np.ix_(tors, tors)]
+        adj = (net.counts[tors] > 0).astype(np.int64)
+        width = c + np.minimum(adj @ adj.T, net.max_two_hop)  # direct circuits + two-hop paths used
+        idx = {t: i for i, t in enumerate(tors)}
+        left = set(tors[1:])
+        order = [tors[0]]
+        while left:
+            cur = idx[order[-1]]
+            nxt = max(left, key=lambda t: (width[cur, idx[t]], -t))
+            order.append(nxt)
+            left.remove(nxt)
+        tors = order
+    return [s for t in tors for s in by_tor[t]]
+
+
+def _train_layout(w, spec: FabricSpec, train_servers: list[int]):
+    gps = spec.gpus_per_server
+    mp = w.train_tp * w.train_pp
+    require(w.train_tp <= gps, "workload.train_tp",
+            f"tensor parallelism stays inside a server: must be <= gpus_per_server ({gps}), got {w.train_tp}")
+    n_gpus = len(train_servers) * gps
+    require(n_gpus % mp == 0, "workload.train_pp",
+            f"train_tp x train_pp ({mp}) must divide the {n_gpus} trainer GPUs")
+    max_dp = n_gpus // mp
+    dp = w.train_dp or max_dp
+    require(dp <= max_dp, "workload.train_dp", f"{n_gpus} trainer GPUs hold at most {max_dp} replicas, got {dp}")
+    require(w.train_ep <= dp, "workload.train_ep", f"expert parallelism spans DP replicas: must be <= {dp}")
+    require(dp % w.train_ep == 0, "workload.train_ep", f"must divide the DP degree {dp}, got {w.train_ep}")
+
+    # GPU g (in trainer order) -> server; replica r, stage j occupies GPUs [(r*pp + j)*tp, ... + tp)
+    def server_of(r: int, j: int) -> int:
+        return train_servers[((r * w.train_pp + j) * w.train_tp) // gps]
+
+    return dp, server_of
+
+
+def train_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers: list[int],
+                lengths: np.ndarray, settings: SimSettings) -> PhaseRun:
+    dp, server_of = _train_layout(w, spec, train_servers)
+    tp, pp, ep = w.train_tp, w.train_pp, w.train_ep
+    m = cm.model
+    tokens = float(np.sum(lengths) + len(lengths) * w.prompt_tokens)
+    seq = tokens / len(lengths)
+    micro = max(1, len(lengths) // dp)
+    compute = cm.train_compute_s(tokens, dp * tp * pp, seq_len=seq) * (1 + (pp - 1) / micro)
+    lat = settings.latency_us * 1e-6
+    t_r = tokens / dp  # tokens per replica
+    busy = {}
+    t = compute
+    stages = {}
+    # MoE expert all-to-all: dispatch + combine, forward + backward, every layer of the stage
+    if m.is_moe and ep > 1:
+        dem = []
+        per_replica = t_r * m.experts_per_token * m.hidden * cm.dtype_bytes * 4 * (m.layers / pp)
+        for g in range(dp // ep):
+            for j in range(pp):
+                members = sorted({server_of(g * ep + i, j) for i in range(ep)})
+                dem += traffic.all_to_all(members, per_replica * ep / len(members))
+        dem = traffic.merge(dem)
+        if dem:
+            res = run_demands(net, dem)
+            stages["ep_alltoall_s"] = res.makespan + lat * ep * micro
+            busy["ep"] = (net, res, t)
+            t += stages["ep_alltoall_s"]
+    # pipeline point-to-point activations (forward) and their gradients (backward)
+    if pp > 1:
+        dem = []
+        act = t_r * m.hidden * cm.dtype_bytes
+        for r in range(dp):
+            for j in range(pp - 1):
+                a, b = server_of(r, j), server_of(r, j + 1)
+                dem += [(a, b, act), (b, a, act)]
+        dem = traffic.merge(dem)
+        if dem:
+            res = run_demands(net, dem)
+            stages["pp_p2p_s"] = res.makespan + lat * 2 * micro * (pp - 1)
+            busy["pp"] = (net, res, t)
+            t += stages["pp_p2p_s"]
+    # data-parallel gradient all-reduce: one ring per stage over the servers holding that stage
+    dem = []
+    n_ring = 0
+    for j in range(pp):
+        members = ring_order(net, list(dict.fromkeys(server_of(r, j) for r in range(dp))))
+        n_ring = max(n_ring, len(members))
+        dem += traffic.ring_allreduce(members, cm.gradient_bytes() / pp)
+    dem = traffic.merge(dem)
+    if dem:
+        res = run_demands(net, dem)
+        stages["dp_allreduce_s"] = res.makespan + lat * 2 * (n_ring - 1)
+        busy["dp"] = (net, res, t)
+        t += stages["dp_allreduce_s"]
+    detail = {"compute_s": compute, "dp": dp, "tp": tp, "pp": pp, "ep": ep, "tokens": tokens, **stages}
+    return PhaseRun(t, detail, busy)
+
+
+def _sync_sources(net: Network, head: int, groups: list[list[int]], tor_keys: list[int], d: int,
+                  k_stripes: int) -> list[tuple[int, float]]:
+    """(replica, share of the weights) a chain head pulls. On a direct-connect fabric whose topology links
+    the head's ToR to trainer ToRs, those ToRs in proportion to their circuits (the broadcast tree);
+    otherwise ``k_stripes`` trainer ToRs round robin, equal shares. One replica per ToR, round robin."""
+    def pick(g: int) -> int:
+        grp = groups[g]
+        return grp[(d // len(groups)) % len(grp)]
+
+    if isinstance(net, CircuitNetwork):
+        tor = head // net.spec.servers_per_tor
+        w = np.array([net.counts[t, tor] for t in tor_keys], dtype=float)
+        if w.sum() > 0:
+            return [(pick(g), w[g] / w.sum()) for g in np.nonzero(w)[0]]
+    return [(pick((d + k) % len(groups)), 1.0 / k_stripes) for k in range(k_stripes)]
+
+
+def sync_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers: list[int],
+               gen_servers: list[int], settings: SimSettings) -> PhaseRun:
+    dp, server_of = _train_layout(w, spec, train_servers)
+    W = cm.weight_bytes()
+    chains = min(dp, len(gen_servers))
+    # stripes: a chain head pulls W / K from K replicas, one under each of K trainer ToRs (round robin), so
+    # the first hop spreads over the trainer pool; the chain relays the whole W down its members
+    spt = spec.servers_per_tor
+    by_tor: dict[int, list[int]] = {}
+    for r in range(dp):
+        by_tor.setdefault(server_of(r, 0) // spt, []).append(r)
+    groups = list(by_tor.values())
+    tor_keys = list(by_tor)
+    k_stripes = settings.sync_stripes or len(groups)
+    k_stripes = max(1, min(k_stripes, dp))
+    dem = []
+    depth = 0
+    for d in range(chains):
+        members = gen_servers[d * len(gen_servers) // chains:(d + 1) * len(gen_servers) // chains]
+        for r, share in _sync_sources(net, members[0], groups, tor_keys, d, k_stripes):
+            for j in range(w.train_pp):  # the replica's servers each hold their stages' shards
+                dem.append((server_of(r, j), members[0], W * share / w.train_pp))
+        dem += traffic.broadcast_tree(members[0], members[1:], W, settings.sync_fanout)
+        depth = max(depth, len(members))
+    dem = traffic.merge(dem)
+    res = run_demands(net, dem) if dem else None
+    dur = (res.makespan if res else 0.0) + settings.latency_us * 1e-6 * depth
+    return PhaseRun(dur, {"weight_bytes": W, "chains": chains, "stripes": k_stripes, "fanout": settings.sync_fanout},
+                    {"sync": (net, res, 0.0)} if res else {})
+
+
+def gen_phase(w, cm: CostModel, spec: FabricSpec, net: Network, gen_servers: list[int],
+              train_servers: list[int], lengths: np.ndarray, rng: np.random.Generator,
+              settings: SimSettings) -> PhaseRun:
+    tp = w.rollout_tp
+    gps = spec.gpus_per_server
+    require(tp <= gps, "workload.rollout_tp", f"must be <= gpus_per_server ({gps}), got {tp}")
+    per_server = gps // tp
+    n_rep = len(gen_servers) * per_server
+    fin, toks = generation_compute(cm, lengths, n_rep, w.prompt_tokens, tp, settings.max_num_seqs, rng)
+    # each replica streams its responses to a trainer server when it finishes (token streams)
+    dem, arr = [], []
+    for r in range(n_rep):
+        if toks[r] > 0:
+            dem.append((gen_servers[r // per_server], train_servers[r % len(train_servers)], toks[r] * TOKEN_STREAM_BYTES))
+            arr.append(fin[r])
+    res = run_demands(net, dem, arr)
+    compute = float(fin.max())
+    dur = max(compute, res.makespan) + settings.latency_us * 1e-6
+    detail = {"compute_s": compute, "replicas": n_rep, "rollout_tp": tp,
+              "longest_response": int(lengths.max()), "median_response": float(np.median(lengths)),
+              "replica_p50_s": float(np.median(fin)), "stream_tail_s": dur - compute}
+    return PhaseRun(dur, detail, {"streams": (net, res, 0.0)})
+
+
+# ---- reconfiguration ------------------------------------------------------------------------------
+def _idle_window_s(prev: PhaseRun, bundles: set[tuple[int, int]]) -> float | None:
+    """Idle time at the end of ``prev`` on the circuit bundles ``bundles`` (ToR pairs); None: none given."""
+    if not bundles:
+        return None
+    last = -math.inf
+    for net, res, offset in prev.busy.values():
+        if res is None or not isinstance(net, CircuitNetwork):
+            continue
+        for a, b in bundles:
+            for key in ((a, b), (b, a)):
+                lid = net.bundle.get(key)
+                if lid is not None and res.link_last_busy[lid] > -math.inf:
+                    last = max(last, offset + float(res.link_last_busy[lid]))
+    if last == -math.inf:
+        return prev.duration
+    return max(0.0, prev.duration - last)
+
+
+def _removed_bundles(spec: FabricSpec, old: dict, new: dict) -> set[tuple[int, int]]:
+    out = set()
+    for o in old:
+        for a, b in diff(old[o], new[o]).removed:
+            ua, ub = spec.ocs_port_owner(o, a), spec.ocs_port_owner(o, b)
+            if ua is not None and ub is not None and ua.tor != ub.tor:
+                out.add((min(ua.tor, ub.tor), max(ua.tor, ub.tor)))
+    return out
+
+
+def reconfig_stall(prev: PhaseRun, bundles: set, t_ocs_s: float) -> dict:
+    window = _idle_window_s(prev, bundles)
+    window_ms = None if window is None else window * 1e3
+    fits = fits_slack(window_ms, t_ocs_s * 1e3)
+    stall = 0.0 if fits or not bundles else max(0.0, t_ocs_s - window)
+    return {"changed_bundles": len(bundles), "window_ms": window_ms, "hidden": bool(fits), "stall_s": stall}
+
+
+# ---- one iteration --------------------------------------------------------------------------------
+def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
+                       settings: SimSettings = SimSettings()) -> dict:
+    """Simulate one RL iteration of ``scn`` on ``fabric`` at ``gpus`` GPUs; a JSON-able result."""
+    t0 = time.perf_counter()
+    if fabric not in FABRICS:
+        raise SpecError("fabric", f"must be one of {', '.join(FABRICS)}, got {fabric!r}")
+    scn = scale_scenario(scn, gpus)
+    spec, layout, w = scn.fabric, scn.layout, scn.workload
+    t_ocs_ms = settings.t_ocs_ms if settings.t_ocs_ms is not None else scn.controller.effective_delay_ms(spec)
+    t_ocs = t_ocs_ms / 1e3
+    cm = CostModel.for_names(w.model, w.gpu)
+    rng = scn.rng()
+    lengths = w.sample_lengths(rng)
+    train_servers, gen_servers = layout.train_servers(spec), layout.gen_servers(spec)
+
+    nets = {}
+    matchings = {}
+    for ph in ("gen", "train", "sync"):
+        if fabric == "rfabric":
+            counts, matchings[ph] = rfabric_counts(spec, layout, ph)
+            nets[ph] = CircuitNetwork(fabric, spec, counts, settings.fabric.max_two_hop)
+        else:
+            nets[ph] = nets.get("gen") or build_network(fabric, spec, layout, ph, settings.fabric)
+
+    gen = gen_phase(w, cm, spec, nets["gen"], gen_servers, train_servers, lengths, rng, settings)
+    train = train_phase(w, cm, spec, nets["train"], train_servers, lengths, settings)
+    sync = sync_phase(w, cm, spec, nets["sync"], train_servers, gen_servers, settings)
+
+    reconfig = {}
+    if fabric == "rfabric":
+        for prev, (p, q) in ((gen, ("gen", "train")), (train, ("train", "sync")), (sync, ("sync", "gen"))):
+            reconfig[f"{p}->{q}"] = reconfig_stall(prev, _removed_bundles(spec, matchings[p], matchings[q]), t_ocs)
+    elif fabric == "mixnet":
+        # regional OCSes of the trainer pods re-wired once per iteration, before training
+        c = nets["train"].counts
+        tr = {t for p in layout.train_pods for t in spec.tors_in_pod(p)}
+        bundles = {(a, b) for a, b in zip(*np.nonzero(c)) if a < b and a in tr}
+        reconfig["gen->train"] = reconfig_stall(gen, {(int(a), int(b)) for a, b in bundles}, t_ocs)
+    stall = {q: sum(v["stall_s"] for k, v in reconfig.items() if k.endswith("->" + q)) for q in ("gen", "train", "sync")}
+    phases = {"gen_s": gen.duration + stall["gen"], "sync_s": sync.duration + stall["sync"],
+              "train_s": train.duration + stall["train"]}
+    iteration = sum(phases.values())
+    cost = fabric_cost(fabric, spec, cm.gpu.nic_gbps, opts=settings.fabric)
+    wall = time.perf_counter() - t0
+    return {
+        "scenario": scn.name, "fabric": fabric, "gpus": spec.n_gpus, "t_ocs_ms": t_ocs_ms,
+        "iteration_s": iteration, "phases": phases, "cost_usd": cost["total_usd"],
+        "perf_per_musd": (1.0 / iteration) / (cost["total_usd"] / 1e6) if iteration > 0 else None,
+        "wall_s": wall,
+        "detail": {"gen": gen.detail, "train": train.detail, "sync": sync.detail, "reconfig": reconfig,
+                   "cost": cost, "model": w.model, "gpu": w.gpu,
+                   "train_servers": len(train_servers), "gen_servers": len(gen_servers),
+                   "mixnet_split": list(mixnet_split(spec, settings.fabric)) if fabric == "mixnet" else None},
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+    }
