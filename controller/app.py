@@ -11,12 +11,18 @@ API (eventlet's WSGI server in a green thread).
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from typing import Any, Sequence
 
-import eventlet
-import eventlet.semaphore
-import eventlet.wsgi
+import warnings
+
+with warnings.catch_warnings():  # eventlet 0.41 warns that it is deprecated on import; os-ken needs it
+    warnings.simplefilter("ignore")
+    import eventlet
+    import eventlet.semaphore
+    import eventlet.wsgi
 from os_ken.base import app_manager
 from os_ken.controller import ofp_event
 from os_ken.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
@@ -380,10 +386,18 @@ def run_controller(cfg: ControllerConfig) -> int:
     services.append(hub.spawn(eventlet.wsgi.server, rest_sock, rest, log=access_log, log_output=False))
     log.info("OpenFlow on %s:%d; REST API on http://%s:%d/api/v1/ (%s)", cfg.of_host, cfg.of_port,
              cfg.rest_host, cfg.rest_port, "no auth" if cfg.token is None else f"token in {cfg.token_file}")
+    # SIGTERM / Ctrl-C: leave at once. Nothing is lost: the state file is written atomically before every
+    # change, and the fail-secure switches keep their flows (a restart reconciles).
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGINT, _exit_on_signal)
     try:
         hub.joinall(services)
-    except KeyboardInterrupt:
-        log.info("interrupted")
     finally:
         mgr.close()
     return 0
+
+
+def _exit_on_signal(signum, frame) -> None:
+    log.info("signal %d: controller exiting", signum)
+    logging.shutdown()
+    os._exit(130 if signum == signal.SIGINT else 0)

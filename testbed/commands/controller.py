@@ -1,0 +1,55 @@
+"""`orchestrrl controller SCENARIO`: run the SDN controller in the foreground until Ctrl-C."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def _home() -> Path:
+    d = Path(os.environ.get("ORCHESTRRL_HOME", Path.home() / ".orchestrrl"))
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return d
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("controller", help="run the SDN controller (OpenFlow + REST API) in the foreground",
+                              description="Runs the os-ken controller for the fabric of SCENARIO until Ctrl-C. "
+                                          "Switches connect to --of-port; the REST API listens on "
+                                          "--rest-host:--rest-port and needs the bearer token in --token-file "
+                                          "(created with a random token if absent) unless --no-auth.")
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--of-port", type=int, default=6653, help="OpenFlow listen port (default 6653)")
+    p.add_argument("--rest-port", type=int, default=8080, help="REST API port (default 8080)")
+    p.add_argument("--rest-host", default="127.0.0.1", help="REST API address (default 127.0.0.1)")
+    auth = p.add_mutually_exclusive_group()
+    auth.add_argument("--token-file", help="bearer token file (default ~/.orchestrrl/controller.token)")
+    auth.add_argument("--no-auth", action="store_true", help="serve the REST API without a token")
+    p.add_argument("--state-file", help="intended-circuits file (default ~/.orchestrrl/state-<scenario>.json)")
+    p.add_argument("--delay-ms", type=float, default=None, help="default OCS switching delay in ms")
+    p.add_argument("--initial-phase", default=None, help="phase installed on a fresh fabric")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from controller.runtime import config_from_args
+    from testbed.cli import UsageError
+
+    if not Path(args.scenario).is_file():
+        raise UsageError(f"scenario: no such file {args.scenario!r}")
+    home = None if (args.token_file and args.state_file) else _home()
+    token_file = None if args.no_auth else (args.token_file or str(home / "controller.token"))
+    state_file = args.state_file or str(home / f"state-{Path(args.scenario).stem}.json")
+    ns = argparse.Namespace(scenario=args.scenario, spec_json=None, of_port=args.of_port, of_host="127.0.0.1",
+                            rest_port=args.rest_port, rest_host=args.rest_host, token_file=token_file,
+                            no_auth=args.no_auth, state_file=state_file, initial_phase=args.initial_phase,
+                            delay_ms=args.delay_ms)
+    cfg = config_from_args(ns)  # SpecError -> exit 2 naming the field
+    print(f"OpenFlow: tcp:127.0.0.1:{cfg.of_port}")
+    print(f"REST API: http://{cfg.rest_host}:{cfg.rest_port}/api/v1/")
+    print("auth:     none (--no-auth)" if cfg.token is None else f"token:    {token_file}")
+    print(f"state:    {state_file}")
+    print("Ctrl-C to stop", flush=True)
+    from controller.app import run_controller
+
+    return run_controller(cfg)
