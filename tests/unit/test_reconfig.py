@@ -284,3 +284,37 @@ def test_requests_are_serialised():
     # each request's delete and add came from the same thread, back to back (no interleaving)
     assert len(inside) == 6 and all(inside[i] == inside[i + 1] for i in range(0, 6, 2))
     assert [h["status"] for h in core.history()][-3:] == ["done"] * 3
+
+
+def test_reconnected_ocs_is_reconciled_only_where_it_differs():
+    core, drv = make_core()
+    connect_all(core)
+    intended = core.matchings[0]
+    ocs_dpid = SPEC.ocs_dpid(0)
+    core.switch_disconnected(ocs_dpid)
+    assert not core.ready
+    (a, b), rest = intended.pairs()[0], intended.pairs()[1:]
+    held = [(x, y) for p, q in rest for x, y in ((p, q), (q, p))]  # circuit (a, b) lost while away
+    drv.log.clear()
+    core.switch_connected(ocs_dpid)
+    core.switch_synced(ocs_dpid, held)
+    assert core.ready and core.matchings[0] == intended
+    ocs_ops = [e for e in drv.log if e[0] == "ocs"]
+    assert {dict(f.match)["in_port"] for e in ocs_ops for f in e[3]} == {a, b}
+    assert all(not e[2] for e in ocs_ops)  # nothing deleted
+    assert core.history()[-1]["source"] == "reconcile"
+
+
+def test_reconnected_ocs_in_step_sends_nothing_and_tor_gets_full_sync():
+    core, drv = make_core()
+    connect_all(core)
+    flows = [(x, y) for p, q in core.matchings[0].pairs() for x, y in ((p, q), (q, p))]
+    drv.log.clear()
+    core.switch_disconnected(SPEC.ocs_dpid(0))
+    core.switch_connected(SPEC.ocs_dpid(0))
+    core.switch_synced(SPEC.ocs_dpid(0), flows)
+    assert drv.log == []
+    core.switch_disconnected(SPEC.tor_dpid(1))
+    core.switch_connected(SPEC.tor_dpid(1))
+    core.switch_synced(SPEC.tor_dpid(1))
+    assert [(e[0], e[2]) for e in drv.log] == [("routes", True)]
