@@ -1,0 +1,99 @@
+"""`orchestrrl sim`: RLSim from the command line.
+
+    orchestrrl sim SCENARIO --fabric F [--gpus N] [--t-ocs-ms T] [--json]
+    orchestrrl sim sweep SCENARIO --out DIR [--fabrics a,b] [--scales 256,512] [--t-ocs-list 0.001,10]
+                                            [--ray-address ADDR | --no-ray]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from emulation.scenario import load_scenario
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def register(subparsers) -> None:
+    from rlsim.fabrics import FABRICS
+
+    p = subparsers.add_parser("sim", help="simulate RL iterations at scale (RLSim)",
+                              description="Simulate one RL iteration (or a sweep) on a fabric with RLSim. "
+                                          "`orchestrrl sim sweep SCENARIO --out DIR` runs a sweep.")
+    p.add_argument("target", metavar="SCENARIO", help="scenario YAML, or 'sweep' followed by the scenario")
+    p.add_argument("scenario", nargs="?", metavar="SWEEP_SCENARIO", help=argparse.SUPPRESS)
+    p.add_argument("--fabric", choices=FABRICS, default="rfabric", help="fabric (default rfabric)")
+    p.add_argument("--gpus", type=int, default=None, help="re-size the scenario to N GPUs (whole pods)")
+    p.add_argument("--t-ocs-ms", type=float, default=None, help="OCS switching time (default: scenario's)")
+    p.add_argument("--json", action="store_true", help="print the full result as JSON")
+    p.add_argument("--out", help="sweep: output directory (sweep.json and plots)")
+    p.add_argument("--fabrics", type=_names, default=None, help="sweep: fabrics (default all)")
+    p.add_argument("--scales", type=_ints, default=None, help="sweep: GPU counts (default: 2, 4 and 8 pods and the scenario's size)")
+    p.add_argument("--t-ocs-list", type=_floats, default=None,
+                   help="sweep: T_ocs values in ms (default 0.001,0.01,0.1,1,10,100)")
+    p.add_argument("--ray-address", default=None, help="sweep: Ray cluster address (default: local Ray)")
+    p.add_argument("--no-ray", action="store_true", help="sweep: run serially even if Ray is installed")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from testbed.cli import UsageError
+
+    if args.target == "sweep":
+        if not args.scenario:
+            raise UsageError("sim sweep: give the scenario: orchestrrl sim sweep SCENARIO --out DIR")
+        if not args.out:
+            raise UsageError("sim sweep: --out DIR is required")
+        return _sweep(args)
+    if args.scenario:
+        raise UsageError(f"unexpected argument {args.scenario!r} (did you mean 'sim sweep {args.target}'?)")
+    from rlsim.sim import SimSettings, simulate_iteration
+
+    scn = load_scenario(args.target)
+    r = simulate_iteration(scn, args.fabric, args.gpus, SimSettings(t_ocs_ms=args.t_ocs_ms))
+    if args.json:
+        json.dump(r, sys.stdout, indent=1)
+        print()
+    else:
+        ph = r["phases"]
+        print(f"{r['scenario']} on {r['fabric']} at {r['gpus']} GPUs (T_ocs {r['t_ocs_ms']:g} ms): "
+              f"iteration {r['iteration_s']:.3f} s = gen {ph['gen_s']:.3f} + train {ph['train_s']:.3f} + "
+              f"sync {ph['sync_s']:.3f}; network cost ${r['cost_usd'] / 1e6:.2f}M; simulated in {r['wall_s']:.2f} s")
+    return 0
+
+
+def _sweep(args) -> int:
+    from rlsim.fabrics import FABRICS
+    from rlsim.sweep import DEFAULT_T_OCS_MS, plan, ray_available, run_sweep, write_outputs
+
+    scn = load_scenario(args.scenario)
+    fabrics = args.fabrics or list(FABRICS)
+    from rlsim.sim import pod_gpus
+
+    scales = args.scales or sorted({pod_gpus(scn.fabric) * k for k in (2, 4, 8)} | {scn.fabric.n_gpus})
+    t_list = args.t_ocs_list or list(DEFAULT_T_OCS_MS)
+    points = plan(scn, fabrics, scales, t_list)
+    use_ray = False if args.no_ray else ray_available()
+    results = run_sweep(scn, points, use_ray=use_ray, ray_address=args.ray_address)
+    files = write_outputs(results, args.out, {"scenario": args.scenario, "fabrics": fabrics, "scales": scales,
+                                              "t_ocs_ms": t_list, "ray": use_ray})
+    for k, v in files.items():
+        print(f"{k}: {v}")
+    return 0
