@@ -278,8 +278,10 @@ class FabricController:
     def _run(self, req: ReconfigRequest, kind: str, received: float, received_at: float,
              plan: ReconfigPlan | None = None) -> dict:
         delay = req.effective_delay_ms(self.spec) if req.delay_ms is not None else self.default_delay_ms
+        # received_mono: the controller's monotonic clock (CLOCK_MONOTONIC, shared by every namespace), so a
+        # probe stream's send times can be lined up with the reconfiguration's t_ms offsets
         rec: dict = {"kind": kind, "source": req.source, "phase": req.phase, "delay_ms": delay,
-                     "window_ms": req.window_ms, "received_at": received_at}
+                     "window_ms": req.window_ms, "received_at": received_at, "received_mono": received}
         if not fits_slack(req.window_ms, delay):
             rec.update(status="deferred",
                        reason=f"window_ms {req.window_ms:g} is not longer than the switching delay "

@@ -1,0 +1,72 @@
+"""`orchestrrl bench reconfig|fabric`: benchmarks that print JSON figures (they never assert)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tqdm import tqdm
+
+from testbed.cli import UsageError
+
+
+def _positive(name: str, v: float, allow_zero: bool = False) -> None:
+    if v < 0 or (v == 0 and not allow_zero):
+        raise UsageError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {v:g}")
+
+
+def _reconfig(args: argparse.Namespace) -> int:
+    from testbed.benchmarks import bench_reconfig
+
+    _positive("delay-ms", args.delay_ms, allow_zero=True)
+    if args.delay_ms > 1000:
+        raise UsageError(f"--delay-ms must be <= 1000 for this benchmark, got {args.delay_ms:g}")
+    if args.samples < 1:
+        raise UsageError(f"--samples must be >= 1, got {args.samples}")
+    _positive("pps", args.pps)
+    with tqdm(total=args.samples, desc=f"reconfig D={args.delay_ms:g} ms", file=sys.stderr,
+              disable=args.quiet) as bar:
+        res = bench_reconfig(args.delay_ms, samples=args.samples, pps=args.pps,
+                             progress=lambda n: bar.update(n - bar.n))
+    _emit(res, args.json)
+    return 0
+
+
+def _fabric(args: argparse.Namespace) -> int:
+    from testbed.benchmarks import bench_fabric
+
+    _positive("rate-mbps", args.rate_mbps)
+    _positive("seconds", args.seconds)
+    with tqdm(total=3, desc="fabric", file=sys.stderr, disable=args.quiet) as bar:
+        res = bench_fabric(rate_mbps=args.rate_mbps, seconds=args.seconds, save=not args.no_save,
+                           progress=lambda n: bar.update(n - bar.n))
+    _emit(res, args.json)
+    return 0
+
+
+def _emit(res: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(res))
+    else:
+        for k, v in res.items():
+            print(f"{k:>22}: {v}")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks of the emulated fabric (JSON figures)")
+    bsub = p.add_subparsers(dest="bench", metavar="BENCH")
+    bsub.required = True
+    r = bsub.add_parser("reconfig", help="OCS reconfiguration blackout and controller overhead")
+    r.add_argument("--delay-ms", type=float, default=10.0, help="programmed switching delay D (default 10)")
+    r.add_argument("--samples", type=int, default=20, help="reconfigurations measured (default 20)")
+    r.add_argument("--pps", type=float, default=5000.0, help="probe packets per second (default 5000)")
+    r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=_reconfig)
+    f = bsub.add_parser("fabric", help="shaped-circuit goodput ratio and forwarding capacity")
+    f.add_argument("--rate-mbps", type=float, default=1000.0, help="emulated rate of the shaped circuit")
+    f.add_argument("--seconds", type=float, default=4.0, help="length of each iperf3 run")
+    f.add_argument("--no-save", action="store_true", help="do not save the capacity for the builder's warning")
+    f.add_argument("--json", action="store_true", help="print one JSON object")
+    f.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    f.set_defaults(func=_fabric)

@@ -1,0 +1,50 @@
+"""Bring up a whole emulated RFabric: the controller process, then the Mininet fabric connected to it.
+
+Used by `orchestrrl fabric up`, the benchmarks, the demo and the system tests, so they all start and stop
+the world the same way. Everything is torn down in reverse order, also when start-up fails halfway.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from controller.process import ControllerProcess
+from emulation.builder import EmulatedFabric
+from emulation.spec import FabricSpec, JobLayout
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Testbed:
+    spec: FabricSpec
+    layout: JobLayout
+    controller: ControllerProcess
+    fabric: EmulatedFabric
+
+    @property
+    def client(self):
+        return self.controller.client
+
+
+@contextlib.contextmanager
+def running_testbed(spec: FabricSpec, layout: JobLayout, *, initial_phase: str = "train",
+                    delay_ms: float | None = None, state_file: Path | None = None,
+                    connect_timeout_s: float = 30.0) -> Iterator[Testbed]:
+    """Start controller + fabric, wait until every switch is connected and the initial phase installed."""
+    spec.check_emulatable()
+    layout.check(spec)
+    with ControllerProcess(spec, layout, initial_phase=initial_phase, delay_ms=delay_ms,
+                           state_file=state_file) as ctl:
+        def wait_connected(dpids: set[int], timeout_s: float) -> None:
+            ctl.client.wait_switches(dpids, timeout_s)
+
+        with EmulatedFabric(spec, controller_port=ctl.of_port, wait_connected=wait_connected,
+                            connect_timeout_s=connect_timeout_s) as fab:
+            ctl.client.wait_ready(connect_timeout_s)
+            log.info("testbed up: %d hosts, %d ToRs, %d OCSes; REST %s", spec.n_servers, spec.n_tors,
+                     spec.ocs_count, ctl.client.base_url)
+            yield Testbed(spec, layout, ctl, fab)
