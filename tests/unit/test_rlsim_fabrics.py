@@ -1,0 +1,98 @@
+"""Fabric models and their cost."""
+import numpy as np
+import pytest
+
+from controller.phases import circuit_graph, phase_matchings
+from emulation.spec import FabricSpec, JobLayout
+from emulation.validation import SpecError
+from rlsim.cost import fabric_cost, load_prices, port_counts
+from rlsim.fabrics import FABRICS, CircuitNetwork, build_network, rfabric_counts, ring_counts, topoopt_counts
+
+SPEC = FabricSpec(pods=4, tors_per_pod=4, servers_per_tor=4, server_gbps=3200, uplink_gbps=400,
+                  uplinks_per_tor=32, ocs_count=32)
+LAYOUT = JobLayout(train_pods=(0, 1), gen_pods=(2, 3))
+
+
+@pytest.mark.parametrize("fabric", FABRICS)
+def test_every_fabric_connects_every_server_pair_it_needs(fabric):
+    for phase in ("train", "gen", "sync"):
+        net = build_network(fabric, SPEC, LAYOUT, phase)
+        assert (net.capacity > 0).all()
+        paths = net.paths(0, SPEC.n_servers - 1) if phase != "train" or fabric != "rfabric" else net.paths(0, 20)
+        assert paths and all(p[0] == net.server_up(0) for p in paths)
+
+
+def test_paths_same_server_and_same_tor():
+    net = build_network("fat-tree", SPEC, LAYOUT)
+    assert net.paths(3, 3) == []
+    assert net.paths(0, 1) == [[net.server_up(0), net.server_down(1)]]
+
+
+def test_rfabric_uses_the_controller_phase_topologies():
+    for phase in ("train", "gen", "sync"):
+        counts, m = rfabric_counts(SPEC, LAYOUT, phase)
+        g = circuit_graph(SPEC, phase_matchings(SPEC, LAYOUT, phase))
+        assert counts.sum() == 2 * g.n_circuits()
+        for t in range(SPEC.n_tors):
+            for peer in g.neighbors(t):
+                assert counts[t, peer] == g.n_circuits_between(t, peer)
+    # sync phase: trainer ToRs have no circuits among themselves
+    c, _ = rfabric_counts(SPEC, LAYOUT, "sync")
+    assert c[np.ix_(range(8), range(8))].sum() == 0
+
+
+def test_circuit_fabrics_respect_port_budget():
+    for c in (topoopt_counts(SPEC, LAYOUT), rfabric_counts(SPEC, LAYOUT, "train")[0]):
+        assert (c.sum(axis=1) <= SPEC.uplinks_per_tor).all()
+        assert (c == c.T).all() and (np.diag(c) == 0).all()
+
+
+def test_ring_counts():
+    c = ring_counts(5, [0, 1, 2, 3, 4], [(1, 2)])
+    assert (c.sum(axis=1) == 4).all() and c[0, 1] == 2 and c[0, 4] == 2
+    two = ring_counts(2, [0, 1], [(1, 3)])
+    assert two[0, 1] == 3
+
+
+def test_two_hop_paths_in_circuit_network():
+    c = np.zeros((SPEC.n_tors, SPEC.n_tors), dtype=np.int64)
+    c[0, 1] = c[1, 0] = 1
+    c[1, 2] = c[2, 1] = 2
+    for t in range(3, SPEC.n_tors):  # keep the rest connected in a chain
+        c[t - 1, t] = c[t, t - 1] = 1
+    net = CircuitNetwork("x", SPEC, c, max_two_hop=4)
+    p = net.paths(0, 8)  # ToR 0 -> ToR 2: only the two-hop path via ToR 1
+    assert len(p) == 1 and len(p[0]) == 4
+    far = net.paths(0, SPEC.n_servers - 1)  # shortest path fallback
+    assert len(far) == 1 and len(far[0]) == 2 + SPEC.n_tors - 1
+
+
+def test_unknown_fabric():
+    with pytest.raises(SpecError, match="fabric"):
+        build_network("torus", SPEC, LAYOUT)
+    with pytest.raises(SpecError, match="fabric"):
+        port_counts("torus", SPEC, 400)
+
+
+def test_fat_tree_counts_five_ports_per_nic_and_rfabric_two_plus_ocs():
+    n_nic = SPEC.n_servers * 8
+    ft = port_counts("fat-tree", SPEC, 400)
+    assert sum(ft["eps_ports"].values()) == 5 * n_nic and ft["ocs_ports"] == 0 and ft["fibres"] == 3 * n_nic
+    ft2 = port_counts("fat-tree-2to1", SPEC, 400)
+    assert sum(ft2["eps_ports"].values()) == 3 * n_nic
+    rf = port_counts("rfabric", SPEC, 400)
+    assert sum(rf["eps_ports"].values()) == 2 * n_nic and rf["ocs_ports"] == n_nic
+    rail = port_counts("rail", SPEC, 400)
+    assert sum(rail["eps_ports"].values()) == 3 * n_nic
+
+
+def test_cost_uses_the_price_table():
+    p = load_prices()
+    c = fabric_cost("rfabric", SPEC, 400)
+    n_nic = SPEC.n_servers * 8
+    expect = (n_nic * (p.nic[400] + p.transceiver[400]) + 2 * n_nic * (p.eps_port[400] + p.transceiver[400])
+              + n_nic * p.ocs_port + 2 * n_nic * p.fibre_m * p.fibre_per_m)
+    assert c["total_usd"] == pytest.approx(expect)
+    assert fabric_cost("fat-tree", SPEC, 400)["total_usd"] > c["total_usd"]
+    with pytest.raises(SpecError, match="prices.nic"):
+        fabric_cost("fat-tree", SPEC, 300)
