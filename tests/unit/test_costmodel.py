@@ -85,3 +85,15 @@ def test_unknown_names():
     with pytest.raises(SpecError):
         Efficiency(train_mfu=1.5)
     assert len(load_models()) == 6
+
+
+@pytest.mark.parametrize("name", ["Qwen2.5-32B", "Qwen3-30B-A3B"])
+def test_vectorised_decode_equals_scalar(name):
+    import numpy as np
+    cm = CostModel.for_names(name, "H800")
+    b = np.array([0, 1, 7, 64, 300])
+    ctx = np.array([0, 100, 7000, 64000, 1e6])
+    vec = cm.decode_step_s_array(b, ctx, tp=4)
+    assert vec == pytest.approx([cm.decode_step_s(int(x), float(c), tp=4) for x, c in zip(b, ctx)])
+    with pytest.raises(SpecError):
+        cm.decode_step_s_array(np.array([-1]), np.array([0]))
