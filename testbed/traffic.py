@@ -6,6 +6,7 @@ fabric). Waits poll a condition with a deadline.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -107,16 +108,15 @@ def _wait_line(p: subprocess.Popen, needle: str, timeout_s: float, what: str) ->
         if left <= 0 or p.poll() is not None:
             raise RuntimeError(f"{what}: never printed {needle!r} (exit {p.poll()}): {buf[-500:]}")
         ready, _, _ = select.select([p.stdout], [], [], min(left, 0.2))
-        if ready:
-            line = p.stdout.readline()
-            buf += line
+        if ready:  # raw read: a buffered readline could hold the line we wait for where select can't see it
+            buf += os.read(p.stdout.fileno(), 4096).decode(errors="replace")
 
 
 def iperf3(fabric: EmulatedFabric, src: int, dst: int, seconds: float, port: int = 5201,
            parallel: int = 1) -> subprocess.Popen:
     """Start an iperf3 TCP transfer src -> dst (the server runs one test and exits). Returns the client."""
     ip = fabric.spec.host_ip(dst)
-    srv = fabric.popen(dst, ["iperf3", "-s", "-1", "-p", str(port), "-B", ip], stdout=subprocess.PIPE,
+    srv = fabric.popen(dst, ["iperf3", "-s", "-1", "--forceflush", "-p", str(port), "-B", ip], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, role="iperf3-server")
     _wait_line(srv, "Server listening", 10.0, f"iperf3 server on host {dst}")
     return fabric.popen(src, ["iperf3", "-c", ip, "-p", str(port), "-t", f"{seconds:g}", "-J", "-P",
