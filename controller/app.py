@@ -390,11 +390,27 @@ def run_controller(cfg: ControllerConfig) -> int:
     # change, and the fail-secure switches keep their flows (a restart reconciles).
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGINT, _exit_on_signal)
+    signal.signal(signal.SIGUSR1, _dump_green_threads)  # `kill -USR1 PID`: every green thread's stack to the log
     try:
         hub.joinall(services)
     finally:
         mgr.close()
     return 0
+
+
+def _dump_green_threads(signum, frame) -> None:
+    """Log the stack of every green thread (diagnosing a stuck controller without stopping it)."""
+    import gc
+    import traceback
+
+    import greenlet
+
+    stacks = []
+    for obj in gc.get_objects():
+        if isinstance(obj, greenlet.greenlet) and obj.gr_frame is not None:
+            stacks.append("".join(traceback.format_stack(obj.gr_frame)))
+    stacks.append("main:\n" + "".join(traceback.format_stack(frame)))
+    log.warning("SIGUSR1: %d green threads\n%s", len(stacks), "\n----\n".join(stacks))
 
 
 def _exit_on_signal(signum, frame) -> None:
