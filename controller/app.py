@@ -6,23 +6,29 @@ back after a connect is turned into plain data; the core decides what to change 
 are fail-mode secure, so unmatched packets drop and flows survive a dead controller.
 
 :func:`run_controller` starts everything in one process: os-ken's OpenFlow listener, this app and the REST
-API (eventlet's WSGI server in a green thread).
+API (a threading WSGI server from the standard library).
+
+Concurrency: os-ken 4.x runs its hub on *native threads* (``OSKEN_HUB_TYPE`` defaults to ``native``;
+``hub.patch`` is a no-op there), so every primitive here is a native one: ``threading.Lock`` serialises
+reconfigurations, ``hub.Event`` is a ``threading.Event``, the REST server handles each request in its own
+thread. (Eventlet primitives shared across native threads lose wake-ups: a REST request waiting on an
+eventlet semaphore released by an os-ken thread hung forever.)
 """
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import socketserver
+import threading
 import time
-from typing import Any, Sequence
-
 import warnings
+from typing import Any, Sequence
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-with warnings.catch_warnings():  # eventlet 0.41 warns that it is deprecated on import; os-ken needs it
+with warnings.catch_warnings():  # eventlet 0.41 (imported by os-ken) warns that it is deprecated
     warnings.simplefilter("ignore")
-    import eventlet
-    import eventlet.semaphore
-    import eventlet.wsgi
+    from os_ken.base import app_manager
 from os_ken.base import app_manager
 from os_ken.controller import ofp_event
 from os_ken.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
@@ -62,8 +68,8 @@ class OrlControllerApp(app_manager.OSKenApp):
         self.tor_flows: dict[int, dict[tuple, Any]] = {}  # tor -> {(priority, match items): stats}
         self.fresh_tors: set[int] = set()  # ToRs read back since their last full sync
         self.driver = OsKenDriver(self)
-        self.core = FabricController(cfg.spec, cfg.layout, self.driver, PreciseClock(eventlet.sleep),
-                                     eventlet.semaphore.Semaphore(1), initial_phase=cfg.initial_phase,
+        self.core = FabricController(cfg.spec, cfg.layout, self.driver, PreciseClock(time.sleep),
+                                     threading.Lock(), initial_phase=cfg.initial_phase,
                                      delay_ms=cfg.delay_ms, state_path=cfg.state_file)
 
     # ---- connection life cycle -----------------------------------------------------------------
@@ -365,13 +371,12 @@ def send_route_changes(app: OrlControllerApp, changes: Any, full: bool) -> list[
 def run_controller(cfg: ControllerConfig) -> int:
     """Run the controller in this process until it is killed (SIGTERM/SIGINT end it)."""
     global _CONFIG
-    hub.patch(thread=False)
     from os_ken import cfg as oscfg
 
     oscfg.CONF(args=["--ofp-tcp-listen-port", str(cfg.of_port), "--ofp-listen-host", cfg.of_host],
                project="os_ken")
     try:
-        rest_sock = eventlet.listen((cfg.rest_host, cfg.rest_port))
+        server = _RestServer((cfg.rest_host, cfg.rest_port), _QuietHandler)
     except OSError as e:
         log.error("cannot listen for REST on %s:%d: %s", cfg.rest_host, cfg.rest_port, e)
         return 1
@@ -381,16 +386,15 @@ def run_controller(cfg: ControllerConfig) -> int:
     contexts = mgr.create_contexts()
     services = mgr.instantiate_apps(**contexts)
     app = app_manager.lookup_service_brick(OrlControllerApp.__name__)
-    rest = RestApp(app.core, cfg.token)
-    access_log = logging.getLogger("controller.rest.access")
-    services.append(hub.spawn(eventlet.wsgi.server, rest_sock, rest, log=access_log, log_output=False))
+    server.set_app(RestApp(app.core, cfg.token))
+    services.append(hub.spawn(server.serve_forever, 0.2))
     log.info("OpenFlow on %s:%d; REST API on http://%s:%d/api/v1/ (%s)", cfg.of_host, cfg.of_port,
              cfg.rest_host, cfg.rest_port, "no auth" if cfg.token is None else f"token in {cfg.token_file}")
     # SIGTERM / Ctrl-C: leave at once. Nothing is lost: the state file is written atomically before every
     # change, and the fail-secure switches keep their flows (a restart reconciles).
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGINT, _exit_on_signal)
-    signal.signal(signal.SIGUSR1, _dump_green_threads)  # `kill -USR1 PID`: every green thread's stack to the log
+    signal.signal(signal.SIGUSR1, _dump_stacks)  # `kill -USR1 PID`: every thread's stack to the log
     try:
         hub.joinall(services)
     finally:
@@ -398,9 +402,20 @@ def run_controller(cfg: ControllerConfig) -> int:
     return 0
 
 
-def _dump_green_threads(signum, frame) -> None:
-    """Log the stack of every green thread (diagnosing a stuck controller without stopping it)."""
+class _RestServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a request in flight never blocks the process from exiting
+    allow_reuse_address = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # access log through logging, not stderr
+        logging.getLogger("controller.rest.access").debug("%s " + format, self.address_string(), *args)
+
+
+def _dump_stacks(signum, frame) -> None:
+    """Log the stack of every thread, native and green (diagnosing a stuck controller without stopping it)."""
     import gc
+    import sys
     import traceback
 
     import greenlet
@@ -408,9 +423,11 @@ def _dump_green_threads(signum, frame) -> None:
     stacks = []
     for obj in gc.get_objects():
         if isinstance(obj, greenlet.greenlet) and obj.gr_frame is not None:
-            stacks.append("".join(traceback.format_stack(obj.gr_frame)))
-    stacks.append("main:\n" + "".join(traceback.format_stack(frame)))
-    log.warning("SIGUSR1: %d green threads\n%s", len(stacks), "\n----\n".join(stacks))
+            stacks.append("green:\n" + "".join(traceback.format_stack(obj.gr_frame)))
+    for tid, f in sys._current_frames().items():
+        stacks.append(f"thread {tid}:\n" + "".join(traceback.format_stack(f)))
+    log.warning("SIGUSR1: %d stacks (green threads, then native threads)\n%s", len(stacks),
+                "\n----\n".join(stacks))
 
 
 def _exit_on_signal(signum, frame) -> None:

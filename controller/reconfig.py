@@ -275,8 +275,8 @@ class Clock(Protocol):
 class PreciseClock:
     """perf_counter time; waits by a coarse sleep until ``margin`` before the deadline, then spins.
 
-    ``coarse_sleep`` is ``eventlet.sleep`` inside the controller (other green threads run meanwhile);
-    the spin holds the hub for at most ``margin`` so nothing else delays the deadline.
+    ``coarse_sleep`` is ``time.sleep`` inside the controller (os-ken's hub runs native threads, which run
+    meanwhile); the spin holds this thread for at most ``margin`` so nothing else delays the deadline.
     """
 
     def __init__(self, coarse_sleep: Callable[[float], None] = time.sleep, margin: float = SPIN_MARGIN_S):

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
+import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -47,4 +51,21 @@ def running_testbed(spec: FabricSpec, layout: JobLayout, *, initial_phase: str =
             ctl.client.wait_ready(connect_timeout_s)
             log.info("testbed up: %d hosts, %d ToRs, %d OCSes; REST %s", spec.n_servers, spec.n_tors,
                      spec.ocs_count, ctl.client.base_url)
-            yield Testbed(spec, layout, ctl, fab)
+            try:
+                yield Testbed(spec, layout, ctl, fab)
+            except (TimeoutError, socket.timeout):
+                _dump_controller(ctl)
+                raise
+
+
+def _dump_controller(ctl: ControllerProcess) -> None:
+    """The controller did not answer in time: have it log every thread's stack (SIGUSR1), say where."""
+    if not ctl.running or ctl.pid is None:
+        return
+    size = ctl.log_path.stat().st_size if ctl.log_path.exists() else 0
+    os.kill(ctl.pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and ctl.log_path.stat().st_size == size:
+        time.sleep(0.05)
+    log.error("controller pid %d did not answer in time; its thread stacks are in %s", ctl.pid,
+              ctl.log_path)
