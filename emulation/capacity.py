@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+from .registry import read_json
 from .validation import SpecError
 
 log = logging.getLogger(__name__)
@@ -56,13 +57,8 @@ def save_capacity(capacity_gbps: float, goodput_ratio: float, source_command: st
 def load_capacity() -> dict | None:
     """The stored measurement, or None when there is none (or it is unreadable: logged)."""
     path = capacity_file()
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        log.warning("unreadable capacity file %s: %s", path, e)
+    data = read_json(path)
+    if data is None:
         return None
     try:
         _positive("capacity_gbps", data["capacity_gbps"])

@@ -39,29 +39,28 @@ def state_dir() -> Path:
 
 
 # ---- /proc helpers ------------------------------------------------------------------------------
-def proc_start_time(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat (start time in clock ticks since boot), None if no such process."""
+def _proc_stat_fields(pid: int) -> list[str] | None:
+    """Fields 3.. of /proc/PID/stat (state first), None if no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read().decode("ascii", "replace")
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # comm (field 2) may contain spaces and parentheses: split after the last ')'
-    rest = data[data.rfind(")") + 2:].split()
-    # rest[0] is field 3 (state); field 22 is rest[19]
+    return data[data.rfind(")") + 2:].split()
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (start time in clock ticks since boot), None if no such process."""
+    rest = _proc_stat_fields(pid)
     try:
-        return int(rest[19])
+        return int(rest[19]) if rest is not None else None  # rest[0] is field 3, so field 22 is rest[19]
     except (IndexError, ValueError):
         return None
 
 
 def proc_state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode("ascii", "replace")
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    rest = data[data.rfind(")") + 2:].split()
+    rest = _proc_stat_fields(pid)
     return rest[0] if rest else None
 
 
@@ -155,14 +154,15 @@ def forget_resource(kind: str, name: str) -> None:
     _unlink(state_dir() / f"{_RES_PREFIX}{kind}-{name}.json")
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
+    """A JSON object from ``path``; None when missing or unreadable (logged), never an exception."""
     try:
         with open(path) as f:
             data = json.load(f)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        log.warning("unreadable registry record %s: %s", path, e)
+        log.warning("unreadable file %s: %s", path, e)
         return None
     return data if isinstance(data, dict) else None
 
@@ -173,7 +173,7 @@ def list_processes() -> list[ProcessRecord]:
     if not d.is_dir():
         return out
     for p in sorted(d.glob(f"{_PROC_PREFIX}*.json")):
-        data = _read_json(p)
+        data = read_json(p)
         if data is None:
             continue
         try:
@@ -193,7 +193,7 @@ def list_resources() -> list[tuple[str, str]]:
     if not d.is_dir():
         return out
     for p in sorted(d.glob(f"{_RES_PREFIX}*.json")):
-        data = _read_json(p)
+        data = read_json(p)
         if data and data.get("kind") in RESOURCE_KINDS and str(data.get("name", "")).startswith(NAME_PREFIX):
             out.append((data["kind"], data["name"]))
     return out
