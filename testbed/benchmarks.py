@@ -53,7 +53,7 @@ def blackout_in_window(gaps: list[dict], records: list, t_lo: float, t_hi: float
     return total * 1000.0
 
 
-def bench_reconfig(delay_ms: float, samples: int = 20, pps: float = 5000.0, spacing_s: float = 0.15,
+def bench_reconfig(delay_ms: float, samples: int = 20, pps: float = 2000.0, spacing_s: float = 0.15,
                    progress: Callable[[int], None] | None = None) -> dict:
     if samples < 1:
         raise ValueError("samples must be >= 1")

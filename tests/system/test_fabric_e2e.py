@@ -82,7 +82,7 @@ def test_phase_change_moves_traffic_onto_new_circuits():
 
 @pytest.mark.parametrize("delay_ms", [0.0, 10.0, 50.0])
 def test_loss_gap_tracks_the_programmed_delay(delay_ms):
-    res = bench_reconfig(delay_ms, samples=4, pps=5000.0)
+    res = bench_reconfig(delay_ms, samples=4, pps=2000.0)
     assert res["unchanged_loss"] == 0, res
     if delay_ms > 0:
         assert res["changed_lost"] > 0, res
