@@ -64,30 +64,30 @@ def _check_window(value: float | None) -> None:
     require(value <= MAX_WINDOW_MS, "window_ms", f"must be <= {MAX_WINDOW_MS:g} ms, got {value}")
 
 
-@dataclass(frozen=True)
-class CircuitsBody:
+@dataclass(frozen=True, kw_only=True)
+class _TimingBody:
+    """The timing fields every reconfiguration body takes (validated in one place)."""
+
+    delay_ms: Optional[float] = None
+    window_ms: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        _check_delay(self.delay_ms, "delay_ms")
+        _check_window(self.window_ms)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CircuitsBody(_TimingBody):
     """JSON body of ``POST /api/v1/circuits``: ``{"circuits": {"0": [[1, 3], [2, 4]]}, "delay_ms": 10}``."""
 
     circuits: dict[str, Any]
-    delay_ms: Optional[float] = None
-    window_ms: Optional[float] = None
-
-    def __post_init__(self) -> None:
-        _check_delay(self.delay_ms, "delay_ms")
-        _check_window(self.window_ms)
 
 
-@dataclass(frozen=True)
-class PhaseBody:
+@dataclass(frozen=True, kw_only=True)
+class PhaseBody(_TimingBody):
     """JSON body of ``POST /api/v1/phase``: ``{"phase": "train", "delay_ms": 10, "window_ms": null}``."""
 
     phase: str
-    delay_ms: Optional[float] = None
-    window_ms: Optional[float] = None
-
-    def __post_init__(self) -> None:
-        _check_delay(self.delay_ms, "delay_ms")
-        _check_window(self.window_ms)
 
 
 @dataclass(frozen=True)
