@@ -20,17 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from emulation import registry as _registry
 from emulation.spec import FabricSpec, JobLayout
-from emulation.validation import to_dict
+from emulation.validation import SpecError, to_dict
 
 from .client import ControllerClient
 
 log = logging.getLogger(__name__)
-
-try:
-    from emulation import registry as _registry
-except ModuleNotFoundError:  # pragma: no cover - the registry lands with the builder
-    _registry = None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -95,9 +91,13 @@ class ControllerProcess:
         self._proc = subprocess.Popen(self.argv(), stdout=self._log_file, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, cwd=str(Path(__file__).resolve().parents[1]))
         self.starts += 1
-        if _registry is not None:
-            _registry.record_process(self._proc.pid, "controller")
-        try:
+        try:  # recording inside: if it fails, the process just started is stopped
+            try:
+                _registry.record_process(self._proc.pid, "controller")
+            except SpecError:
+                if self._proc.poll() is None:
+                    raise
+                # it already exited (bad arguments): _wait_answering reports its exit code and log
             self._wait_answering()
         except BaseException:
             self.stop()
@@ -137,8 +137,14 @@ class ControllerProcess:
             return False
 
     def _forget(self) -> None:
-        if self._proc is not None and _registry is not None:
-            _registry.forget_process(self._proc.pid)
+        """Drop the registry record of a process that is gone; keep it when the process outlived SIGKILL
+        (so ``orchestrrl clean`` can still find it)."""
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                log.error("controller pid %d is still running after SIGKILL; its registry record is kept",
+                          self._proc.pid)
+            else:
+                _registry.forget_process(self._proc.pid)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
