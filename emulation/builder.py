@@ -337,6 +337,13 @@ class EmulatedFabric:
             raise RuntimeError("the fabric is not started")
         return self._hosts[server]
 
+    @property
+    def workdir(self) -> str:
+        """A scratch folder that lives as long as the running fabric (stop() removes it): put run files here."""
+        if self._tmpdir is None:
+            raise RuntimeError("the fabric is not running")
+        return self._tmpdir
+
     def intf_of(self, server: int) -> str:
         return self._plan_host(server).intf
 
@@ -408,7 +415,10 @@ class EmulatedFabric:
         names = self.plan.interfaces()
         for name in names:
             if _link_exists(name):
-                subprocess.run(["ip", "link", "del", name], capture_output=True, timeout=10)
+                try:
+                    subprocess.run(["ip", "link", "del", name], capture_output=True, timeout=10)
+                except (OSError, subprocess.SubprocessError) as e:  # stop() never raises for cleanup trouble
+                    log.error("ip link del %s: %s", name, e)
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline and any(_link_exists(n) for n in names):
             time.sleep(0.02)

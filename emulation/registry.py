@@ -259,8 +259,8 @@ def stop_processes(recs: list[ProcessRecord], timeout_s: float = 2.0, poll_s: fl
         live = [r for r in live if process_alive(r.pid, r.start_time)]
         if live:
             time.sleep(poll_s)
-    for r in recs:
-        result.setdefault(r.pid, "killed")
+    for r in recs:  # SIGKILLed ones that are gone were killed; a survivor (e.g. stuck in D state) says so
+        result.setdefault(r.pid, "survived" if process_alive(r.pid, r.start_time) else "killed")
     return result
 
 
@@ -363,7 +363,11 @@ def clean(dry_run: bool = False, process_timeout_s: float = 2.0,
         if dry_run:
             rep.interfaces.append(name)
             continue
-        r = run(["ip", "link", "del", name])
+        try:
+            r = run(["ip", "link", "del", name])
+        except (OSError, subprocess.SubprocessError) as e:
+            rep.errors.append(f"ip link del {name}: {e}")
+            continue
         if r.returncode == 0:
             rep.interfaces.append(name)
         elif "Cannot find device" not in r.stderr:  # deleted with its veth peer: fine
@@ -373,16 +377,40 @@ def clean(dry_run: bool = False, process_timeout_s: float = 2.0,
         if dry_run:
             rep.netns.append(ns)
             continue
-        r = run(["ip", "netns", "del", ns])
+        try:
+            r = run(["ip", "netns", "del", ns])
+        except (OSError, subprocess.SubprocessError) as e:
+            rep.errors.append(f"ip netns del {ns}: {e}")
+            continue
         if r.returncode == 0:
             rep.netns.append(ns)
         else:
             rep.errors.append(f"ip netns del {ns}: {r.stderr.strip()}")
 
     if not dry_run:
+        # forget only what is really gone: a survivor stays recorded (clean never kills by name, so a forgotten
+        # record would leave it untracked for good) and is reported as an error
+        removed = 0
         for p in procs:
-            forget_process(p.pid)
+            if process_alive(p.pid, p.start_time):
+                rep.errors.append(f"process {p.pid} ({p.role}) survived SIGKILL; its record is kept")
+            else:
+                forget_process(p.pid)
+                removed += 1
+        left_bridges = set()
+        try:
+            left_bridges = {b for b in ovs_bridges() if b.startswith(NAME_PREFIX)}
+        except (OSError, RuntimeError, subprocess.SubprocessError):
+            pass
+        try:
+            left_intfs = set(root_interfaces())
+        except (OSError, RuntimeError, subprocess.SubprocessError):
+            left_intfs = set()
         for kind, name in resources:
+            if (kind == "bridge" and name in left_bridges) or (kind == "interface" and name in left_intfs):
+                rep.errors.append(f"{kind} {name} still exists; its record is kept")
+                continue
             forget_resource(kind, name)
-        rep.records_removed = len(procs) + len(resources)
+            removed += 1
+        rep.records_removed = removed
     return rep

@@ -85,6 +85,9 @@ def run_demo(scn: Scenario, out_dir: Path, steps: int | None = None, token_strea
                     ev["broadcast"] = {"ranks": len(res), "bytes": res[0]["bytes"], "consistent": ok,
                                        "time_s": round(statistics.median(max(r["times_s"][i] for r in res)
                                                                          for i in range(2)), 4)}
+                elif len(trainers) < 2:  # one trainer server: its gradients never leave it
+                    ev["all_reduce"] = {"ranks": 1, "bytes": 0, "time_s": None,
+                                        "skipped": "one trainer server: no all-reduce across the fabric"}
                 else:
                     res = collective(tb.fabric, trainers, "all_reduce", grad_bytes, iters=2, port=29700 + step)
                     ev["all_reduce"] = {"ranks": len(res), "bytes": res[0]["bytes"],
@@ -94,8 +97,8 @@ def run_demo(scn: Scenario, out_dir: Path, steps: int | None = None, token_strea
                 events.append(ev)
                 note(f"step {step} {phase}: {rec.get('status')} ({rec.get('total_ms')} ms reconfiguration)")
         history = tb.client.history()
-    meas_sync = statistics.median(e["broadcast"]["time_s"] for e in events if "broadcast" in e)
-    meas_ar = statistics.median(e["all_reduce"]["time_s"] for e in events if "all_reduce" in e)
+    meas_sync = _median([e["broadcast"]["time_s"] for e in events if "broadcast" in e])
+    meas_ar = _median([e["all_reduce"]["time_s"] for e in events if "all_reduce" in e])
     result = {
         "scenario": scn.name, "servers": spec.n_servers, "gpus": spec.n_gpus, "steps": steps,
         "scale": spec.scale, "link_mbps": spec.server_link_mbps, "switching_delay_ms": delay,
@@ -113,6 +116,11 @@ def run_demo(scn: Scenario, out_dir: Path, steps: int | None = None, token_strea
     (out_dir / "demo.json").write_text(json.dumps(result, indent=1))
     _plot(result, out_dir / "demo.png")
     return result
+
+
+def _median(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
 
 def _plot(result: dict, path: Path) -> None:
@@ -136,7 +144,7 @@ def _plot(result: dict, path: Path) -> None:
     m, s = result["measured"], result["rlsim_rfabric"]
     labels = ["sync\nbroadcast", "train\nall-reduce"]
     xs = range(len(labels))
-    ax2.bar([x - 0.2 for x in xs], [m["sync_broadcast_s"], m["train_all_reduce_s"]], width=0.4,
+    ax2.bar([x - 0.2 for x in xs], [m["sync_broadcast_s"] or 0, m["train_all_reduce_s"] or 0], width=0.4,
             label="emulated (Gloo over OVS)", color="#666666")
     ax2.bar([x + 0.2 for x in xs], [s["phases"]["sync_s"], s["train_dp_allreduce_s"] or 0], width=0.4,
             label="RLSim (RFabric)", color="#bbbbbb")

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from emulation import probe
@@ -27,14 +27,21 @@ def wait_for(cond, timeout_s: float, what: str, poll_s: float = 0.01) -> None:
 
 
 def _finish(p: subprocess.Popen, timeout_s: float, what: str) -> None:
+    # communicate, not wait: a child that writes more than a pipe's worth to stderr (a torch traceback) would
+    # otherwise block until the deadline and its real error would be lost
     try:
-        rc = p.wait(timeout=timeout_s)
+        _, err = p.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         p.kill()
+        p.communicate()
         raise TimeoutError(f"{what} did not finish within {timeout_s:g} s") from None
-    if rc != 0:
-        err = p.stderr.read() if p.stderr else ""
-        raise RuntimeError(f"{what} exited with {rc}: {err[-2000:] if err else ''}")
+    if p.returncode != 0:
+        raise RuntimeError(f"{what} exited with {p.returncode}: {err[-2000:] if err else ''}")
+
+
+def _scratch(fabric: EmulatedFabric, prefix: str) -> Path:
+    """A fresh folder inside the fabric's own scratch folder (removed with the fabric)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=fabric.workdir))
 
 
 @dataclass
@@ -47,9 +54,11 @@ class ProbeStream:
     pps: float
     duration_s: float
     port: int = 47000
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="orlprobe-")))
+    workdir: Path | None = None  # default: a folder inside the fabric's scratch folder
 
     def __post_init__(self) -> None:
+        if self.workdir is None:
+            self.workdir = _scratch(self.fabric, "probe-")
         tag = f"{self.src}-{self.dst}-{self.port}"
         self.send_out = self.workdir / f"send-{tag}.json"
         self.recv_out = self.workdir / f"recv-{tag}.json"
@@ -64,7 +73,11 @@ class ProbeStream:
                        f"{self.duration_s + extra_s:.3f}", "--out", str(self.recv_out), "--ready-file",
                        str(self.ready), "--bind", spec.host_ip(self.dst)],
             stderr=subprocess.PIPE, text=True, role="probe-recv")
-        wait_for(self.ready.exists, 15.0, f"probe receiver on host {self.dst}")
+        recv = self._recv
+        wait_for(lambda: self.ready.exists() or recv.poll() is not None, 15.0, f"probe receiver on host {self.dst}")
+        if not self.ready.exists():  # it died (e.g. the port is taken): say why
+            _finish(recv, 5.0, f"probe receiver on host {self.dst}")
+            raise RuntimeError(f"probe receiver on host {self.dst} exited before binding port {self.port}")
 
     def start_sender(self) -> None:
         spec = self.fabric.spec
@@ -154,7 +167,7 @@ def collective(fabric: EmulatedFabric, servers: list[int], op: str, nbytes: int,
 
     if len(servers) < 2 or len(set(servers)) != len(servers):
         raise ValueError(f"a collective needs >= 2 distinct servers, got {servers}")
-    workdir = Path(tempfile.mkdtemp(prefix="orlcoll-"))
+    workdir = _scratch(fabric, f"{op}-")
     init = f"tcp://{fabric.spec.host_ip(servers[0])}:{port}"
     procs = []
     for rank, s in enumerate(servers):
@@ -165,6 +178,13 @@ def collective(fabric: EmulatedFabric, servers: list[int], op: str, nbytes: int,
                                       str(workdir / f"rank{rank}.json")],
                                   stderr=subprocess.PIPE, text=True, env=env, role=f"collective-{op}"))
     deadline = time.monotonic() + timeout_s + 30.0
-    for rank, p in enumerate(procs):
-        _finish(p, max(1.0, deadline - time.monotonic()), f"{op} rank {rank} on host {servers[rank]}")
+    try:
+        for rank, p in enumerate(procs):
+            _finish(p, max(1.0, deadline - time.monotonic()), f"{op} rank {rank} on host {servers[rank]}")
+    except BaseException:  # one rank failed: the others would wait for it until their timeout
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        raise
     return [json.loads((workdir / f"rank{r}.json").read_text()) for r in range(len(servers))]

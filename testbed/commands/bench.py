@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from tqdm import tqdm
@@ -11,6 +12,8 @@ from testbed.cli import UsageError
 
 
 def _positive(name: str, v: float, allow_zero: bool = False) -> None:
+    if not math.isfinite(v):
+        raise UsageError(f"--{name} must be a finite number, got {v}")
     if v < 0 or (v == 0 and not allow_zero):
         raise UsageError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {v:g}")
 

@@ -12,6 +12,7 @@ def register(subparsers) -> None:
                                           "named network namespace whose name starts with 'orl'.")
     p.add_argument("--dry-run", action="store_true", help="only print what would be removed")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.epilog = "Exit status: 0 when everything was removed, 1 when something could not be."
     p.set_defaults(func=run)
 
 
@@ -19,9 +20,10 @@ def run(args: argparse.Namespace) -> int:
     from emulation import registry
 
     rep = registry.clean(dry_run=args.dry_run)
+    status = 1 if rep.errors else 0  # something could not be removed: say so to scripts and CI
     if args.json:
         print(json.dumps(rep.to_dict(), indent=1))
-        return 0
+        return status
     verb = "would remove" if rep.dry_run else "removed"
     if rep.nothing_done and not rep.errors:
         print("nothing to clean")
@@ -36,5 +38,5 @@ def run(args: argparse.Namespace) -> int:
     if rep.records_removed:
         print(f"removed {rep.records_removed} registry record(s)")
     for e in rep.errors:
-        print(f"warning: {e}")
-    return 0
+        print(f"error: {e}")
+    return status

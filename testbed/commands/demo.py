@@ -33,14 +33,17 @@ def _run(args: argparse.Namespace) -> int:
         elif "broadcast" in e:
             b = e["broadcast"]
             what = f"Gloo broadcast {b['bytes'] / 2**20:.1f} MiB to {b['ranks'] - 1} generators: {b['time_s']:.3f} s"
+        elif e["all_reduce"].get("skipped"):
+            what = e["all_reduce"]["skipped"]
         else:
             a = e["all_reduce"]
             what = f"Gloo all-reduce {a['bytes'] / 2**20:.1f} MiB over {a['ranks']} trainers: {a['time_s']:.3f} s"
         print(f"{e['step']:>4} {e['phase']:>5} {r['status']:>9} {r['total_ms'] or 0:>9.2f}  {what}")
     s = res["rlsim_rfabric"]
+    ar = s["train_dp_allreduce_s"]
     print(f"RLSim (RFabric, same scenario): iteration {s['iteration_s']:.2f} s = gen {s['phases']['gen_s']:.2f} + "
-          f"sync {s['phases']['sync_s']:.3f} + train {s['phases']['train_s']:.3f} s "
-          f"(train all-reduce {s['train_dp_allreduce_s']:.3f} s)")
+          f"sync {s['phases']['sync_s']:.3f} + train {s['phases']['train_s']:.3f} s"
+          + (f" (train all-reduce {ar:.3f} s)" if ar is not None else ""))
     print(f"results: {out / 'demo.json'}  plot: {out / 'demo.png'}")
     return 0
 

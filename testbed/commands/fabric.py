@@ -16,8 +16,11 @@ def _up(args: argparse.Namespace) -> int:
     spec, layout = scn.fabric, scn.layout
     spec.check_emulatable()
     stop = threading.Event()
+    up = threading.Event()
 
     def on_signal(signum, frame):  # Ctrl-C or SIGTERM: leave the with-blocks, which tear everything down
+        if not up.is_set():
+            raise KeyboardInterrupt  # still starting: abort start-up now (it cleans up as it unwinds)
         stop.set()
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -54,6 +57,7 @@ def _up(args: argparse.Namespace) -> int:
                 print(f"  {h['name']:>6}  fabric {h['fabric_ip']:<12} mgmt {h['mgmt_ip']:<12} pid {h['pid']:<7} "
                       f"ToR {h['tor']}  {h['role']}")
             print("Ctrl-C to tear everything down", flush=True)
+            up.set()
             while not stop.wait(0.5):
                 if not ctl.running:
                     print("controller exited; tearing down (see its log: " + info["controller_log"] + ")")
@@ -61,6 +65,8 @@ def _up(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        if args.info_file and os.path.exists(args.info_file):  # it names PIDs and files that are gone now
+            os.unlink(args.info_file)
     print("fabric down")
     return 0
 

@@ -1,7 +1,8 @@
 """Shared fixtures for system tests (root + Open vSwitch).
 
 Every test marked ``@pytest.mark.system`` is skipped, with the reason, unless it runs as root and Open vSwitch
-answers. Run them under the machine-wide OVS lock (other users of Open vSwitch on this machine):
+answers. `make test` and CI run them alone; when something else on the machine also uses Open vSwitch (another
+checkout's tests, a benchmark), serialise the runs with a lock, since every test starts with no orl* bridges:
 
     flock /tmp/orchestrrl-ovs.lock .venv/bin/pytest -m system tests/system
 """

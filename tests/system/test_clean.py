@@ -50,6 +50,14 @@ def test_clean_after_kill_9(orl_state_dir, no_capacity_file, orl_leftovers):
     assert orl_leftovers() == {"bridges": [], "interfaces": []}, "leftovers from an earlier run: orchestrrl clean"
     run = subprocess.Popen([sys.executable, "-c", RUN], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
+        _check_clean_after_kill_9(run, orl_leftovers)
+    except BaseException:  # a failed check must not leave the crashed run's fabric to break later tests
+        registry.clean()
+        raise
+
+
+def _check_clean_after_kill_9(run: subprocess.Popen, orl_leftovers) -> None:
+    try:
         assert read_line(run, 60) == "UP"
         recorded = registry.list_processes()
         assert {r.role.split(":")[0] for r in recorded} == {"mnhost", "mnswitch", "hostproc"}

@@ -51,10 +51,14 @@ def test_fabric_up_serves_rest_and_tears_down_on_ctrl_c(tmp_path):
         assert p.returncode == 0, out
         assert "fabric down" in out
         assert not (set(info["bridges"]) & set(_orl_bridges()))
+        assert not info_file.exists()  # it described a fabric that is gone
     finally:
-        if p.poll() is None:
+        if p.poll() is None:  # the test failed with the fabric up: take it down by its records
             p.kill()
             p.wait()
+            from emulation import registry
+
+            registry.clean()
 
 
 def test_demo_runs_the_phase_cycle_with_real_collectives(tmp_path):

@@ -24,6 +24,9 @@ def run(argv, capsys):
     (["demo", "no/such/scenario.yaml"], "no/such/scenario.yaml"),
     (["fabric", "up", "no/such/scenario.yaml"], "no/such/scenario.yaml"),
     (["bench", "nope"], "invalid choice"),
+    (["bench", "reconfig", "--delay-ms", "nan"], "--delay-ms must be a finite number"),
+    (["bench", "reconfig", "--pps", "inf"], "--pps must be a finite number"),
+    (["bench", "fabric", "--seconds", "nan"], "--seconds must be a finite number"),
 ])
 def test_bad_input_exits_2_naming_the_problem(argv, needle, capsys):
     rc, out = run(argv, capsys)

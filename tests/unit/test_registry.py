@@ -110,13 +110,21 @@ def test_clean_dry_run_changes_nothing(state_dir, monkeypatch):
 
 def test_clean_deletes_only_orl_names_and_records(state_dir, monkeypatch):
     calls = []
+    bridges = ["orlt0", "orlo0", "br-other"]
+    intfs = ["lo", "orlt0-eth1", "eth0"]
 
-    def run(argv):
+    def run(argv):  # a fake system: deletions take effect
         calls.append(argv)
+        if argv[0] == "ovs-vsctl":
+            for i, a in enumerate(argv):
+                if a == "del-br" and argv[i + 1] in bridges:
+                    bridges.remove(argv[i + 1])
+        elif argv[:3] == ["ip", "link", "del"] and argv[3] in intfs:
+            intfs.remove(argv[3])
         return subprocess.CompletedProcess(argv, 0, "", "")
 
-    monkeypatch.setattr(registry, "ovs_bridges", lambda: ["orlt0", "orlo0", "br-other"])
-    monkeypatch.setattr(registry, "root_interfaces", lambda: ["lo", "orlt0-eth1", "eth0"])
+    monkeypatch.setattr(registry, "ovs_bridges", lambda: list(bridges))
+    monkeypatch.setattr(registry, "root_interfaces", lambda: list(intfs))
     monkeypatch.setattr(registry, "named_netns", lambda: [])
     registry.record_resource("bridge", "orlt0")
     rep = registry.clean(run=run)
@@ -125,3 +133,14 @@ def test_clean_deletes_only_orl_names_and_records(state_dir, monkeypatch):
     assert calls[1] == ["ip", "link", "del", "orlt0-eth1"]
     assert len(calls) == 2
     assert rep.records_removed == 1 and registry.list_resources() == []
+
+
+def test_clean_keeps_the_record_of_what_survives_and_reports_it(state_dir, monkeypatch):
+    monkeypatch.setattr(registry, "ovs_bridges", lambda: ["orlt0"])  # deletion silently has no effect
+    monkeypatch.setattr(registry, "root_interfaces", lambda: [])
+    monkeypatch.setattr(registry, "named_netns", lambda: [])
+    registry.record_resource("bridge", "orlt0")
+    rep = registry.clean(run=lambda argv: subprocess.CompletedProcess(argv, 0, "", ""))
+    assert rep.records_removed == 0
+    assert [(k, n) for k, n in registry.list_resources()] == [("bridge", "orlt0")]
+    assert any("orlt0 still exists" in e for e in rep.errors)
