@@ -9,6 +9,10 @@ models' config.json, REFERENCE.md "Models") and GPU figures from ``agents/data/g
   roofline (REFERENCE.md, tt-inference-server issue #143); a unit test checks the model reproduces it.
 * ``prefill_mfu = 0.50``, ``decode_mfu = 0.50``, ``train_mfu = 0.35``: assumptions (no figure in
   REFERENCE.md); typical of large dense bf16 kernels and of Megatron-style training respectively.
+  ``train_mfu`` is end to end: it includes the TP all-reduces inside a server (training adds no separate
+  TP time); only inference adds TP all-reduces on NVLink explicitly.
+* ``nvlink = 0.80``: achieved fraction of the nominal *one-direction* NVLink bandwidth stored in
+  ``gpus.yaml`` (H800: 200 GB/s per direction, ~160 GB/s measured by DeepEP = 0.8).
 
 Everything is in bytes, FLOPs and seconds; weights and KV cache in bf16 (2 bytes) unless told otherwise.
 Used by the emulator's agents (modelled GPU compute) and by RLSim.
@@ -118,7 +122,7 @@ class GpuSpec:
     bf16_tflops: float
     hbm_gb: float
     hbm_gbps: float  # GB/s
-    nvlink_gbps: float  # GB/s per GPU
+    nvlink_gbps: float  # GB/s per GPU, one direction, nominal (Efficiency.nvlink is applied once on top)
     nic_gbps: float  # Gb/s per GPU
     name: str = ""
 
@@ -148,7 +152,7 @@ class Efficiency:
     decode_mfu: float = 0.50
     prefill_mfu: float = 0.50
     train_mfu: float = 0.35
-    nvlink: float = 0.80  # achieved fraction of NVLink bandwidth in TP all-reduces (assumption)
+    nvlink: float = 0.80  # achieved fraction of nominal one-direction NVLink bandwidth (H800: ~160 of 200 GB/s, DeepEP)
 
     def __post_init__(self) -> None:
         for n in ("decode_hbm", "prefill_hbm", "decode_mfu", "prefill_mfu", "train_mfu", "nvlink"):
@@ -230,6 +234,16 @@ class CostModel:
     def gradient_bytes(self) -> float:
         """Gradients of all parameters (all-reduced across data-parallel replicas)."""
         return float(self.model.params_total * self.grad_dtype_bytes)
+
+    def expert_gradient_bytes(self) -> float:
+        """Gradients of the routed experts (0 for a dense model). With expert parallelism ``ep`` a replica
+        holds ``1/ep`` of them, all-reduced only with the replicas that hold the same shard."""
+        m = self.model
+        return float(m.layers * m.experts * m.expert_params * self.grad_dtype_bytes)
+
+    def dense_gradient_bytes(self) -> float:
+        """Gradients of everything but the routed experts (attention, router, embeddings, norms)."""
+        return self.gradient_bytes() - self.expert_gradient_bytes()
 
     def kv_bytes_per_token(self) -> float:
         """K and V of one token over all layers."""
