@@ -9,6 +9,10 @@ or MPTCP with uncoupled subflows). Between events rates are constant, so the sim
 event: an arrival or the earliest finish. Finishes within a relative tolerance are merged into one event,
 which keeps symmetric collectives (thousands of equal flows) to a handful of events.
 
+A transfer may carry a ``latency`` (seconds) added to its finish: its links count as in use until then, so
+per-step latency of a collective is not mistaken for idle time. ``link_first_busy`` / ``link_last_busy`` give,
+per link, the first and last time it was in use.
+
 Everything is vectorised with numpy on the (subflow, link) incidence lists.
 """
 from __future__ import annotations
@@ -64,6 +68,7 @@ class Transfer:
     paths: Sequence[Sequence[int]]  # one list of link ids per subflow
     arrival: float = 0.0
     tag: int = 0  # caller's label (e.g. which collective)
+    latency: float = 0.0  # seconds added to the transfer's finish (per-step latency of a collective)
 
 
 @dataclass
@@ -73,6 +78,7 @@ class FlowResult:
     link_last_busy: np.ndarray  # per link, last time it carried traffic (-inf: never)
     link_bytes: np.ndarray  # per link, bytes carried
     events: int = 0
+    link_first_busy: np.ndarray | None = None  # per link, first time it carried traffic (inf: never)
     tags: dict = field(default_factory=dict)  # tag -> last finish of that tag
 
 
@@ -85,9 +91,10 @@ def simulate(capacity: np.ndarray, transfers: Sequence[Transfer], max_events: in
     n = len(transfers)
     finish = np.full(n, np.nan)
     last_busy = np.full(n_links, -np.inf)
+    first_busy = np.full(n_links, np.inf)
     link_bytes = np.zeros(n_links)
     if n == 0:
-        return FlowResult(finish, 0.0, last_busy, link_bytes)
+        return FlowResult(finish, 0.0, last_busy, link_bytes, link_first_busy=first_busy)
     sizes = np.array([t.size for t in transfers], dtype=float)
     if (sizes < 0).any() or not np.isfinite(sizes).all():
         raise ValueError("transfer sizes must be finite and >= 0")
@@ -149,13 +156,24 @@ def simulate(capacity: np.ndarray, transfers: Sequence[Transfer], max_events: in
             lb = np.bincount(inc_link[inc_busy], weights=np.minimum(sf_rate[inc_sf[inc_busy]], 1e300) * dt,
                              minlength=n_links)
             link_bytes += lb
-            last_busy[np.unique(inc_link[inc_busy])] = now + dt
+            busy_links = np.unique(inc_link[inc_busy])
+            last_busy[busy_links] = now + dt
+            first_busy[busy_links] = np.minimum(first_busy[busy_links], now)
         now += dt
         fin = live & ((remaining <= REL_TOL * np.maximum(sizes, 1.0)) | (ttf <= dt * (1 + 1e-6) + 1e-15))
         remaining[fin] = 0.0
         finish[fin] = now
         done |= fin
+    # latency: a transfer's links stay in use until it finishes, latency included (not idle time)
+    lat = np.array([t.latency for t in transfers], dtype=float)
+    if (lat < 0).any() or not np.isfinite(lat).all():
+        raise ValueError("transfer latencies must be finite and >= 0")
+    if lat.any():
+        finish += lat
+        if len(inc_link):
+            used = last_busy[inc_link] > -np.inf
+            np.maximum.at(last_busy, inc_link[used], finish[sf_tr[inc_sf[used]]])
     tags: dict = {}
     for i, t in enumerate(transfers):
         tags[t.tag] = max(tags.get(t.tag, 0.0), float(finish[i]))
-    return FlowResult(finish, float(np.nanmax(finish)), last_busy, link_bytes, events, tags)
+    return FlowResult(finish, float(np.nanmax(finish)), last_busy, link_bytes, events, link_first_busy=first_busy, tags=tags)
