@@ -13,6 +13,12 @@ Concurrency: os-ken 4.x runs its hub on *native threads* (``OSKEN_HUB_TYPE`` def
 reconfigurations, ``hub.Event`` is a ``threading.Event``, the REST server handles each request in its own
 thread. (Eventlet primitives shared across native threads lose wake-ups: a REST request waiting on an
 eventlet semaphore released by an os-ken thread hung forever.)
+
+Messages to a switch are sent from REST threads, sync threads and os-ken's own thread at once. os-ken's
+``Datapath.set_xid`` is a plain ``xid += 1``, so every send goes through :meth:`OrlControllerApp.send`,
+which assigns the xid and queues the message under a per-switch lock: two requests never share an xid
+(a shared one would hand one request's replies to the other's waiter). os-ken's own echo requests take
+xids without that lock, but echo replies never reach a waiter here.
 """
 from __future__ import annotations
 
@@ -29,11 +35,10 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 with warnings.catch_warnings():  # eventlet 0.41 (imported by os-ken) warns that it is deprecated
     warnings.simplefilter("ignore")
     from os_ken.base import app_manager
-from os_ken.base import app_manager
-from os_ken.controller import ofp_event
-from os_ken.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
-from os_ken.lib import hub
-from os_ken.ofproto import ofproto_v1_3
+    from os_ken.controller import ofp_event
+    from os_ken.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
+    from os_ken.lib import hub
+    from os_ken.ofproto import ofproto_v1_3
 
 from .ocs import COOKIE_MASK, OCS_COOKIE, OCS_PRIORITY, TOR_COOKIE, FlowSpec
 from .reconfig import PreciseClock
@@ -67,10 +72,13 @@ class OrlControllerApp(app_manager.OSKenApp):
         self.tor_groups: dict[int, dict[int, tuple]] = {}  # tor -> {group_id: bucket ports} as read back
         self.tor_flows: dict[int, dict[tuple, Any]] = {}  # tor -> {(priority, match items): stats}
         self.fresh_tors: set[int] = set()  # ToRs read back since their last full sync
+        self._send_locks: dict[int, threading.Lock] = {}  # dpid -> lock over xid assignment + send
+        self._send_locks_guard = threading.Lock()
         self.driver = OsKenDriver(self)
         self.core = FabricController(cfg.spec, cfg.layout, self.driver, PreciseClock(time.sleep),
                                      threading.Lock(), initial_phase=cfg.initial_phase,
-                                     delay_ms=cfg.delay_ms, state_path=cfg.state_file)
+                                     delay_ms=cfg.delay_ms, state_path=cfg.state_file,
+                                     on_stale=self._resync_later)
 
     # ---- connection life cycle -----------------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
@@ -97,6 +105,21 @@ class OrlControllerApp(app_manager.OSKenApp):
                 del self.dps[dp.id]
                 self.core.switch_disconnected(dp.id)
 
+    def _resync_later(self, dpids: Sequence[int]) -> None:
+        """Called by the core (holding its lock) after a failed reconfiguration: read ``dpids`` back."""
+        hub.spawn(self._resync, list(dpids))
+
+    def _resync(self, dpids: list[int]) -> None:
+        """Read stale switches back, OCSes first (their reconcile fixes the circuits the routes run on)."""
+        order = sorted(dpids, key=lambda d: (self.spec.classify_dpid(d) or ("", 0))[0] != "ocs")
+        for d in order:
+            dp = self.dps.get(d)
+            if dp is None:
+                log.info("stale switch %#x disconnected: it is read back when it reconnects", d)
+                continue
+            log.info("reading back stale switch %#x", d)
+            self._sync_switch(dp)
+
     def _sync_switch(self, dp) -> None:
         """Read a newly connected switch's flows (and groups), then hand them to the core."""
         try:
@@ -121,14 +144,37 @@ class OrlControllerApp(app_manager.OSKenApp):
         except Exception:  # noqa: BLE001 - a green thread must log, not die silently
             log.exception("sync of switch %#x failed", dp.id)
 
+    # ---- sending ---------------------------------------------------------------------------------------
+    def _send_lock(self, dpid: int) -> threading.Lock:
+        lock = self._send_locks.get(dpid)
+        if lock is None:
+            with self._send_locks_guard:
+                lock = self._send_locks.setdefault(dpid, threading.Lock())
+        return lock
+
+    def send(self, dp, msg, waiter: tuple | None = None) -> int:
+        """Assign ``msg`` a fresh xid and queue it, under the switch's send lock; returns the xid.
+
+        ``waiter``: ``(event, replies)`` registered for the xid before the message leaves, so no reply can
+        arrive unclaimed.
+        """
+        with self._send_lock(dp.id):
+            xid = dp.set_xid(msg)
+            if waiter is not None:
+                self._waiters[(dp.id, xid)] = waiter
+            try:
+                dp.send_msg(msg)
+            except BaseException:
+                self._waiters.pop((dp.id, xid), None)
+                raise
+        return xid
+
     # ---- requests with replies --------------------------------------------------------------------
     def _request(self, dp, msg, timeout: float) -> list:
         ev = hub.Event()
         replies: list = []
-        xid = dp.set_xid(msg)
-        self._waiters[(dp.id, xid)] = (ev, replies)
+        xid = self.send(dp, msg, (ev, replies))
         try:
-            dp.send_msg(msg)
             if not ev.wait(timeout=timeout):
                 raise SwitchTimeout(f"switch {dp.id:#x} did not answer {type(msg).__name__} within {timeout} s")
             return replies
@@ -177,7 +223,7 @@ class OrlControllerApp(app_manager.OSKenApp):
 
     def _delete_stats_flow(self, dp, st) -> None:
         ofp, parser = dp.ofproto, dp.ofproto_parser
-        dp.send_msg(parser.OFPFlowMod(dp, cookie=st.cookie, cookie_mask=ALL_BITS, table_id=st.table_id,
+        self.send(dp, parser.OFPFlowMod(dp, cookie=st.cookie, cookie_mask=ALL_BITS, table_id=st.table_id,
                                       command=ofp.OFPFC_DELETE_STRICT, priority=st.priority,
                                       out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=st.match))
 
@@ -190,11 +236,9 @@ class OrlControllerApp(app_manager.OSKenApp):
                 if dp is None:
                     raise SwitchTimeout(f"switch {d:#x} is not connected")
                 req = dp.ofproto_parser.OFPBarrierRequest(dp)
-                xid = dp.set_xid(req)
                 ev = hub.Event()
-                self._waiters[(d, xid)] = (ev, [])
+                xid = self.send(dp, req, (ev, []))
                 waits.append((d, xid, ev))
-                dp.send_msg(req)
         except BaseException:
             for d, xid, _ in waits:
                 self._waiters.pop((d, xid), None)
@@ -290,9 +334,9 @@ class OsKenDriver:
     def send_ocs_flows(self, ocs: int, deletes: Sequence[FlowSpec], adds: Sequence[FlowSpec]) -> None:
         dp = self._dp(self.app.spec.ocs_dpid(ocs))
         for fs in deletes:
-            dp.send_msg(flow_delete(dp, fs))
+            self.app.send(dp, flow_delete(dp, fs))
         for fs in adds:
-            dp.send_msg(flow_add(dp, fs))
+            self.app.send(dp, flow_add(dp, fs))
 
     def send_barrier(self, ocses: Sequence[int]) -> AppBarrier:
         return self.app.send_barrier([self.app.spec.ocs_dpid(o) for o in ocses])
@@ -354,15 +398,15 @@ def send_route_changes(app: OrlControllerApp, changes: Any, full: bool) -> list[
         if not (add_groups or mod_groups or add_flows or del_flows or del_groups) and not full:
             continue
         for g in add_groups:
-            dp.send_msg(group_mod(dp, g.group_id, g.ports, "add"))
+            app.send(dp, group_mod(dp, g.group_id, g.ports, "add"))
         for g in mod_groups:
-            dp.send_msg(group_mod(dp, g.group_id, g.ports, "modify"))
+            app.send(dp, group_mod(dp, g.group_id, g.ports, "modify"))
         for f in add_flows:
-            dp.send_msg(flow_add(dp, f))
+            app.send(dp, flow_add(dp, f))
         for f in del_flows:
-            dp.send_msg(flow_delete(dp, f))
+            app.send(dp, flow_delete(dp, f))
         for gid in del_groups:
-            dp.send_msg(group_mod(dp, gid, (), "delete"))
+            app.send(dp, group_mod(dp, gid, (), "delete"))
         touched.append(dpid)
     return touched
 
@@ -373,6 +417,8 @@ def run_controller(cfg: ControllerConfig) -> int:
     global _CONFIG
     from os_ken import cfg as oscfg
 
+    if cfg.token is None and cfg.token_file is not None:  # check_config's result without with_token
+        raise ValueError("ControllerConfig has a token_file but no token: build it with config_from_args")
     oscfg.CONF(args=["--ofp-tcp-listen-port", str(cfg.of_port), "--ofp-listen-host", cfg.of_host],
                project="os_ken")
     try:

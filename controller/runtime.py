@@ -18,7 +18,7 @@ import secrets
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -92,13 +92,20 @@ class FabricController:
     """Intended state + serialised reconfiguration. Thread-safety comes from the injected ``lock``.
 
     The os-ken app calls :meth:`switch_connected` / :meth:`switch_disconnected` and, after reading a
-    switch's flows, :meth:`switch_synced`; it runs those that may reconfigure in their own green thread
+    switch's flows, :meth:`switch_synced`; it runs those that may reconfigure in their own thread
     (a reconfiguration waits for barrier replies that the app's event loop delivers).
+
+    When a reconfiguration fails with the switches still connected, what they hold is unknown (some
+    flow-mods may have applied, ToRs may keep transition routes). The OCSes it touched and every ToR are
+    then *stale*: no longer synced (so the fabric is not ready), the routes are forgotten (the next route
+    push is a full one) and ``on_stale(dpids)`` asks the app to read those switches back; each read-back
+    (:meth:`switch_synced`) reconciles the switch to the intended state.
     """
 
     def __init__(self, spec: FabricSpec, layout: JobLayout, driver: Driver, clock: Clock, lock: Any,
                  initial_phase: str = "train", delay_ms: float | None = None, state_path: str | Path | None = None,
-                 wall: Callable[[], float] = time.time):
+                 wall: Callable[[], float] = time.time,
+                 on_stale: Callable[[list[int]], None] | None = None):
         layout.check(spec)
         self.spec = spec
         self.layout = layout
@@ -113,6 +120,8 @@ class FabricController:
                                [spec.ocs_dpid(o) for o in range(spec.ocs_count)])
         self.connected: set[int] = set()
         self.synced: set[int] = set()
+        self.stale: set[int] = set()  # dpids to read back after a failed reconfiguration
+        self._on_stale = on_stale
         self.ocs_readback: dict[int, Any] = {}  # ocs -> FlowReadback from the switch
         self.matchings: dict[int, Matching] | None = None  # what the OCSes hold (after init)
         self.routes: Any = None
@@ -121,16 +130,30 @@ class FabricController:
         self.busy = False
         self._history: list[dict] = []
         self._next_id = 1
+        # history ids: REST rejections record without the reconfiguration lock (they never wait behind a
+        # running reconfiguration), so the history has its own small lock
+        self._history_lock = threading.Lock()
         self._stored = load_state(self.state_path, spec) if self.state_path else None
 
     # ---- read side (REST GETs) ---------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return self.initialised and set(self.expected) <= self.connected
+        """Initialised and every switch read back since it (re)connected or went stale."""
+        return self.initialised and set(self.expected) <= self.synced
+
+    def _not_ready_reason(self) -> str:
+        missing = sorted(set(self.expected) - self.connected)
+        if missing:
+            return f"fabric not ready (missing dpids {missing})"
+        if not self.initialised:
+            return "fabric not ready (initial circuits not installed yet)"
+        unsynced = sorted(set(self.expected) - self.synced)
+        return f"fabric not ready (switches not read back yet: dpids {unsynced})"
 
     def state(self) -> dict:
         missing = sorted(set(self.expected) - self.connected)
         return {"connected": sorted(self.connected), "expected": self.expected, "missing": missing,
+                "unsynced": sorted(set(self.expected) - self.synced), "stale": sorted(self.stale),
                 "ready": self.ready, "initialised": self.initialised, "phase": self.phase, "busy": self.busy,
                 "default_delay_ms": self.default_delay_ms}
 
@@ -153,7 +176,8 @@ class FabricController:
         }
 
     def history(self) -> list[dict]:
-        return list(self._history)
+        with self._history_lock:
+            return list(self._history)
 
     # ---- write side (REST POSTs) -------------------------------------------------------------------
     def record_rejected(self, kind: str, error: str) -> dict:
@@ -184,10 +208,7 @@ class FabricController:
         received_at = self._wall()
         with self._lock:
             if not self.ready:
-                missing = sorted(set(self.expected) - self.connected)
-                rec = {"kind": kind, "source": req.source, "status": "rejected",
-                       "error": f"fabric not ready (missing dpids {missing})" if missing else
-                       "fabric not ready (initial circuits not installed yet)"}
+                rec = {"kind": kind, "source": req.source, "status": "rejected", "error": self._not_ready_reason()}
                 self._record(rec)
                 raise NotReady(rec["error"])
             return self._run(req, kind, received, received_at)
@@ -203,13 +224,15 @@ class FabricController:
     def switch_disconnected(self, dpid: int) -> None:
         self.connected.discard(dpid)
         self.synced.discard(dpid)
+        self.stale.discard(dpid)  # its reconnect reads it back anyway
         log.warning("switch %#x disconnected", dpid)
 
     def switch_synced(self, dpid: int, ocs_flows: Sequence[tuple[int, int]] | None = None) -> None:
         """The app read the flows of switch ``dpid`` (OCS: ``(in_port, out_port)`` pairs of its circuits).
 
         Before initialisation, waits for every switch, then installs the intended state. Afterwards (a
-        switch reconnected), reconciles that switch only. Blocks while it reconfigures.
+        switch reconnected, or was read back because it went stale), reconciles that switch only. Blocks
+        while it reconfigures; raises ReconfigFailed when that fails (the switch is stale again).
         """
         kind = self.spec.classify_dpid(dpid)
         if kind is None:
@@ -218,6 +241,7 @@ class FabricController:
             if dpid not in self.connected:
                 return  # gone again
             self.synced.add(dpid)
+            self.stale.discard(dpid)
             if kind[0] == "ocs":
                 self.ocs_readback[kind[1]] = split_flows(self.spec.ports_per_ocs, ocs_flows or ())
             if not self.initialised:
@@ -226,14 +250,39 @@ class FabricController:
                 return
             if kind[0] == "ocs":
                 self._reconcile_ocs(kind[1])
-            else:
+                return
+            try:
                 self.driver.apply_route_changes(self._full_routes(), full=True)
+            except Exception as e:  # the ToR did not confirm: read it back again
+                log.exception("full route sync of ToR %d failed", kind[1])
+                self._mark_stale([dpid])
+                raise ReconfigFailed(f"route sync of ToR {kind[1]}: {type(e).__name__}: {e}") from e
 
     # ---- internals ----------------------------------------------------------------------------------
     def _full_routes(self) -> Any:
-        from . import routing
+        """The complete route state; computed on the intended circuits when the routes are unknown."""
+        from . import phases, routing
 
+        if self.routes is None:
+            assert self.matchings is not None  # only called once initialised
+            self.routes = routing.compute_routes(self.spec, phases.circuit_graph(self.spec, self.matchings))
         return routing.route_flow_changes(self.spec, None, self.routes)
+
+    def _mark_stale(self, dpids: Sequence[int]) -> None:
+        """What ``dpids`` hold is unknown: not synced until read back; routes unknown (next push is full)."""
+        dpids = sorted(set(dpids))
+        self.routes = None
+        for d in dpids:
+            self.synced.discard(d)
+            if d in self.connected:  # a disconnected one is read back when it reconnects
+                self.stale.add(d)
+        todo = [d for d in dpids if d in self.stale]
+        log.warning("switches %s are stale: reading them back", [hex(d) for d in todo])
+        if todo and self._on_stale is not None:
+            try:
+                self._on_stale(todo)
+            except Exception:  # noqa: BLE001 - the failure being reported must not be masked
+                log.exception("could not schedule the read-back of %s", todo)
 
     def _initialise(self) -> None:
         from . import phases
@@ -300,8 +349,13 @@ class FabricController:
             ex = execute_plan(plan, delay if not plan.is_noop else 0.0, self.driver, self.clock, received)
         except Exception as e:  # a switch did not confirm: the intended state is persisted; reconcile later
             log.exception("reconfiguration failed")
+            # believed state = the intended one (also in the state file); the switches it touched (the
+            # OCSes changed, every ToR: transition/final routes) are read back and reconciled to it
             self.matchings = dict(plan.target)
-            rec.update(status="failed", error=f"{type(e).__name__}: {e}")
+            self.phase = new_phase
+            self._mark_stale([self.spec.ocs_dpid(o) for o in plan.touched_ocses] +
+                             [self.spec.tor_dpid(t) for t in range(self.spec.n_tors)])
+            rec.update(status="failed", error=f"{type(e).__name__}: {e}", stale=sorted(self.stale))
             self._record(rec)
             raise ReconfigFailed(rec["error"]) from e
         finally:
@@ -318,11 +372,12 @@ class FabricController:
         return self._record(rec)
 
     def _record(self, rec: dict) -> dict:
-        rec = {"id": self._next_id, **rec}
-        self._next_id += 1
-        self._history.append(rec)
-        if len(self._history) > HISTORY_LIMIT:
-            del self._history[: len(self._history) - HISTORY_LIMIT]
+        with self._history_lock:
+            rec = {"id": self._next_id, **rec}
+            self._next_id += 1
+            self._history.append(rec)
+            if len(self._history) > HISTORY_LIMIT:
+                del self._history[: len(self._history) - HISTORY_LIMIT]
         return rec
 
 
@@ -343,8 +398,8 @@ class ControllerConfig:
     rest_port: int
     rest_host: str = "127.0.0.1"
     of_host: str = "127.0.0.1"
-    token: str | None = None  # None: no auth (--no-auth)
-    token_file: str | None = None
+    token: str | None = None  # None: no auth (--no-auth), or not read yet (check_config)
+    token_file: str | None = None  # None: no auth
     state_file: str | None = None
     initial_phase: str = "train"
     delay_ms: float | None = None
@@ -359,17 +414,32 @@ class ControllerConfig:
 
 
 def read_or_create_token(path: str) -> str:
-    """The token in ``path``; when the file does not exist, a new random token written there (mode 0600)."""
+    """The token in ``path``; when the file does not exist, a new random token written there (mode 0600).
+
+    Raises SpecError("token_file", ...) when the file cannot be read or created (a directory, a missing
+    parent folder, no permission, not text) or holds too short a token.
+    """
     p = Path(path)
-    if p.exists():
-        tok = p.read_text().strip()
-        require(len(tok) >= 16, "token_file", f"{path}: token must be at least 16 characters")
+    try:
+        if p.exists() or p.is_symlink():
+            tok = p.read_text().strip()
+            require(len(tok) >= 16, "token_file", f"{path}: token must be at least 16 characters")
+            return tok
+        tok = secrets.token_urlsafe(32)
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(tok + "\n")
         return tok
-    tok = secrets.token_urlsafe(32)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(tok + "\n")
-    return tok
+    except IsADirectoryError:
+        raise SpecError("token_file", f"{path}: is a directory, not a token file") from None
+    except FileNotFoundError:
+        raise SpecError("token_file", f"{path}: cannot create it (folder {str(p.parent)!r} does not exist)") from None
+    except PermissionError as e:
+        raise SpecError("token_file", f"{path}: permission denied ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise SpecError("token_file", f"{path}: not a text token file") from None
+    except OSError as e:
+        raise SpecError("token_file", f"{path}: {e.strerror or e}") from None
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -392,7 +462,25 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ControllerConfig:
-    """Validated config from parsed arguments (SpecError names the field)."""
+    """Validated config from parsed arguments, with its token (SpecError names the field).
+
+    Everything is checked before any file is created: a bad port leaves no token file behind.
+    """
+    return with_token(check_config(args))
+
+
+def with_token(cfg: ControllerConfig) -> ControllerConfig:
+    """``cfg`` with the token read from (or created in) its token file; unchanged without auth."""
+    if cfg.token_file is None:
+        return cfg
+    return replace(cfg, token=read_or_create_token(cfg.token_file))
+
+
+def check_config(args: argparse.Namespace) -> ControllerConfig:
+    """The validated config from parsed arguments, without its token yet (see :func:`with_token`).
+
+    Reads the scenario and state file but creates nothing. SpecError names the field.
+    """
     initial_phase = args.initial_phase
     delay_ms = args.delay_ms
     if args.scenario:
@@ -423,13 +511,13 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
             f"unknown phase {initial_phase!r} (known: {', '.join(phases.PHASES)})")
     if args.state_file:
         load_state(Path(args.state_file), spec)  # a broken state file stops the start (exit 2), not later
-    token = None
+    token_file = None
     if not args.no_auth:
         require(bool(args.token_file), "token_file", "give --token-file FILE (or --no-auth explicitly)")
-        token = read_or_create_token(args.token_file)
+        token_file = str(args.token_file)
     return ControllerConfig(spec=spec, layout=layout, of_port=args.of_port, rest_port=args.rest_port,
-                            rest_host=args.rest_host, of_host=args.of_host, token=token,
-                            token_file=args.token_file, state_file=args.state_file,
+                            rest_host=args.rest_host, of_host=args.of_host, token=None,
+                            token_file=token_file, state_file=args.state_file,
                             initial_phase=initial_phase, delay_ms=delay_ms)
 
 

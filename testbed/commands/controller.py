@@ -7,9 +7,17 @@ from pathlib import Path
 
 
 def _home() -> Path:
-    d = Path(os.environ.get("ORCHESTRRL_HOME", Path.home() / ".orchestrrl"))
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return d
+    """The testbed's home folder (not created here: see :func:`_make_home`)."""
+    return Path(os.environ.get("ORCHESTRRL_HOME", Path.home() / ".orchestrrl"))
+
+
+def _make_home(home: Path) -> None:
+    try:
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        from emulation.validation import SpecError
+
+        raise SpecError("ORCHESTRRL_HOME", f"cannot create {str(home)!r}: {e.strerror or e}") from None
 
 
 def register(subparsers) -> None:
@@ -32,19 +40,23 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.runtime import config_from_args
+    from controller.runtime import check_config, with_token
     from testbed.cli import UsageError
 
     if not Path(args.scenario).is_file():
         raise UsageError(f"scenario: no such file {args.scenario!r}")
-    home = None if (args.token_file and args.state_file) else _home()
+    needs_home = not args.state_file or not (args.no_auth or args.token_file)
+    home = _home() if needs_home else None
     token_file = None if args.no_auth else (args.token_file or str(home / "controller.token"))
     state_file = args.state_file or str(home / f"state-{Path(args.scenario).stem}.json")
     ns = argparse.Namespace(scenario=args.scenario, spec_json=None, of_port=args.of_port, of_host="127.0.0.1",
                             rest_port=args.rest_port, rest_host=args.rest_host, token_file=token_file,
                             no_auth=args.no_auth, state_file=state_file, initial_phase=args.initial_phase,
                             delay_ms=args.delay_ms)
-    cfg = config_from_args(ns)  # SpecError -> exit 2 naming the field
+    cfg = check_config(ns)  # SpecError -> exit 2 naming the field; creates nothing
+    if home is not None:  # only now that the input is valid: a bad option leaves no file behind
+        _make_home(home)
+    cfg = with_token(cfg)  # may create the token file (SpecError "token_file" when it cannot)
     print(f"OpenFlow: tcp:127.0.0.1:{cfg.of_port}")
     print(f"REST API: http://{cfg.rest_host}:{cfg.rest_port}/api/v1/")
     print("auth:     none (--no-auth)" if cfg.token is None else f"token:    {token_file}")
