@@ -36,14 +36,25 @@ from emulation.validation import SpecError
 FABRICS = ("fat-tree", "fat-tree-2to1", "fat-tree-4to1", "rail", "topoopt", "mixnet", "rfabric")
 OVERSUB = {"fat-tree": 1.0, "fat-tree-2to1": 2.0, "fat-tree-4to1": 4.0}
 GBPS = 1e9 / 8  # bytes/s per Gb/s
+FAT_TREE_TIERS = ("3", "2", "auto")
+
+
+class Unreachable(SpecError):
+    """A demand has no path on a network (e.g. a phase topology that does not carry another phase)."""
 
 
 @dataclass(frozen=True)
 class FabricOptions:
     max_two_hop: int = 8  # two-hop paths per ToR pair on direct-connect fabrics
     mixnet_ocs_fraction: float = 0.5  # MixNet: share of ToR uplinks on the regional OCS
+    # Tiers of the packet (Fat-Tree) fabric for the cost model: "3" (default, REFERENCE.md's MixNet-calculator
+    # counting: ToR, pod aggregation, core when there are several pods of several ToRs), "2" (ToR + spine),
+    # "auto" (fewest tiers that cover the NICs with switches of prices.yaml's switch_radix ports).
+    fat_tree_tiers: str = "3"
 
     def __post_init__(self) -> None:
+        if self.fat_tree_tiers not in FAT_TREE_TIERS:
+            raise SpecError("fat_tree_tiers", f"must be one of {', '.join(FAT_TREE_TIERS)}, got {self.fat_tree_tiers!r}")
         if not (isinstance(self.max_two_hop, int) and self.max_two_hop >= 0):
             raise SpecError("max_two_hop", f"must be an integer >= 0, got {self.max_two_hop!r}")
         if not 0 < self.mixnet_ocs_fraction < 1:
@@ -83,7 +94,7 @@ class Network:
         ta, tb = src // self.spec.servers_per_tor, dst // self.spec.servers_per_tor
         mid = [] if ta == tb else self._tor_paths(ta, tb)
         if ta != tb and not mid:
-            raise SpecError("fabric", f"{self.name}: no path from ToR {ta} to ToR {tb}")
+            raise Unreachable("fabric", f"{self.name}: no path from ToR {ta} to ToR {tb}")
         ends = (self.server_up(src), self.server_down(dst))
         if ta == tb:
             return [[ends[0], ends[1]]]
@@ -92,7 +103,7 @@ class Network:
     def reachable(self, src: int, dst: int) -> bool:
         try:
             self.paths(src, dst)
-        except SpecError:
+        except Unreachable:
             return False
         return True
 

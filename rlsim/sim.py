@@ -42,7 +42,7 @@ from emulation.validation import SpecError, require
 
 from . import traffic
 from .cost import fabric_cost
-from .fabrics import FABRICS, CircuitNetwork, FabricOptions, Network, build_network, mixnet_split, rfabric_counts
+from .fabrics import FABRICS, CircuitNetwork, FabricOptions, Network, Unreachable, build_network, mixnet_split, rfabric_counts
 from .flowsim import Transfer, simulate
 
 log = logging.getLogger(__name__)
@@ -145,11 +145,26 @@ def generation_compute(cm: CostModel, lengths: np.ndarray, n_replicas: int, prom
 
 
 # ---- network helpers -----------------------------------------------------------------------------
-def run_demands(net: Network, demands, arrivals=None):
+def run_demands(net: Network, demands, arrivals=None, latency=0.0):
+    """Flow-simulate ``demands`` ``(src, dst, bytes)`` on ``net``. ``latency`` (seconds; a scalar or one per
+    demand) is the collective's per-step latency: it lengthens each transfer, so its links stay in use."""
     transfers = []
     for i, (s, d, b) in enumerate(demands):
-        transfers.append(Transfer(float(b), net.paths(s, d), 0.0 if arrivals is None else float(arrivals[i])))
+        lat = latency[i] if isinstance(latency, (list, tuple, np.ndarray)) else latency
+        transfers.append(Transfer(float(b), net.paths(s, d), 0.0 if arrivals is None else float(arrivals[i]),
+                                  latency=float(lat)))
     return simulate(net.capacity, transfers)
+
+
+def merge_with_latency(groups) -> tuple[list, list]:
+    """Merge ``[(demands, latency_s), ...]``: bytes of the same (src, dst) add up, the latency is the largest."""
+    acc: dict[tuple[int, int], list[float]] = {}
+    for dem, lat in groups:
+        for s, d, b in traffic.merge(dem):
+            e = acc.setdefault((s, d), [0.0, 0.0])
+            e[0] += b
+            e[1] = max(e[1], lat)
+    return [(s, d, v[0]) for (s, d), v in acc.items()], [v[1] for v in acc.values()]
 
 
 @dataclass
@@ -204,6 +219,32 @@ def _train_layout(w, spec: FabricSpec, train_servers: list[int]):
     return dp, server_of
 
 
+def dp_allreduce_groups(w, cm: CostModel, net: Network, dp: int, server_of, lat: float) -> tuple[list, dict]:
+    """DP gradient all-reduce as ring demand groups ``[(demands, latency_s)]`` and a summary.
+
+    Dense parameters (everything but the routed experts) are reduced over all ``dp`` replicas. With expert
+    parallelism ``ep`` a replica holds ``1/ep`` of the experts (EP group ``g`` = replicas ``g*ep .. g*ep+ep-1``,
+    member ``i`` holds shard ``i``), so expert gradients are reduced over the ``dp/ep`` replicas holding the
+    same shard, at ``1/ep`` of the expert bytes. One ring per pipeline stage (``1/pp`` of the bytes each)."""
+    pp, ep = w.train_pp, w.train_ep
+    dense, expert = cm.dense_gradient_bytes(), cm.expert_gradient_bytes()
+    if ep == 1:
+        dense, expert = dense + expert, 0.0
+    groups, n_dense, n_exp = [], 0, 0
+    for j in range(pp):
+        members = ring_order(net, list(dict.fromkeys(server_of(r, j) for r in range(dp))))
+        n_dense = max(n_dense, len(members))
+        groups.append((traffic.ring_allreduce(members, dense / pp), lat * 2 * (len(members) - 1)))
+        if expert > 0:
+            for i in range(ep):
+                m = ring_order(net, list(dict.fromkeys(server_of(g * ep + i, j) for g in range(dp // ep))))
+                n_exp = max(n_exp, len(m))
+                groups.append((traffic.ring_allreduce(m, expert / ep / pp), lat * 2 * (len(m) - 1)))
+    info = {"dp_dense_bytes": dense, "dp_expert_bytes_per_shard": expert / ep if expert else 0.0,
+            "dp_ring_members": n_dense, "dp_expert_ring_members": n_exp}
+    return groups, info
+
+
 def train_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers: list[int],
                 lengths: np.ndarray, settings: SimSettings) -> PhaseRun:
     dp, server_of = _train_layout(w, spec, train_servers)
@@ -228,8 +269,8 @@ def train_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers:
                 dem += traffic.all_to_all(members, per_replica * ep / len(members))
         dem = traffic.merge(dem)
         if dem:
-            res = run_demands(net, dem)
-            stages["ep_alltoall_s"] = res.makespan + lat * ep * micro
+            res = run_demands(net, dem, latency=lat * ep * micro)
+            stages["ep_alltoall_s"] = res.makespan
             busy["ep"] = (net, res, t)
             t += stages["ep_alltoall_s"]
     # pipeline point-to-point activations (forward) and their gradients (backward)
@@ -242,37 +283,36 @@ def train_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers:
                 dem += [(a, b, act), (b, a, act)]
         dem = traffic.merge(dem)
         if dem:
-            res = run_demands(net, dem)
-            stages["pp_p2p_s"] = res.makespan + lat * 2 * micro * (pp - 1)
+            res = run_demands(net, dem, latency=lat * 2 * micro * (pp - 1))
+            stages["pp_p2p_s"] = res.makespan
             busy["pp"] = (net, res, t)
             t += stages["pp_p2p_s"]
-    # data-parallel gradient all-reduce: one ring per stage over the servers holding that stage
-    dem = []
-    n_ring = 0
-    for j in range(pp):
-        members = ring_order(net, list(dict.fromkeys(server_of(r, j) for r in range(dp))))
-        n_ring = max(n_ring, len(members))
-        dem += traffic.ring_allreduce(members, cm.gradient_bytes() / pp)
-    dem = traffic.merge(dem)
+    # data-parallel gradient all-reduce (dense over all replicas, experts over the replicas of a shard)
+    groups, info = dp_allreduce_groups(w, cm, net, dp, server_of, lat)
+    dem, lats = merge_with_latency(groups)
     if dem:
-        res = run_demands(net, dem)
-        stages["dp_allreduce_s"] = res.makespan + lat * 2 * (n_ring - 1)
+        res = run_demands(net, dem, latency=lats)
+        stages["dp_allreduce_s"] = res.makespan
         busy["dp"] = (net, res, t)
         t += stages["dp_allreduce_s"]
-    detail = {"compute_s": compute, "dp": dp, "tp": tp, "pp": pp, "ep": ep, "tokens": tokens, **stages}
+    detail = {"compute_s": compute, "dp": dp, "tp": tp, "pp": pp, "ep": ep, "tokens": tokens, **stages, **info}
     return PhaseRun(t, detail, busy)
 
 
 def _sync_sources(net: Network, head: int, groups: list[list[int]], tor_keys: list[int], d: int,
                   k_stripes: int) -> list[tuple[int, float]]:
     """(replica, share of the weights) a chain head pulls. On a direct-connect fabric whose topology links
-    the head's ToR to trainer ToRs, those ToRs in proportion to their circuits (the broadcast tree);
+    the head's ToR to trainer ToRs, those ToRs in proportion to their circuits (the broadcast tree). When
+    RFabric kept another phase's topology for sync (not a broadcast tree), one replica per head, round robin
+    over the trainer ToRs (multipath over the mesh carries it; it also keeps the flow count down);
     otherwise ``k_stripes`` trainer ToRs round robin, equal shares. One replica per ToR, round robin."""
     def pick(g: int) -> int:
         grp = groups[g]
         return grp[(d // len(groups)) % len(grp)]
 
     if isinstance(net, CircuitNetwork):
+        if getattr(net, "phase", "sync") != "sync":
+            return [(pick(d % len(groups)), 1.0)]
         tor = head // net.spec.servers_per_tor
         w = np.array([net.counts[t, tor] for t in tor_keys], dtype=float)
         if w.sum() > 0:
@@ -305,71 +345,160 @@ def sync_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers: 
         dem += traffic.broadcast_tree(members[0], members[1:], W, settings.sync_fanout)
         depth = max(depth, len(members))
     dem = traffic.merge(dem)
-    res = run_demands(net, dem) if dem else None
-    dur = (res.makespan if res else 0.0) + settings.latency_us * 1e-6 * depth
+    res = run_demands(net, dem, latency=settings.latency_us * 1e-6 * depth) if dem else None
+    dur = res.makespan if res else 0.0
     return PhaseRun(dur, {"weight_bytes": W, "chains": chains, "stripes": k_stripes, "fanout": settings.sync_fanout},
                     {"sync": (net, res, 0.0)} if res else {})
 
 
-def gen_phase(w, cm: CostModel, spec: FabricSpec, net: Network, gen_servers: list[int],
-              train_servers: list[int], lengths: np.ndarray, rng: np.random.Generator,
-              settings: SimSettings) -> PhaseRun:
+@dataclass
+class GenCompute:
+    fin: np.ndarray  # per replica: when it finishes decoding (s)
+    toks: np.ndarray  # per replica: tokens it generated
+    per_server: int  # replicas per server
+
+
+def gen_compute(w, cm: CostModel, spec: FabricSpec, gen_servers: list[int], lengths: np.ndarray,
+                rng: np.random.Generator, settings: SimSettings) -> GenCompute:
+    """The network-independent part of generation (prefill + decode of every replica)."""
     tp = w.rollout_tp
     gps = spec.gpus_per_server
     require(tp <= gps, "workload.rollout_tp", f"must be <= gpus_per_server ({gps}), got {tp}")
     per_server = gps // tp
     n_rep = len(gen_servers) * per_server
     fin, toks = generation_compute(cm, lengths, n_rep, w.prompt_tokens, tp, settings.max_num_seqs, rng)
-    # each replica streams its responses to a trainer server when it finishes (token streams)
+    return GenCompute(fin, toks, per_server)
+
+
+def gen_phase(w, gc: GenCompute, net: Network, gen_servers: list[int], train_servers: list[int],
+              lengths: np.ndarray, settings: SimSettings) -> PhaseRun:
+    """Generation on ``net``: each replica streams its responses to a trainer server when it finishes."""
     dem, arr = [], []
-    for r in range(n_rep):
-        if toks[r] > 0:
-            dem.append((gen_servers[r // per_server], train_servers[r % len(train_servers)], toks[r] * TOKEN_STREAM_BYTES))
-            arr.append(fin[r])
-    res = run_demands(net, dem, arr)
-    compute = float(fin.max())
-    dur = max(compute, res.makespan) + settings.latency_us * 1e-6
-    detail = {"compute_s": compute, "replicas": n_rep, "rollout_tp": tp,
+    for r in range(len(gc.fin)):
+        if gc.toks[r] > 0:
+            dem.append((gen_servers[r // gc.per_server], train_servers[r % len(train_servers)],
+                        gc.toks[r] * TOKEN_STREAM_BYTES))
+            arr.append(gc.fin[r])
+    res = run_demands(net, dem, arr, latency=settings.latency_us * 1e-6)
+    compute = float(gc.fin.max())
+    dur = max(compute, res.makespan)
+    detail = {"compute_s": compute, "replicas": len(gc.fin), "rollout_tp": w.rollout_tp,
               "longest_response": int(lengths.max()), "median_response": float(np.median(lengths)),
-              "replica_p50_s": float(np.median(fin)), "stream_tail_s": dur - compute}
+              "replica_p50_s": float(np.median(gc.fin)), "stream_tail_s": dur - compute}
     return PhaseRun(dur, detail, {"streams": (net, res, 0.0)})
 
 
 # ---- reconfiguration ------------------------------------------------------------------------------
-def _idle_window_s(prev: PhaseRun, bundles: set[tuple[int, int]]) -> float | None:
-    """Idle time at the end of ``prev`` on the circuit bundles ``bundles`` (ToR pairs); None: none given."""
-    if not bundles:
-        return None
-    last = -math.inf
-    for net, res, offset in prev.busy.values():
+def bundle_use_s(run: PhaseRun, bundles: set[tuple[int, int]], last: bool) -> float | None:
+    """Last (``last``) or first time in ``run`` that any of the circuit bundles ``bundles`` (ToR pairs,
+    either direction) was in use; None: never."""
+    best = -math.inf if last else math.inf
+    for net, res, offset in run.busy.values():
         if res is None or not isinstance(net, CircuitNetwork):
             continue
+        arr = res.link_last_busy if last else res.link_first_busy
         for a, b in bundles:
             for key in ((a, b), (b, a)):
                 lid = net.bundle.get(key)
-                if lid is not None and res.link_last_busy[lid] > -math.inf:
-                    last = max(last, offset + float(res.link_last_busy[lid]))
-    if last == -math.inf:
-        return prev.duration
-    return max(0.0, prev.duration - last)
+                if lid is None or not math.isfinite(arr[lid]):
+                    continue
+                v = offset + float(arr[lid])
+                best = max(best, v) if last else min(best, v)
+    return best if math.isfinite(best) else None
 
 
-def _removed_bundles(spec: FabricSpec, old: dict, new: dict) -> set[tuple[int, int]]:
-    out = set()
+def idle_window_s(prev: PhaseRun, nxt: PhaseRun, removed: set, added: set) -> float:
+    """Idle window of a reconfiguration between ``prev`` and ``nxt``: from the end of the last use of the
+    circuits it removes (in ``prev``) to the first use of the circuits it adds (in ``nxt``), i.e. the
+    removed circuits' idle tail of ``prev`` plus the added circuits' lead-in of ``nxt`` (e.g. training
+    compute before the all-reduce; prefill and decode before the token streams). A bundle set never used
+    counts its whole phase."""
+    last = bundle_use_s(prev, removed, last=True)
+    first = bundle_use_s(nxt, added, last=False)
+    tail = prev.duration if last is None else max(0.0, prev.duration - last)
+    lead = nxt.duration if first is None else max(0.0, first)
+    return tail + lead
+
+
+def changed_bundles(spec: FabricSpec, old: dict, new: dict) -> tuple[set, set]:
+    """(removed, added) ToR-pair bundles whose circuits change from matchings ``old`` to ``new``."""
+    out: tuple[set, set] = (set(), set())
     for o in old:
-        for a, b in diff(old[o], new[o]).removed:
-            ua, ub = spec.ocs_port_owner(o, a), spec.ocs_port_owner(o, b)
-            if ua is not None and ub is not None and ua.tor != ub.tor:
-                out.add((min(ua.tor, ub.tor), max(ua.tor, ub.tor)))
+        d = diff(old[o], new[o])
+        for k, circuits in enumerate((d.removed, d.added)):
+            for a, b in circuits:
+                ua, ub = spec.ocs_port_owner(o, a), spec.ocs_port_owner(o, b)
+                if ua is not None and ub is not None and ua.tor != ub.tor:
+                    out[k].add((min(ua.tor, ub.tor), max(ua.tor, ub.tor)))
     return out
 
 
-def reconfig_stall(prev: PhaseRun, bundles: set, t_ocs_s: float) -> dict:
-    window = _idle_window_s(prev, bundles)
-    window_ms = None if window is None else window * 1e3
-    fits = fits_slack(window_ms, t_ocs_s * 1e3)
-    stall = 0.0 if fits or not bundles else max(0.0, t_ocs_s - window)
-    return {"changed_bundles": len(bundles), "window_ms": window_ms, "hidden": bool(fits), "stall_s": stall}
+def decide(prev: PhaseRun, nxt: PhaseRun, removed: set, added: set, t_ocs_s: float, can_keep: bool) -> dict:
+    """The controller's rule for one transition. Switch only into an idle window that fits T_ocs
+    (``controller.reconfig.fits_slack``); otherwise keep the old topology if it carries every demand of the
+    next phase (``can_keep``); only if it cannot, switch anyway and the next phase waits ``T_ocs - window``."""
+    if not removed and not added:
+        return {"action": "unchanged", "changed_bundles": 0, "window_ms": None, "stall_s": 0.0}
+    window = idle_window_s(prev, nxt, removed, added)
+    if t_ocs_s == 0 or fits_slack(window * 1e3, t_ocs_s * 1e3):  # an instant switch needs no slack
+        action, stall = "switched", 0.0
+    elif can_keep:
+        action, stall = "kept", 0.0
+    else:
+        action, stall = "stalled", max(0.0, t_ocs_s - window)
+    return {"action": action, "changed_bundles": len(removed | added), "window_ms": window * 1e3,
+            "stall_s": stall}
+
+
+def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec: FabricSpec,
+                   t_ocs: float) -> tuple[dict, dict, str]:
+    """One steady-state iteration gen -> train -> sync -> (next) gen on RFabric, starting with topology
+    ``start`` installed for generation. Returns the phase runs, the decisions, and the topology installed
+    at the next generation."""
+    def attempt(ph: str, topo: str) -> PhaseRun | None:
+        try:
+            return runners[ph](nets[topo])
+        except Unreachable:
+            return None
+
+    gen = attempt("gen", start)
+    if gen is None:  # cannot happen for start == "gen"; a kept topology was checked to carry generation
+        raise RuntimeError(f"internal: generation not carried by the {start} topology")
+    runs, decisions = {"gen": gen}, {}
+    installed, prev = start, gen
+    for ph in ("train", "sync"):
+        target = runners[ph](nets[ph])
+        if installed == ph:
+            runs[ph], prev = target, target
+            decisions[f"{_prev_name(ph)}->{ph}"] = {"action": "unchanged", "changed_bundles": 0,
+                                                   "window_ms": None, "stall_s": 0.0}
+            continue
+        removed, added = changed_bundles(spec, matchings[installed], matchings[ph])
+        old = attempt(ph, installed)
+        d = decide(prev, target, removed, added, t_ocs, old is not None)
+        d["topology"] = installed if d["action"] == "kept" else ph
+        decisions[f"{_prev_name(ph)}->{ph}"] = d
+        if d["action"] == "kept":
+            runs[ph] = old
+        else:
+            runs[ph], installed = target, ph
+        prev = runs[ph]
+    # closing transition: towards the generation topology ``start`` of the next iteration
+    if installed == start:
+        d = {"action": "unchanged", "changed_bundles": 0, "window_ms": None, "stall_s": 0.0, "topology": start}
+        end = start
+    else:
+        removed, added = changed_bundles(spec, matchings[installed], matchings[start])
+        can_keep = attempt("gen", installed) is not None
+        d = decide(prev, gen, removed, added, t_ocs, can_keep)
+        end = installed if d["action"] == "kept" else start
+        d["topology"] = end
+    decisions["sync->gen"] = d
+    return runs, decisions, end
+
+
+def _prev_name(ph: str) -> str:
+    return {"train": "gen", "sync": "train", "gen": "sync"}[ph]
 
 
 # ---- one iteration --------------------------------------------------------------------------------
@@ -388,29 +517,36 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
     lengths = w.sample_lengths(rng)
     train_servers, gen_servers = layout.train_servers(spec), layout.gen_servers(spec)
 
-    nets = {}
-    matchings = {}
+    nets: dict = {}
+    matchings: dict = {}
     for ph in ("gen", "train", "sync"):
         if fabric == "rfabric":
             counts, matchings[ph] = rfabric_counts(spec, layout, ph)
             nets[ph] = CircuitNetwork(fabric, spec, counts, settings.fabric.max_two_hop)
+            nets[ph].phase = ph
         else:
             nets[ph] = nets.get("gen") or build_network(fabric, spec, layout, ph, settings.fabric)
 
-    gen = gen_phase(w, cm, spec, nets["gen"], gen_servers, train_servers, lengths, rng, settings)
-    train = train_phase(w, cm, spec, nets["train"], train_servers, lengths, settings)
-    sync = sync_phase(w, cm, spec, nets["sync"], train_servers, gen_servers, settings)
-
-    reconfig = {}
+    gc = gen_compute(w, cm, spec, gen_servers, lengths, rng, settings)
+    runners = {
+        "gen": lambda net: gen_phase(w, gc, net, gen_servers, train_servers, lengths, settings),
+        "train": lambda net: train_phase(w, cm, spec, net, train_servers, lengths, settings),
+        "sync": lambda net: sync_phase(w, cm, spec, net, train_servers, gen_servers, settings),
+    }
+    reconfig: dict = {}
+    steady_start = None
     if fabric == "rfabric":
-        for prev, (p, q) in ((gen, ("gen", "train")), (train, ("train", "sync")), (sync, ("sync", "gen"))):
-            reconfig[f"{p}->{q}"] = reconfig_stall(prev, _removed_bundles(spec, matchings[p], matchings[q]), t_ocs)
-    elif fabric == "mixnet":
-        # regional OCSes of the trainer pods re-wired once per iteration, before training
-        c = nets["train"].counts
-        tr = {t for p in layout.train_pods for t in spec.tors_in_pod(p)}
-        bundles = {(a, b) for a, b in zip(*np.nonzero(c)) if a < b and a in tr}
-        reconfig["gen->train"] = reconfig_stall(gen, {(int(a), int(b)) for a, b in bundles}, t_ocs)
+        # steady state: start with the generation topology; if the iteration ends keeping another topology
+        # for the next generation, run once more starting from that one (and report where it started)
+        runs, reconfig, end = _rfabric_cycle("gen", runners, nets, matchings, spec, t_ocs)
+        start = "gen"
+        if end != "gen":
+            start = end
+            runs, reconfig, end = _rfabric_cycle(start, runners, nets, matchings, spec, t_ocs)
+        steady_start = start
+        gen, train, sync = runs["gen"], runs["train"], runs["sync"]
+    else:  # static for the job (MixNet's regional OCSes included: see the module docstring)
+        gen, train, sync = (runners[ph](nets[ph]) for ph in ("gen", "train", "sync"))
     stall = {q: sum(v["stall_s"] for k, v in reconfig.items() if k.endswith("->" + q)) for q in ("gen", "train", "sync")}
     phases = {"gen_s": gen.duration + stall["gen"], "sync_s": sync.duration + stall["sync"],
               "train_s": train.duration + stall["train"]}
@@ -423,6 +559,7 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
         "perf_per_musd": (1.0 / iteration) / (cost["total_usd"] / 1e6) if iteration > 0 else None,
         "wall_s": wall,
         "detail": {"gen": gen.detail, "train": train.detail, "sync": sync.detail, "reconfig": reconfig,
+                   "steady_state_gen_topology": steady_start,
                    "cost": cost, "model": w.model, "gpu": w.gpu,
                    "train_servers": len(train_servers), "gen_servers": len(gen_servers),
                    "mixnet_split": list(mixnet_split(spec, settings.fabric)) if fabric == "mixnet" else None},
