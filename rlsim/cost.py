@@ -7,7 +7,9 @@ Counting method (MixNet's public calculator, REFERENCE.md "Network components"):
 * one fibre per link (``fibre_m`` metres each; in an all-electrical fabric this is optical modules / 2);
 * Fat-Tree ports per tier from the uplink ratio: ToR down = NICs, ToR up = down / oversubscription, then
   aggregation down and up and core ports equal the ToR uplinks (non-blocking above the ToR; three tiers
-  when there are several pods of several ToRs).
+  when there are several pods of several ToRs). That is the default (``FabricOptions.fat_tree_tiers="3"``);
+  ``"2"`` counts one spine tier, ``"auto"`` the fewest tiers that cover the NICs with switches of
+  ``switch_radix`` ports (prices.yaml; 64 x 400G, REFERENCE.md): at 64 ports 2 tiers cover 2,048 NICs.
 
 GPUs and servers are not counted: this is the cost of the network only (NICs included, the same in every
 fabric). ``docs/rlsim.md`` discusses which assumptions drive the ratios.
@@ -38,6 +40,7 @@ class Prices:
     patch_panel_port: float
     fibre_per_m: float
     fibre_m: float
+    switch_radix: int = 64  # ports per packet switch, for fat_tree_tiers="auto"
 
     def by_speed(self, table: str, gbps: float) -> float:
         t = getattr(self, table)
@@ -53,12 +56,12 @@ def load_prices(path: str = DATA) -> Prices:
         raw = yaml.safe_load(f)
     try:
         return Prices(**{k: raw[k] for k in ("transceiver", "nic", "eps_port", "ocs_port", "patch_panel_port",
-                                             "fibre_per_m", "fibre_m")})
+                                             "fibre_per_m", "fibre_m", "switch_radix")})
     except (KeyError, TypeError) as e:
         raise SpecError("prices", f"{path}: missing or bad entry {e}") from None
 
 
-def _eps_tiers_above_tor(spec: FabricSpec) -> int:
+def _structural_tiers_above_tor(spec: FabricSpec) -> int:
     if spec.n_tors == 1:
         return 0
     if spec.pods == 1 or spec.tors_per_pod == 1:
@@ -66,8 +69,37 @@ def _eps_tiers_above_tor(spec: FabricSpec) -> int:
     return 2
 
 
-def port_counts(fabric: str, spec: FabricSpec, nic_gbps: float, opts: FabricOptions = FabricOptions()) -> dict:
+def radix_tiers(n_endpoints: int, radix: int, oversub: float = 1.0) -> int:
+    """Fewest switch tiers of a folded Clos of ``radix``-port switches that cover ``n_endpoints`` NIC ports:
+    a leaf has ``d = radix * o / (1 + o)`` ports down; 1 tier covers ``radix``, 2 tiers ``radix * d`` (a spine
+    of radix ports reaches radix leaves), each further tier multiplies by ``radix / 2``."""
+    if radix < 2:
+        raise SpecError("prices.switch_radix", f"must be >= 2, got {radix}")
+    if n_endpoints <= radix:
+        return 1
+    d = max(1, int(radix * oversub / (1 + oversub)))
+    cover, tiers = radix * d, 2
+    while cover < n_endpoints:
+        cover *= radix // 2
+        tiers += 1
+    return tiers
+
+
+def fat_tree_tiers_above_tor(spec: FabricSpec, n_nic: int, oversub: float, opts: FabricOptions,
+                             prices: "Prices") -> int:
+    """Packet tiers above the ToR: "3" (REFERENCE.md / MixNet-calculator counting: ToR, pod aggregation and
+    core whenever there are several pods of several ToRs), "2" (one spine tier), "auto" (from the radix)."""
+    if opts.fat_tree_tiers == "3":
+        return _structural_tiers_above_tor(spec)
+    if opts.fat_tree_tiers == "2":
+        return min(1, _structural_tiers_above_tor(spec))
+    return min(2, radix_tiers(n_nic, prices.switch_radix, oversub) - 1) if spec.n_tors > 1 else 0
+
+
+def port_counts(fabric: str, spec: FabricSpec, nic_gbps: float, opts: FabricOptions = FabricOptions(),
+                prices: "Prices | None" = None) -> dict:
     """Counts of NICs, EPS ports by speed, OCS ports and fibres of ``fabric`` built on ``spec``."""
+    prices = prices or load_prices()
     if fabric not in FABRICS:
         raise SpecError("fabric", f"must be one of {', '.join(FABRICS)}, got {fabric!r}")
     nics_per_server = math.ceil(spec.server_gbps / nic_gbps - 1e-9)
@@ -83,7 +115,7 @@ def port_counts(fabric: str, spec: FabricSpec, nic_gbps: float, opts: FabricOpti
     if fabric in OVERSUB or fabric == "rail":
         o = OVERSUB.get(fabric, 1.0)
         tor_up = spec.n_tors * math.ceil(spec.servers_per_tor * spec.server_gbps / o / up - 1e-9)
-        tiers = _eps_tiers_above_tor(spec)
+        tiers = fat_tree_tiers_above_tor(spec, n_nic, o, opts, prices)
         if fabric == "rail":  # rail leaves span a pod; a non-blocking spine joins the pods
             tiers = 1 if spec.pods > 1 else 0
         if tiers >= 1:
@@ -103,21 +135,21 @@ def port_counts(fabric: str, spec: FabricSpec, nic_gbps: float, opts: FabricOpti
         ocs = spec.n_tors * n_ocs
         links += spec.n_tors * (n_ocs + n_eps)
         eps_up = spec.n_tors * n_eps
-        tiers = _eps_tiers_above_tor(spec)
+        tiers = fat_tree_tiers_above_tor(spec, n_nic, spec.uplinks_per_tor / n_eps if n_eps else 1.0, opts, prices)
         if tiers >= 1:
             add(up, eps_up)
         if tiers == 2:
             add(up, 2 * eps_up)
             links += eps_up
     return {"nics": n_nic, "nic_gbps": nic_gbps, "eps_ports": {str(k): v for k, v in eps.items()},
-            "ocs_ports": ocs, "fibres": links}
+            "ocs_ports": ocs, "fibres": links, "packet_tiers": (tiers + 1) if fabric not in ("topoopt", "rfabric") else 1}
 
 
 def fabric_cost(fabric: str, spec: FabricSpec, nic_gbps: float, prices: Prices | None = None,
                 opts: FabricOptions = FabricOptions()) -> dict:
     """Counts and USD breakdown; ``total_usd`` is the network's cost."""
     p = prices or load_prices()
-    c = port_counts(fabric, spec, nic_gbps, opts)
+    c = port_counts(fabric, spec, nic_gbps, opts, p)
     usd = {
         "nics": c["nics"] * p.by_speed("nic", nic_gbps),
         "nic_transceivers": c["nics"] * p.by_speed("transceiver", nic_gbps),

@@ -1,6 +1,6 @@
 """`orchestrrl sim`: RLSim from the command line.
 
-    orchestrrl sim SCENARIO --fabric F [--gpus N] [--t-ocs-ms T] [--json]
+    orchestrrl sim SCENARIO --fabric F [--gpus N] [--t-ocs-ms T] [--fat-tree-tiers 3|2|auto] [--json]
     orchestrrl sim sweep SCENARIO --out DIR [--fabrics a,b] [--scales 256,512] [--t-ocs-list 0.001,10]
                                             [--ray-address ADDR | --no-ray]
 """
@@ -32,7 +32,7 @@ def _names(text: str) -> list[str]:
 
 
 def register(subparsers) -> None:
-    from rlsim.fabrics import FABRICS
+    from rlsim.fabrics import FABRICS, FAT_TREE_TIERS
 
     p = subparsers.add_parser("sim", help="simulate RL iterations at scale (RLSim)",
                               description="Simulate one RL iteration (or a sweep) on a fabric with RLSim. "
@@ -42,6 +42,9 @@ def register(subparsers) -> None:
     p.add_argument("--fabric", choices=FABRICS, default="rfabric", help="fabric (default rfabric)")
     p.add_argument("--gpus", type=int, default=None, help="re-size the scenario to N GPUs (whole pods)")
     p.add_argument("--t-ocs-ms", type=float, default=None, help="OCS switching time (default: scenario's)")
+    p.add_argument("--fat-tree-tiers", choices=FAT_TREE_TIERS, default="3",
+                   help="packet tiers counted in the cost: 3 (default, REFERENCE.md / MixNet-calculator counting), "
+                        "2, or auto (fewest tiers covering the NICs at prices.yaml's switch_radix)")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     p.add_argument("--out", help="sweep: output directory (sweep.json and plots)")
     p.add_argument("--fabrics", type=_names, default=None, help="sweep: fabrics (default all)")
@@ -64,10 +67,12 @@ def run(args) -> int:
         return _sweep(args)
     if args.scenario:
         raise UsageError(f"unexpected argument {args.scenario!r} (did you mean 'sim sweep {args.target}'?)")
+    from rlsim.fabrics import FabricOptions
     from rlsim.sim import SimSettings, simulate_iteration
 
     scn = load_scenario(args.target)
-    r = simulate_iteration(scn, args.fabric, args.gpus, SimSettings(t_ocs_ms=args.t_ocs_ms))
+    settings = SimSettings(t_ocs_ms=args.t_ocs_ms, fabric=FabricOptions(fat_tree_tiers=args.fat_tree_tiers))
+    r = simulate_iteration(scn, args.fabric, args.gpus, settings)
     if args.json:
         json.dump(r, sys.stdout, indent=1)
         print()
@@ -91,9 +96,14 @@ def _sweep(args) -> int:
     t_list = args.t_ocs_list or list(DEFAULT_T_OCS_MS)
     points = plan(scn, fabrics, scales, t_list)
     use_ray = False if args.no_ray else ray_available()
-    results = run_sweep(scn, points, use_ray=use_ray, ray_address=args.ray_address)
+    from rlsim.fabrics import FabricOptions
+    from rlsim.sim import SimSettings
+
+    settings = SimSettings(fabric=FabricOptions(fat_tree_tiers=args.fat_tree_tiers))
+    results = run_sweep(scn, points, settings, use_ray=use_ray, ray_address=args.ray_address)
     files = write_outputs(results, args.out, {"scenario": args.scenario, "fabrics": fabrics, "scales": scales,
-                                              "t_ocs_ms": t_list, "ray": use_ray})
+                                              "t_ocs_ms": t_list, "ray": use_ray,
+                                              "fat_tree_tiers": args.fat_tree_tiers})
     for k, v in files.items():
         print(f"{k}: {v}")
     return 0

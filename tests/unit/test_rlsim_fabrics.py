@@ -5,8 +5,8 @@ import pytest
 from controller.phases import circuit_graph, phase_matchings
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError
-from rlsim.cost import fabric_cost, load_prices, port_counts
-from rlsim.fabrics import FABRICS, CircuitNetwork, build_network, rfabric_counts, ring_counts, topoopt_counts
+from rlsim.cost import fabric_cost, load_prices, port_counts, radix_tiers
+from rlsim.fabrics import FABRICS, CircuitNetwork, FabricOptions, build_network, rfabric_counts, ring_counts, topoopt_counts
 
 SPEC = FabricSpec(pods=4, tors_per_pod=4, servers_per_tor=4, server_gbps=3200, uplink_gbps=400,
                   uplinks_per_tor=32, ocs_count=32)
@@ -96,3 +96,20 @@ def test_cost_uses_the_price_table():
     assert fabric_cost("fat-tree", SPEC, 400)["total_usd"] > c["total_usd"]
     with pytest.raises(SpecError, match="prices.nic"):
         fabric_cost("fat-tree", SPEC, 300)
+
+
+def test_fat_tree_tier_count_option():
+    n_nic = SPEC.n_servers * 8  # 512 NICs
+    three = port_counts("fat-tree", SPEC, 400, FabricOptions(fat_tree_tiers="3"))
+    two = port_counts("fat-tree", SPEC, 400, FabricOptions(fat_tree_tiers="2"))
+    auto = port_counts("fat-tree", SPEC, 400, FabricOptions(fat_tree_tiers="auto"))
+    assert three["packet_tiers"] == 3 and sum(three["eps_ports"].values()) == 5 * n_nic
+    assert two["packet_tiers"] == 2 and sum(two["eps_ports"].values()) == 3 * n_nic and two["fibres"] == 2 * n_nic
+    assert auto == two  # 512 NICs <= 64 x 32: two tiers of 64-port switches
+    # radix arithmetic: 1 tier covers the radix, 2 tiers radix x radix/2 (non-blocking), then x radix/2
+    assert radix_tiers(64, 64) == 1 and radix_tiers(2048, 64) == 2 and radix_tiers(2049, 64) == 3
+    assert radix_tiers(65536, 64) == 3 and radix_tiers(65537, 64) == 4
+    assert radix_tiers(3264, 64, oversub=4.0) == 2  # 4:1 leaves: 51 down, 13 up
+    assert load_prices().switch_radix == 64
+    with pytest.raises(SpecError, match="fat_tree_tiers"):
+        FabricOptions(fat_tree_tiers="4")

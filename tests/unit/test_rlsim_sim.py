@@ -221,3 +221,9 @@ def test_cli_json_and_errors(capsys):
     assert "rfabric" in capsys.readouterr().err
     assert main(["sim", os.path.join(ROOT, "nope.yaml")]) == 2
     assert main(["sim", "sweep", DEFAULT]) == 2  # --out missing
+    assert main(["sim", DEFAULT, "--fabric", "fat-tree", "--fat-tree-tiers", "2", "--json"]) == 0
+    two = json.loads(capsys.readouterr().out)
+    assert two["detail"]["cost"]["counts"]["packet_tiers"] == 2
+    with pytest.raises(SystemExit) as e:
+        main(["sim", DEFAULT, "--fat-tree-tiers", "5"])
+    assert e.value.code == 2 and "fat-tree-tiers" in capsys.readouterr().err
