@@ -8,11 +8,13 @@ by rank-aligned collectives). Above the servers:
   of ``tors_per_pod`` times that (non-blocking above the ToR).
 * ``rail``: rail-optimised: the same-rank NICs of a whole pod hang off one rail switch per rank, so a pod is
   one hop (rank-aligned traffic never crosses a ToR tier); pods meet at a non-blocking spine.
-* ``topoopt``: one static direct-connect ToR topology for the whole job (OCS/patch panel set once), built
+* ``topoopt``: one static direct-connect ToR topology for the whole job (set once by an OCS, and priced as
+  OCS ports; a patch panel would be cheaper: docs/rlsim.md gives that sensitivity), built
   for the training ring: ring neighbours among the trainer ToRs get the circuits one server's ring traffic
   needs, the rest of the uplinks form power-of-two strides over all ToRs (TopoOpt's TotientPerms idea).
 * ``mixnet``: a packet fabric on part of each ToR's uplinks (``1 - ocs_fraction``) beside a regional OCS per
-  pod on the rest, whose circuits form a ring over the pod's ToRs (re-wired per iteration for training).
+  pod on the rest, whose circuits form a ring over the pod's ToRs. Modelled static for the job: the same
+  ring serves every phase, so there is nothing to re-wire (and T_ocs does not matter).
 * ``rfabric``: the ToR uplinks go to the OCSes of the FabricSpec, wired per phase by the controller's own
   phase topologies (``controller.phases``: train mesh, pod-isolated generation, sync broadcast tree).
 

@@ -16,10 +16,14 @@ flow-level simulator (``rlsim.flowsim``) on the fabric's links (``rlsim.fabrics`
 * Weight sync: every trainer DP replica holds a full copy; the generator servers are split into as many
   pipelined broadcast chains (fan-out ``sync_fanout``) as there are replicas.
 * RFabric re-wires its OCSes between phases with the controller's phase topologies. A circuit that changes
-  must be dark for ``T_ocs``; the controller's slack rule (``controller.reconfig.fits_slack``) says whether
-  the idle window at the end of the previous phase on the changed circuits hides it. If not, the next phase
-  waits for the rest of the switching time (a *stall*, reported per transition). MixNet re-wires its regional
-  OCSes once per iteration, before training, by the same rule. TopoOpt is static for the job.
+  must be dark for ``T_ocs``. Its idle window runs from the last use of the removed circuits in the previous
+  phase to the first use of the added circuits in the next one (so it includes the next phase's lead-in:
+  training compute before the all-reduce, prefill/decode before the token streams); per-step latency is
+  inside the transfers, so it is not idle time. The controller's rule (``controller.reconfig.fits_slack``):
+  switch only when the window fits; otherwise keep the old topology for the next phase when it carries
+  every demand of that phase; only if it cannot, switch anyway and the next phase waits ``T_ocs - window``
+  (a *stall*). Each transition reports ``switched`` / ``kept`` / ``stalled`` (or ``unchanged``).
+  MixNet and TopoOpt are static for the job (MixNet's regional OCS keeps one ring per pod).
 """
 from __future__ import annotations
 
