@@ -1,6 +1,6 @@
 # Two commands for a fresh Debian 12 machine (run as root, or with sudo):
 #   make demo   provision, then run the default scenario end to end
-#   make test   provision, then run the whole test suite (unit + system; GPU tests skip without CUDA)
+#   make test   provision, then run the whole test suite (unit + system tests)
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
