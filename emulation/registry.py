@@ -315,6 +315,27 @@ class CleanReport:
         return not (self.processes or self.bridges or self.interfaces or self.netns or self.records_removed)
 
 
+def _delete_each(names: list[str], argv_of: Callable[[str], list[str]], done: list[str], errors: list[str],
+                 run: Callable[[list[str]], subprocess.CompletedProcess], dry_run: bool,
+                 gone_marker: str | None = None) -> None:
+    """Run ``argv_of(name)`` for each name, recording successes in ``done`` and failures in ``errors``
+    (a failure whose stderr holds ``gone_marker`` means the thing was already gone)."""
+    for name in names:
+        if dry_run:
+            done.append(name)
+            continue
+        argv = argv_of(name)
+        try:
+            r = run(argv)
+        except (OSError, subprocess.SubprocessError) as e:
+            errors.append(f"{' '.join(argv)}: {e}")
+            continue
+        if r.returncode == 0:
+            done.append(name)
+        elif gone_marker is None or gone_marker not in r.stderr:
+            errors.append(f"{' '.join(argv)}: {r.stderr.strip()}")
+
+
 def clean(dry_run: bool = False, process_timeout_s: float = 2.0,
           run: Callable[[list[str]], subprocess.CompletedProcess] | None = None) -> CleanReport:
     """Stop recorded processes, delete every ``orl*`` bridge / interface / netns, remove the records."""
@@ -359,33 +380,10 @@ def clean(dry_run: bool = False, process_timeout_s: float = 2.0,
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         rep.errors.append(f"cannot list interfaces: {e}")
         intfs = []
-    for name in intfs:
-        if dry_run:
-            rep.interfaces.append(name)
-            continue
-        try:
-            r = run(["ip", "link", "del", name])
-        except (OSError, subprocess.SubprocessError) as e:
-            rep.errors.append(f"ip link del {name}: {e}")
-            continue
-        if r.returncode == 0:
-            rep.interfaces.append(name)
-        elif "Cannot find device" not in r.stderr:  # deleted with its veth peer: fine
-            rep.errors.append(f"ip link del {name}: {r.stderr.strip()}")
-
-    for ns in sorted(n for n in named_netns() if n.startswith(NAME_PREFIX)):
-        if dry_run:
-            rep.netns.append(ns)
-            continue
-        try:
-            r = run(["ip", "netns", "del", ns])
-        except (OSError, subprocess.SubprocessError) as e:
-            rep.errors.append(f"ip netns del {ns}: {e}")
-            continue
-        if r.returncode == 0:
-            rep.netns.append(ns)
-        else:
-            rep.errors.append(f"ip netns del {ns}: {r.stderr.strip()}")
+    _delete_each(intfs, lambda n: ["ip", "link", "del", n], rep.interfaces, rep.errors, run, dry_run,
+                 gone_marker="Cannot find device")  # deleted with its veth peer: fine
+    _delete_each(sorted(n for n in named_netns() if n.startswith(NAME_PREFIX)), lambda n: ["ip", "netns", "del", n],
+                 rep.netns, rep.errors, run, dry_run)
 
     if not dry_run:
         # forget only what is really gone: a survivor stays recorded (clean never kills by name, so a forgotten
