@@ -1,0 +1,746 @@
+"""The generation engine (pure): continuous batching per replica under a KV-cache budget, injected clock.
+
+One GPU server runs one :class:`Engine`; its GPUs are split into replicas by a :class:`Layout` (``TP4x2``: two
+replicas of tensor parallelism 4). Every replica schedules like vLLM's V1 scheduler, with the same knobs:
+
+* ``max_num_seqs``: at most this many sequences in a replica's batch (running requests);
+* ``max_num_batched_tokens``: the token budget of one step: each running request that decodes takes one
+  token, prefills take the rest (chunked prefill: a long prompt is prefilled over several steps);
+* a KV-cache budget in blocks of ``block_size`` tokens, from the cost model's capacity for the layout
+  (weights per GPU, KV heads split over the replica's GPUs, ``gpu_memory_utilization``). A request is
+  admitted only when the blocks of its whole prompt fit; a running request that needs a new block when none
+  is free preempts the most recently admitted running request (*preemption by recompute*, vLLM V1's only
+  mode: the victim's blocks are freed, it goes back to the front of the waiting queue and, when re-admitted,
+  prefills its prompt plus everything it generated so far again).
+
+Each step lasts what a :class:`StepCost` says (the cost model, or a real decoder's measured time). Time is
+never read from a clock here: the caller passes ``now``. An agent passes the wall clock (divided by the
+time-dilation factor) and sleeps until :meth:`Engine.next_event`; the simulated backend passes virtual time
+and jumps, so both run exactly this scheduling code ("one engine, two clocks", DESIGN.md).
+
+A step's tokens exist at the step's end: :meth:`Engine.advance` completes every step that ended by ``now``,
+reports the tokens it produced (request id and position: one token per request per step) and starts the
+next step of that replica at ``now`` (in real time, lateness is real lost time: the fidelity monitor's
+overshoot). :meth:`Engine.run_until` is the same thing for virtual time with many steps at once (identical
+results, a unit test checks it).
+
+Per-request target lengths (where the response ends, like an EOS token) come from the workload and stay in
+the engine: what the orchestrator sees (:meth:`Engine.snapshot`) is how far each request has got, never its
+target.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol, Sequence
+
+import numpy as np
+
+from emulation.validation import SpecError, require
+
+_LAYOUT_RE = re.compile(r"^(TP|EP)(\d+)x(\d+)$")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a server's GPUs are split: replicas of ``tp`` GPUs (tensor parallel); ``ep`` > 1 (MoE only) puts
+    the experts of a replica on ``ep`` = ``tp`` GPUs (expert parallelism) instead of sharding each expert."""
+
+    tp: int = 1
+    ep: int = 1
+
+    def __post_init__(self) -> None:
+        for n in ("tp", "ep"):
+            v = getattr(self, n)
+            require(isinstance(v, int) and not isinstance(v, bool) and v >= 1 and v & (v - 1) == 0, n,
+                    f"must be a power of two >= 1, got {v!r}")
+        require(self.ep in (1, self.tp), "ep", f"must be 1 or equal to tp ({self.tp}), got {self.ep}")
+
+    def replicas(self, gpus: int) -> int:
+        return gpus // self.tp
+
+    def name(self, gpus: int) -> str:
+        return f"{'EP' if self.ep > 1 else 'TP'}{self.tp}x{self.replicas(gpus)}"
+
+    def check(self, gpus: int, field_name: str = "layout") -> None:
+        require(self.tp <= gpus and gpus % self.tp == 0, field_name,
+                f"{self.tp} GPUs per replica must divide the server's {gpus} GPUs")
+
+    @classmethod
+    def parse(cls, text: str, gpus: int, field_name: str = "layout") -> "Layout":
+        """``"TP4x2"`` (2 replicas of TP 4) or ``"EP8x1"`` (MoE: 1 replica, experts over 8 GPUs)."""
+        if not isinstance(text, str):
+            raise SpecError(field_name, f"must be a layout name like TP4x2, got {text!r}")
+        m = _LAYOUT_RE.match(text.strip())
+        if not m:
+            raise SpecError(field_name, f"must look like TP<gpus per replica>x<replicas> (e.g. TP4x2) or EP8x1, "
+                                        f"got {text!r}")
+        kind, g, r = m.group(1), int(m.group(2)), int(m.group(3))
+        try:
+            lay = cls(tp=g, ep=g if kind == "EP" and g > 1 else 1)
+        except SpecError as e:
+            raise SpecError(field_name, e.message) from None
+        require(g * r == gpus, field_name, f"{text}: {g} x {r} GPUs, the server has {gpus}")
+        return lay
+
+
+def dense_layouts(gpus: int) -> list[Layout]:
+    """Every TP layout of a server: TP1x8, TP2x4, TP4x2, TP8x1 for 8 GPUs."""
+    out, t = [], 1
+    while t <= gpus:
+        if gpus % t == 0:
+            out.append(Layout(tp=t))
+        t *= 2
+    return out
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Scheduler knobs with vLLM's names. Defaults: veRL's rollout ``max_num_batched_tokens`` 8192
+    (REFERENCE.md "Serving engines"); ``max_num_seqs`` 256 (vLLM's default; veRL raises it to 1024);
+    ``gpu_memory_utilization`` 0.9 and ``block_size`` 16 (vLLM's defaults)."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    rate_window_s: float = 2.0  # window of the recent decode tokens/s statistic
+
+    def __post_init__(self) -> None:
+        for n in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            v = getattr(self, n)
+            require(isinstance(v, int) and v >= 1, n, f"must be an integer >= 1, got {v!r}")
+        require(self.max_num_batched_tokens >= self.max_num_seqs, "max_num_batched_tokens",
+                f"must be >= max_num_seqs ({self.max_num_seqs}) so every running request can decode each step")
+        require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization",
+                f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        require(math.isfinite(self.rate_window_s) and self.rate_window_s > 0, "rate_window_s",
+                f"must be > 0, got {self.rate_window_s}")
+
+
+class StepCost(Protocol):
+    """How long things take on a replica (the cost model, or a real decoder); seconds of real GPU time."""
+
+    def step_s(self, layout: Layout, n_decode: int, decode_ctx: float, prefill_tokens: int,
+               prefill_seqs: int) -> float:
+        """One step: ``n_decode`` sequences decode one token over ``decode_ctx`` cached tokens in total, and
+        ``prefill_tokens`` prompt tokens of ``prefill_seqs`` sequences are prefilled."""
+
+    def decode_steps_s(self, layout: Layout, n_decode: int, ctx: np.ndarray) -> np.ndarray:
+        """Pure decode steps of ``n_decode`` sequences at each total context of ``ctx`` (vectorised)."""
+
+    def kv_capacity_tokens(self, layout: Layout, gpu_memory_utilization: float) -> int:
+        """KV-cache tokens one replica of ``layout`` holds."""
+
+    def switch_s(self, old: Layout, new: Layout, kv_tokens: float) -> float:
+        """Time to change a server's layout (weight reshard + moving ``kv_tokens`` of KV cache)."""
+
+
+# ---- requests ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NewRequest:
+    """A request handed to an engine. ``target`` is where the response ends (the workload's length).
+    ``generated`` > 0: it arrives with that many tokens already produced (migrated, re-queued)."""
+
+    rid: int
+    prompt: int
+    target: int
+    dest: int = 0  # which token collector receives its tokens
+    generated: int = 0
+    kv_tokens: int = 0  # KV it brings (migration): > 0 means no recompute needed when it fits
+    preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.prompt >= 1, "prompt", f"must be >= 1, got {self.prompt}")
+        require(self.target >= 1, "target", f"must be >= 1, got {self.target}")
+        require(0 <= self.generated < self.target, "generated",
+                f"must be in 0..target-1 ({self.target - 1}), got {self.generated}")
+        require(self.kv_tokens in (0, self.prompt + self.generated), "kv_tokens",
+                f"must be 0 or prompt + generated ({self.prompt + self.generated}), got {self.kv_tokens}")
+
+
+@dataclass
+class StepOutput:
+    """What one finished step produced."""
+
+    replica: int
+    t_start: float
+    t_end: float
+    modelled_s: float  # what the cost said the step takes (t_end - t_start in virtual time)
+    ids: np.ndarray  # request id of every token produced (one per request)
+    pos: np.ndarray  # position of that token in its response (0-based)
+    dest: np.ndarray  # collector of each token
+    finished: np.ndarray  # requests that produced their last token
+    preempted: tuple[int, ...] = ()  # requests preempted when this step was planned
+    detached: tuple[int, ...] = ()  # requests handed over (see Engine.detach) at the end of this step
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class Replica:
+    """One replica's scheduler state. Running requests live in fixed-size numpy arrays (slot order is
+    arbitrary; ``order`` keeps admission order for preemption); waiting requests in a deque."""
+
+    def __init__(self, index: int, layout: Layout, settings: EngineSettings, cost: StepCost, kv_blocks: int):
+        self.index = index
+        self.layout = layout
+        self.s = settings
+        self.cost = cost
+        self.kv_blocks = int(kv_blocks)
+        cap = settings.max_num_seqs
+        self.rid = np.zeros(cap, np.int64)
+        self.prompt = np.zeros(cap, np.int64)
+        self.gen = np.zeros(cap, np.int64)
+        self.target = np.zeros(cap, np.int64)
+        self.dest = np.zeros(cap, np.int64)
+        self.pre = np.zeros(cap, np.int64)  # prefill tokens still to compute (0: decoding)
+        self.blocks = np.zeros(cap, np.int64)
+        self.order = np.zeros(cap, np.int64)
+        self.npre = np.zeros(cap, np.int64)  # preemptions so far
+        self.n = 0
+        self.waiting: deque[list[int]] = deque()  # [rid, prompt, gen, target, dest, kv_tokens, preemptions]
+        self._seq = 0
+        self.step: dict | None = None  # the step in flight
+        self.busy_until: float | None = None
+        self.preemptions = 0
+        self.tokens_total = 0
+        self.recent: deque[tuple[float, int]] = deque()
+        self.detach_wanted: set[int] = set()
+
+    # ---- bookkeeping ----
+    @property
+    def used_blocks(self) -> int:
+        return int(self.blocks[: self.n].sum())
+
+    def _blocks_for(self, tokens: np.ndarray | int):
+        return -(-np.asarray(tokens) // self.s.block_size)
+
+    def has_work(self) -> bool:
+        return self.n > 0 or bool(self.waiting)
+
+    def slot_of(self, rid: int) -> int | None:
+        hits = np.nonzero(self.rid[: self.n] == rid)[0]
+        return int(hits[0]) if len(hits) else None
+
+    def _remove_slot(self, i: int) -> list[int]:
+        """Remove running slot ``i`` (swap with the last); return its record (KV kept in the record)."""
+        rec = [int(self.rid[i]), int(self.prompt[i]), int(self.gen[i]), int(self.target[i]), int(self.dest[i]),
+               int(self.prompt[i] + self.gen[i]) if self.pre[i] == 0 else 0, int(self.npre[i])]
+        last = self.n - 1
+        if i != last:
+            for a in (self.rid, self.prompt, self.gen, self.target, self.dest, self.pre, self.blocks, self.order,
+                      self.npre):
+                a[i] = a[last]
+        self.n -= 1
+        return rec
+
+    def add_waiting(self, rec: list[int], front: bool = False) -> None:
+        (self.waiting.appendleft if front else self.waiting.append)(rec)
+
+    def _admit(self, rec: list[int], kv_tokens: int) -> int:
+        i = self.n
+        rid, prompt, gen, target, dest, _, npre = rec
+        self.rid[i], self.prompt[i], self.gen[i], self.target[i], self.dest[i] = rid, prompt, gen, target, dest
+        ctx = prompt + gen
+        self.pre[i] = 0 if kv_tokens else ctx
+        self.blocks[i] = int(self._blocks_for(ctx + 1))  # footprint after its next token (see plan())
+        self.npre[i] = npre
+        self._seq += 1
+        self.order[i] = self._seq
+        self.n += 1
+        return i
+
+    # ---- planning ----
+    def plan(self, now: float) -> bool:
+        """Plan the next step starting at ``now``; False when there is nothing to run.
+
+        KV accounting: a running request's footprint is ``prompt + generated`` tokens (the last sampled
+        token's slot is taken eagerly), so a step that gives it one more token needs room for one more; a
+        request is admitted with the blocks of ``prompt + generated + 1`` (its prefill, or recompute, emits a
+        token), so no step ever needs more than one new block per request.
+        """
+        if not self.has_work():
+            return False
+        s = self.s
+        preempted: list[int] = []
+        # 1. every decoding request needs room for one more token; preempt (recompute) the newest until it fits
+        while self.n:
+            n = self.n
+            dec = self.pre[:n] == 0
+            ctx_after = self.prompt[:n] + self.gen[:n] + 1
+            need = int(np.sum(dec & (self._blocks_for(ctx_after) > self.blocks[:n])))
+            if need <= self.kv_blocks - self.used_blocks:
+                break
+            v = int(np.argmax(self.order[:n]))
+            rec = self._remove_slot(v)
+            rec[5] = 0  # its KV is gone: recompute
+            rec[6] += 1
+            self.add_waiting(rec, front=True)
+            self.preemptions += 1
+            preempted.append(rec[0])
+        n = self.n
+        dec = self.pre[:n] == 0
+        ctx_after = self.prompt[:n] + self.gen[:n] + 1
+        grow = dec & (self._blocks_for(ctx_after) > self.blocks[:n])
+        self.blocks[:n][grow] += 1
+        n_dec = int(dec.sum())
+        budget = s.max_num_batched_tokens - n_dec
+        chunk = np.zeros(s.max_num_seqs, np.int64)
+        # 2. prefills already running continue (admission order), then new admissions
+        if n > n_dec:
+            idx = np.nonzero(~dec)[0]
+            for i in idx[np.argsort(self.order[idx])]:
+                if budget <= 0:
+                    break
+                c = int(min(self.pre[i], budget))
+                chunk[i] = c
+                budget -= c
+        free = self.kv_blocks - self.used_blocks
+        while self.waiting and self.n < s.max_num_seqs and budget > 0:
+            rec = self.waiting[0]
+            kv = rec[5]
+            need = int(self._blocks_for(rec[1] + rec[2] + 1))
+            if need > free:
+                if self.n == 0 and need > self.kv_blocks:  # add() and set_layout() keep this from happening
+                    raise RuntimeError(f"request {rec[0]} needs {need} KV blocks, the replica has {self.kv_blocks}")
+                break
+            self.waiting.popleft()
+            i = self._admit(rec, kv)
+            free -= need
+            if self.pre[i] > 0:
+                c = int(min(self.pre[i], budget))
+                chunk[i] = c
+                budget -= c
+            else:
+                budget -= 1  # it arrived with its KV: it decodes in this step
+        n = self.n
+        dec = self.pre[:n] == 0
+        if n == 0:
+            self.step = None
+            self.busy_until = None
+            return False
+        n_dec = int(dec.sum())
+        ctx_dec = float(np.sum((self.prompt[:n] + self.gen[:n])[dec]))
+        pf = chunk[:n]
+        pf_tokens = int(pf.sum())
+        pf_seqs = int(np.count_nonzero(pf))
+        dur = float(self.cost.step_s(self.layout, n_dec, ctx_dec, pf_tokens, pf_seqs))
+        if not (math.isfinite(dur) and dur > 0):
+            raise ValueError(f"step cost must be a finite time > 0, got {dur!r}")
+        # who emits a token at the end: decoders, and prefills that finish in this step
+        emit = dec | ((pf > 0) & (pf == self.pre[:n]))
+        self.step = {"t0": now, "t1": now + dur, "dur": dur, "chunk": pf.copy(), "emit_rids": self.rid[:n][emit].copy(),
+                     "preempted": tuple(preempted)}
+        self.busy_until = now + dur
+        return True
+
+    def complete(self) -> StepOutput:
+        """Apply the step in flight (its tokens exist now)."""
+        st = self.step
+        assert st is not None, "no step in flight"
+        n = self.n
+        self.pre[:n] -= st["chunk"][:n]
+        # the requests that emit: looked up by id (slots do not move during a step)
+        emit = np.isin(self.rid[:n], st["emit_rids"])
+        ids = self.rid[:n][emit].copy()
+        pos = self.gen[:n][emit].copy()
+        dest = self.dest[:n][emit].copy()
+        self.gen[:n][emit] += 1
+        done = emit & (self.gen[:n] >= self.target[:n])
+        finished = self.rid[:n][done].copy()
+        for i in sorted(np.nonzero(done)[0], reverse=True):
+            self._remove_slot(int(i))
+        self.tokens_total += len(ids)
+        self.recent.append((st["t1"], len(ids)))
+        self.step = None
+        self.busy_until = None
+        return StepOutput(self.index, st["t0"], st["t1"], st["dur"], ids, pos, dest, finished, st["preempted"])
+
+    def recent_rate(self, now: float) -> float:
+        w = self.s.rate_window_s
+        while self.recent and self.recent[0][0] < now - w:
+            self.recent.popleft()
+        return sum(c for _, c in self.recent) / w
+
+    # ---- many steps at once (virtual time) ----
+    def fast_forward(self, horizon: float) -> tuple[int, float, int] | None:
+        """When the batch cannot change before its next finish (all decoding, nothing admissible, KV enough),
+        run the pure-decode steps that end by ``horizon`` in one go; returns (steps, end time, tokens) or None
+        when the next step must be planned normally. Exactly the steps :meth:`plan`/:meth:`complete` would run."""
+        st = self.step
+        if st is None or self.n == 0:
+            return None
+        n = self.n
+        if np.any(self.pre[:n] > 0) or np.any(st["chunk"][:n] > 0):
+            return None
+        if self.waiting and self.n < self.s.max_num_seqs:
+            return None  # an admission may happen at the next step
+        # the step in flight ends at t1; the following k-1 steps are pure decode with the same batch
+        remaining = self.target[:n] - self.gen[:n]  # tokens left incl. the in-flight one
+        k = int(remaining.min())  # steps until the first finish (the k-th step finishes someone)
+        if k <= 1:
+            return None
+        # KV: blocks needed over the next k-1 planned steps must fit (else preemption: plan normally)
+        ctx_now = self.prompt[:n] + self.gen[:n] + 1  # after the in-flight step
+        free = self.kv_blocks - self.used_blocks
+
+        def fits(j: int) -> bool:
+            return int(np.sum(self._blocks_for(ctx_now + j) - self.blocks[:n])) <= free
+
+        if not fits(k - 1):
+            lo, hi = 0, k - 1
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if fits(mid):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo + 1
+            if k <= 1:
+                return None
+        if st["t1"] > horizon:
+            return None
+        # steps after the in-flight one: planned at ctx sums c0 + n*j, j = 0..k-2
+        c0 = float(np.sum(self.prompt[:n] + self.gen[:n])) + n
+        ctx = c0 + n * np.arange(k - 1, dtype=float)
+        durs = np.asarray(self.cost.decode_steps_s(self.layout, n, ctx), dtype=float)
+        ends = st["t1"] + np.cumsum(durs)
+        # follow-up steps ending by the horizon, but never the k-th step (it finishes a request: plan normally)
+        m = min(int(np.searchsorted(ends, horizon, side="right")), k - 2)
+        # complete the in-flight step plus m follow-ups; the (m+1)-th follow-up is left in flight
+        steps = 1 + m
+        self.gen[:n] += steps
+        self.blocks[:n] = np.maximum(self.blocks[:n], self._blocks_for(self.prompt[:n] + self.gen[:n]))
+        tokens = n * steps
+        self.tokens_total += tokens
+        t_end = float(ends[m - 1]) if m else st["t1"]
+        self.recent.append((t_end, tokens))
+        # the next follow-up step is in flight, same batch (its blocks were checked above, grown like plan())
+        nxt = float(durs[m])
+        ctx_after = self.prompt[:n] + self.gen[:n] + 1
+        self.blocks[:n] = np.maximum(self.blocks[:n], self._blocks_for(ctx_after))
+        self.step = {"t0": t_end, "t1": t_end + nxt, "dur": nxt, "chunk": np.zeros(self.s.max_num_seqs, np.int64),
+                     "emit_rids": self.rid[:n].copy(), "preempted": ()}
+        self.busy_until = t_end + nxt
+        return steps, t_end, tokens
+
+
+@dataclass
+class LayoutSwitch:
+    """A layout change in progress: it starts when the steps in flight end and lasts ``switch_s``."""
+
+    old: Layout
+    new: Layout
+    requested: float
+    start: float
+    switch_s: float
+    kv_tokens: float
+    applied: bool = False
+
+    @property
+    def end(self) -> float:
+        return self.start + self.switch_s
+
+
+class Engine:
+    """One server's replicas. Not thread-safe: the caller serialises calls (the agent holds a lock)."""
+
+    def __init__(self, cost: StepCost, gpus: int, layout: Layout, settings: EngineSettings = EngineSettings()):
+        layout.check(gpus)
+        self.cost = cost
+        self.gpus = gpus
+        self.settings = settings
+        self.layout = layout
+        self.replicas: list[Replica] = []
+        self.paused_until = -math.inf
+        self.switch: LayoutSwitch | None = None
+        self.switches: list[dict] = []
+        self.detached: dict[int, NewRequest] = {}  # handed-over requests (migration), by id
+        self._detach_pending: set[int] = set()
+        self.finished_total = 0
+        self.finished_log: list[tuple[int, float]] = []  # (request id, finish time) seen by run_until
+        self._base_preemptions = 0  # counters of replicas replaced by a layout switch
+        self._base_tokens = 0
+        self._build(layout)
+
+    def _build(self, layout: Layout) -> None:
+        tokens = int(self.cost.kv_capacity_tokens(layout, self.settings.gpu_memory_utilization))
+        blocks = tokens // self.settings.block_size
+        if blocks < 1:
+            raise SpecError("layout", f"{layout.name(self.gpus)}: no room for the KV cache (the weights fill the GPUs)")
+        self.replicas = [Replica(i, layout, self.settings, self.cost, blocks) for i in range(layout.replicas(self.gpus))]
+        self.layout = layout
+
+    @property
+    def kv_blocks_per_replica(self) -> int:
+        return self.replicas[0].kv_blocks
+
+    # ---- requests ----
+    def add(self, reqs: Iterable[NewRequest], now: float, replica: int | None = None) -> list[int]:
+        """Queue requests (round robin over replicas from the least loaded, or on ``replica``); returns the
+        replica of each. Idle replicas start a step at ``now``."""
+        out = []
+        for r in reqs:
+            if replica is not None:
+                if not (isinstance(replica, int) and 0 <= replica < len(self.replicas)):
+                    raise SpecError("replica", f"must be in 0..{len(self.replicas) - 1}, got {replica!r}")
+                k = replica
+            else:
+                k = min(range(len(self.replicas)), key=lambda i: (self.replicas[i].n + len(self.replicas[i].waiting), i))
+            if r.target <= r.generated:
+                raise SpecError("generated", f"request {r.rid} is already complete")
+            self._check_fits(r.prompt, r.target, self.kv_blocks_per_replica, self.layout)
+            self.replicas[k].add_waiting([r.rid, r.prompt, r.generated, r.target, r.dest, r.kv_tokens, r.preemptions])
+            out.append(k)
+        self._kick(now)
+        return out
+
+    def _check_fits(self, prompt: int, target: int, kv_blocks: int, layout: Layout) -> None:
+        need = -(-(prompt + target) // self.settings.block_size)
+        if need > kv_blocks:
+            raise SpecError("target", f"a request of {prompt} + {target} tokens needs {need} KV blocks; a replica of "
+                                      f"{layout.name(self.gpus)} holds {kv_blocks}")
+
+    def _kick(self, now: float) -> None:
+        if now < self.paused_until or (self.switch is not None and not self.switch.applied):
+            return
+        for rep in self.replicas:
+            if rep.step is None and rep.has_work():
+                rep.plan(now)
+
+    def detach(self, rid: int, now: float) -> NewRequest | None:
+        """Hand a request over (migration's final stop): removed now if it is not in a step in flight (the
+        result is returned), else at the end of that step (it then appears in ``detached``). None: pending."""
+        for rep in self.replicas:
+            for j, rec in enumerate(rep.waiting):
+                if rec[0] == rid:
+                    del rep.waiting[j]
+                    return self._record_detached(rec)
+            i = rep.slot_of(rid)
+            if i is not None:
+                if rep.step is not None:  # slots must not move during a step: hand over at its end
+                    self._detach_pending.add(rid)
+                    return None
+                return self._record_detached(rep._remove_slot(i))
+        raise SpecError("request", f"request {rid} is not on this engine")
+
+    def _record_detached(self, rec: list[int]) -> NewRequest:
+        r = NewRequest(rid=rec[0], prompt=rec[1], target=rec[3], dest=rec[4], generated=rec[2], kv_tokens=rec[5],
+                       preemptions=rec[6])
+        self.detached[r.rid] = r
+        return r
+
+    def holds(self, rid: int) -> bool:
+        return any(rep.slot_of(rid) is not None or any(rec[0] == rid for rec in rep.waiting) for rep in self.replicas)
+
+    # ---- time ----
+    def next_event(self) -> float | None:
+        """When something happens next without new input (a step ends, a layout switch starts or ends)."""
+        ts = [r.busy_until for r in self.replicas if r.busy_until is not None]
+        if self.switch is not None and not self.switch.applied:
+            ts.append(self.switch.start)
+        elif self.paused_until > -math.inf and any(r.has_work() and r.step is None for r in self.replicas):
+            ts.append(self.paused_until)
+        return min(ts) if ts else None
+
+    def advance(self, now: float) -> list[StepOutput]:
+        """Complete every step that ended by ``now`` (in end-time order), apply a due layout switch, start the
+        next steps at ``now``."""
+        outs: list[StepOutput] = []
+        while True:
+            due = [r for r in self.replicas if r.busy_until is not None and r.busy_until <= now]
+            if not due:
+                break
+            rep = min(due, key=lambda r: (r.busy_until, r.index))
+            out = rep.complete()
+            self._finish_detaches(rep, out)
+            self.finished_total += len(out.finished)
+            outs.append(out)
+        self._maybe_switch(now)
+        if now >= self.paused_until and (self.switch is None or self.switch.applied):
+            for rep in self.replicas:
+                if rep.step is None and rep.has_work():
+                    rep.plan(now)
+        return outs
+
+    def _finish_detaches(self, rep: Replica, out: StepOutput) -> None:
+        if not self._detach_pending:
+            return
+        got = []
+        for rid in list(self._detach_pending):
+            i = rep.slot_of(rid)
+            if i is not None:
+                self._record_detached(rep._remove_slot(i))
+                self._detach_pending.discard(rid)
+                got.append(rid)
+            elif rid in out.finished:  # it finished in its last step here: nothing to hand over
+                self._detach_pending.discard(rid)
+        out.detached = tuple(got)
+
+    def run_until(self, horizon: float) -> tuple[int, int]:
+        """Virtual time: run every event up to ``horizon`` (steps back to back, many at once where the batch
+        cannot change). Returns (steps, tokens). Finished request ids accumulate in ``finished_log``."""
+        steps = tokens = 0
+        while True:
+            t = self.next_event()
+            if t is None or t > horizon:
+                break
+            progressed = False
+            for rep in self.replicas:
+                if rep.busy_until is not None and rep.busy_until <= horizon and not self._detach_pending \
+                        and (self.switch is None or self.switch.applied):
+                    ff = rep.fast_forward(horizon)
+                    if ff is not None:
+                        steps += ff[0]
+                        tokens += ff[2]
+                        progressed = True
+            if progressed:
+                continue
+            outs = self.advance(t)
+            for o in outs:
+                steps += 1
+                tokens += len(o.ids)
+                if len(o.finished):
+                    self.finished_log.extend((int(x), o.t_end) for x in o.finished)
+        return steps, tokens
+
+    # ---- layout ----
+    def set_layout(self, layout: Layout, now: float, switch_s: float | None = None) -> LayoutSwitch:
+        """Change the layout: no new step starts; when the steps in flight end the server re-shards for
+        ``switch_s`` (default: the cost's :meth:`StepCost.switch_s`), then its running requests resume on the
+        new replicas with their KV cache (those that do not fit wait and recompute)."""
+        layout.check(self.gpus)
+        if self.switch is not None and not self.switch.applied:
+            raise SpecError("layout", "a layout switch is already in progress")
+        new_blocks = int(self.cost.kv_capacity_tokens(layout, self.settings.gpu_memory_utilization)) \
+            // self.settings.block_size
+        for rep in self.replicas:
+            recs = [(int(rep.prompt[i]), int(rep.target[i])) for i in range(rep.n)] + [(w[1], w[3]) for w in rep.waiting]
+            for prompt, target in recs:
+                self._check_fits(prompt, target, new_blocks, layout)
+        ends = [r.busy_until for r in self.replicas if r.busy_until is not None]
+        start = max([now] + ends)
+        kv = float(sum(int(np.sum(r.prompt[: r.n] + r.gen[: r.n])) for r in self.replicas))
+        dur = float(self.cost.switch_s(self.layout, layout, kv)) if switch_s is None else float(switch_s)
+        self.switch = LayoutSwitch(self.layout, layout, now, start, dur, kv)
+        self._maybe_switch(now)
+        return self.switch
+
+    def _maybe_switch(self, now: float) -> None:
+        sw = self.switch
+        if sw is None or sw.applied or now < sw.start or any(r.step is not None for r in self.replicas):
+            return
+        running: list[list[int]] = []
+        waiting: list[list[int]] = []
+        for rep in self.replicas:
+            while rep.n:
+                running.append(rep._remove_slot(rep.n - 1))
+            waiting.extend(rep.waiting)
+        self._base_preemptions += sum(r.preemptions for r in self.replicas)
+        self._base_tokens += sum(r.tokens_total for r in self.replicas)
+        self._build(sw.new)
+        # running requests keep their KV (relocated), least-loaded replica first; what does not fit waits
+        running.sort(key=lambda rec: rec[0])
+        for rec in running:
+            k = min(range(len(self.replicas)), key=lambda i: (self.replicas[i].used_blocks, i))
+            rep = self.replicas[k]
+            need = int(rep._blocks_for(rec[1] + rec[2] + 1))
+            if rep.n < self.settings.max_num_seqs and need <= rep.kv_blocks - rep.used_blocks:
+                rep._admit(rec, rec[5])  # a request caught mid-prefill (no KV record) prefills again
+            else:
+                rec[5] = 0
+                rep.add_waiting(rec)
+        for j, rec in enumerate(waiting):
+            self.replicas[j % len(self.replicas)].add_waiting(rec)
+        sw.applied = True
+        self.paused_until = sw.end
+        self.switches.append({"from": sw.old.name(self.gpus), "to": sw.new.name(self.gpus), "requested": sw.requested,
+                              "start": sw.start, "end": sw.end, "switch_s": sw.switch_s, "kv_tokens": sw.kv_tokens})
+
+    # ---- what the orchestrator sees ----
+    def stats(self, now: float) -> dict:
+        """vLLM-named load statistics per replica and for the server."""
+        reps = []
+        for r in self.replicas:
+            reps.append({"replica": r.index, "num_requests_running": int(r.n),
+                         "num_requests_waiting": len(r.waiting),
+                         "kv_cache_usage_perc": r.used_blocks / r.kv_blocks,
+                         "kv_blocks_free": r.kv_blocks - r.used_blocks, "kv_blocks_total": r.kv_blocks,
+                         "decode_tokens_per_s": r.recent_rate(now)})
+        return {"layout": self.layout.name(self.gpus), "replicas": reps,
+                "num_requests_running": sum(x["num_requests_running"] for x in reps),
+                "num_requests_waiting": sum(x["num_requests_waiting"] for x in reps),
+                "kv_cache_usage_perc": sum(r.used_blocks for r in self.replicas) / sum(r.kv_blocks for r in self.replicas),
+                "num_preemptions_total": self._base_preemptions + sum(r.preemptions for r in self.replicas),
+                "generation_tokens_total": self._base_tokens + sum(r.tokens_total for r in self.replicas),
+                "decode_tokens_per_s": sum(x["decode_tokens_per_s"] for x in reps),
+                "num_requests_finished": self.finished_total,
+                "paused_until": self.paused_until if self.paused_until > -math.inf else None,
+                "switching": self.switch is not None and (not self.switch.applied or now < self.paused_until)}
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """Every request on this server: id, replica, tokens generated, prompt, running (1) or waiting (0).
+        The target lengths stay hidden (the orchestrator must forecast them)."""
+        rid, rep, gen, prompt, run = [], [], [], [], []
+        for r in self.replicas:
+            n = r.n
+            rid.append(r.rid[:n]); gen.append(r.gen[:n]); prompt.append(r.prompt[:n])
+            rep.append(np.full(n, r.index)); run.append(np.ones(n, np.int8))
+            if r.waiting:
+                w = np.array([[x[0], x[2], x[1]] for x in r.waiting], dtype=np.int64)
+                rid.append(w[:, 0]); gen.append(w[:, 1]); prompt.append(w[:, 2])
+                rep.append(np.full(len(w), r.index)); run.append(np.zeros(len(w), np.int8))
+        cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
+        return {"rid": cat(rid, np.int64), "replica": cat(rep, np.int64), "generated": cat(gen, np.int64),
+                "prompt": cat(prompt, np.int64), "running": cat(run, np.int8)}
+
+    def idle(self) -> bool:
+        return not any(r.has_work() or r.step is not None for r in self.replicas) and \
+            (self.switch is None or self.switch.applied)
+
+
+# ---- the cost model as a step cost ------------------------------------------------------------------
+class ModelledCost:
+    """:class:`StepCost` from the roofline cost model (``agents.costmodel.CostModel``).
+
+    A mixed step (decodes plus a prefill chunk) reads the weights once: its time is the decode step plus
+    the prefill chunk's time beyond one weight read (a prefill chunk is compute-bound for any chunk of a
+    few hundred tokens or more, so this is its compute time).
+    """
+
+    def __init__(self, cm):
+        self.cm = cm
+
+    def step_s(self, layout: Layout, n_decode: int, decode_ctx: float, prefill_tokens: int,
+               prefill_seqs: int) -> float:
+        cm = self.cm
+        t = cm.decode_step_s(n_decode, decode_ctx, layout.tp) if n_decode else 0.0
+        if prefill_tokens:
+            per = prefill_tokens / max(1, prefill_seqs)
+            pf = cm.prefill_s(max(1, prefill_seqs), per, layout.tp)
+            if n_decode:
+                pf = max(0.0, pf - cm.decode_step_s(1, 0.0, layout.tp))  # the weight read is shared
+            t += pf
+        return t
+
+    def decode_steps_s(self, layout: Layout, n_decode: int, ctx: np.ndarray) -> np.ndarray:
+        return self.cm.decode_step_s_array(np.full(len(ctx), float(n_decode)), np.asarray(ctx, float), layout.tp)
+
+    def kv_capacity_tokens(self, layout: Layout, gpu_memory_utilization: float) -> int:
+        return int(self.cm.kv_capacity_tokens(layout.tp, reserve=1.0 - gpu_memory_utilization))
+
+    def switch_s(self, old: Layout, new: Layout, kv_tokens: float) -> float:
+        """Weight reshard plus KV relocation over NVLink. Every GPU receives the part of its new shard it does
+        not hold (all of it when the shard grows, a 1/tp_new share moves otherwise), and the KV cache moves
+        between the GPUs of the server; both at the achieved NVLink rate."""
+        cm = self.cm
+        if old == new:
+            return 0.0
+        w = cm.weight_bytes()
+        move = w / new.tp if new.tp < old.tp else w / new.tp * (1 - old.tp / new.tp)
+        kv = kv_tokens * cm.kv_bytes_per_token()
+        rate = cm.gpu.nvlink_bytes_per_s * cm.eff.nvlink
+        return (move + kv / 8.0) / rate
