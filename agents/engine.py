@@ -462,6 +462,7 @@ class Engine:
         self._detach_pending: set[int] = set()
         self.finished_total = 0
         self.finished_log: list[tuple[int, float]] = []  # (request id, finish time) seen by run_until
+        self.held: set[int] = set()  # ids of every request on this server (running or waiting)
         self._base_preemptions = 0  # counters of replicas replaced by a layout switch
         self._base_tokens = 0
         self._build(layout)
@@ -482,18 +483,22 @@ class Engine:
     def add(self, reqs: Iterable[NewRequest], now: float, replica: int | None = None) -> list[int]:
         """Queue requests (round robin over replicas from the least loaded, or on ``replica``); returns the
         replica of each. Idle replicas start a step at ``now``."""
+        reqs = list(reqs)
+        if replica is not None and not (isinstance(replica, int) and 0 <= replica < len(self.replicas)):
+            raise SpecError("replica", f"must be in 0..{len(self.replicas) - 1}, got {replica!r}")
+        for j, r in enumerate(reqs):  # check everything first: a bad request queues none of them
+            try:
+                self._check_fits(r.prompt, r.target, self.kv_blocks_per_replica, self.layout)
+            except SpecError as e:
+                raise SpecError(f"requests[{j}].{e.field}", e.message) from None
+            if self.holds(r.rid):
+                raise SpecError(f"requests[{j}].rid", f"request {r.rid} is already on this server")
         out = []
         for r in reqs:
-            if replica is not None:
-                if not (isinstance(replica, int) and 0 <= replica < len(self.replicas)):
-                    raise SpecError("replica", f"must be in 0..{len(self.replicas) - 1}, got {replica!r}")
-                k = replica
-            else:
-                k = min(range(len(self.replicas)), key=lambda i: (self.replicas[i].n + len(self.replicas[i].waiting), i))
-            if r.target <= r.generated:
-                raise SpecError("generated", f"request {r.rid} is already complete")
-            self._check_fits(r.prompt, r.target, self.kv_blocks_per_replica, self.layout)
+            k = replica if replica is not None else \
+                min(range(len(self.replicas)), key=lambda i: (self.replicas[i].n + len(self.replicas[i].waiting), i))
             self.replicas[k].add_waiting([r.rid, r.prompt, r.generated, r.target, r.dest, r.kv_tokens, r.preemptions])
+            self.held.add(r.rid)
             out.append(k)
         self._kick(now)
         return out
@@ -514,6 +519,8 @@ class Engine:
     def detach(self, rid: int, now: float) -> NewRequest | None:
         """Hand a request over (migration's final stop): removed now if it is not in a step in flight (the
         result is returned), else at the end of that step (it then appears in ``detached``). None: pending."""
+        if rid not in self.held:
+            raise SpecError("rid", f"request {rid} is not on this server")
         for rep in self.replicas:
             for j, rec in enumerate(rep.waiting):
                 if rec[0] == rid:
@@ -525,16 +532,17 @@ class Engine:
                     self._detach_pending.add(rid)
                     return None
                 return self._record_detached(rep._remove_slot(i))
-        raise SpecError("request", f"request {rid} is not on this engine")
+        raise SpecError("rid", f"request {rid} is not on this server")
 
     def _record_detached(self, rec: list[int]) -> NewRequest:
+        self.held.discard(rec[0])
         r = NewRequest(rid=rec[0], prompt=rec[1], target=rec[3], dest=rec[4], generated=rec[2], kv_tokens=rec[5],
                        preemptions=rec[6])
         self.detached[r.rid] = r
         return r
 
     def holds(self, rid: int) -> bool:
-        return any(rep.slot_of(rid) is not None or any(rec[0] == rid for rec in rep.waiting) for rep in self.replicas)
+        return rid in self.held
 
     # ---- time ----
     def next_event(self) -> float | None:
@@ -556,6 +564,7 @@ class Engine:
                 break
             rep = min(due, key=lambda r: (r.busy_until, r.index))
             out = rep.complete()
+            self.held.difference_update(out.finished.tolist())
             self._finish_detaches(rep, out)
             self.finished_total += len(out.finished)
             outs.append(out)

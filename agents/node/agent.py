@@ -1,0 +1,513 @@
+"""The GPU-node agent: one long-lived process per emulated server, inside its Mininet host.
+
+    python -m agents.node --config FILE.json [--log FILE]
+
+Threads:
+
+* RPC (main thread): a ZeroMQ ROUTER on the management address; every message is validated by
+  agents.protocol; quick methods are answered inline, slow ones (collectives, migration, modelled compute) run
+  on workers and are answered when done. A malformed message gets an error reply naming the field; nothing
+  a client sends can stop this loop.
+* engine: the generation engine (agents.engine) in real time. Engine time is ``CLOCK_MONOTONIC / TDF`` (the
+  time-dilation factor), so every modelled step lasts ``modelled x TDF`` of wall time and every reported
+  time is real-time equivalent. After each wake-up it streams the tokens of the steps that ended, one
+  message per collector, over the fabric (ZeroMQ PUSH to the collectors' fabric addresses).
+* collector (trainer agents with a ``collector_port``): counts every token exactly once (agents.node.collector).
+* comm: torch.distributed (agents.node.comm) on a single worker, so collectives keep one order on every rank.
+* p2p / migration workers: KV transfers (point to point on the fabric) and the migration protocol.
+
+Fidelity: for every step, the lateness of its completion beyond its modelled end (engine time) is recorded;
+``fidelity`` reports it (p50/p99, as a fraction of the step) with the TDF that would remove it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy as np
+import zmq
+
+from agents.costmodel import CostModel
+from agents.engine import Engine, Layout, ModelledCost, NewRequest
+from agents.protocol import (AgentConfig, ProtocolError, TokenBatch, decode_request, encode_error, encode_ok,
+                             load_agent_config, pack_array, token_ids)
+from emulation.validation import SpecError
+
+log = logging.getLogger("agents.node")
+
+DISTORTED_FRACTION = 0.05  # overshoot above 5% of the step time: the run was distorted
+
+
+def _tight_timer_slack() -> None:
+    """1 us timer slack (default 50 us) so waits for the next step end wake on time; best effort."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(29, 1000, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class Fidelity:
+    """Step lateness beyond the modelled end, per step (engine time = real-time equivalent seconds)."""
+
+    def __init__(self, keep: int = 200_000):
+        self.modelled: deque[float] = deque(maxlen=keep)
+        self.late: deque[float] = deque(maxlen=keep)
+        self.batch: deque[int] = deque(maxlen=keep)
+        self.steps = 0
+
+    def record(self, modelled_s: float, late_s: float, batch: int) -> None:
+        self.modelled.append(modelled_s)
+        self.late.append(max(0.0, late_s))
+        self.batch.append(batch)
+        self.steps += 1
+
+    def clear(self) -> None:
+        self.modelled.clear(); self.late.clear(); self.batch.clear()
+        self.steps = 0
+
+    def report(self, tdf: float) -> dict:
+        if not self.modelled:
+            return {"steps": 0, "tdf": tdf, "distorted": False}
+        m = np.asarray(self.modelled)
+        late = np.asarray(self.late)
+        frac = late.sum() / m.sum()
+        p50 = float(np.percentile(late, 50))
+        worst = float(np.percentile(late / m, 50))
+        distorted = bool(worst > DISTORTED_FRACTION)
+        # lateness is CPU time that did not fit: dilating time by (1 + overshoot) leaves room for it
+        need = tdf * (1.0 + worst) if distorted else tdf
+        return {"steps": int(self.steps), "tdf": tdf, "modelled_step_ms_p50": float(np.percentile(m, 50)) * 1e3,
+                "overshoot_ms_p50": p50 * 1e3, "overshoot_ms_p99": float(np.percentile(late, 99)) * 1e3,
+                "overshoot_fraction_p50": worst, "overshoot_fraction_total": float(frac),
+                "batch_p50": float(np.percentile(np.asarray(self.batch), 50)), "distorted": distorted,
+                "tdf_needed": float(math.ceil(need * 10) / 10.0)}
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig):
+        self.cfg = cfg
+        self.tdf = cfg.time_dilation
+        self.started = time.monotonic()
+        self.ctx = zmq.Context()
+        self.cm = CostModel.for_names(cfg.model, cfg.gpu)
+        self.kv_bytes_per_token = self.cm.kv_bytes_per_token() * cfg.scale  # emulated bytes
+        cost = ModelledCost(self.cm)
+        if cfg.real_compute is not None:
+            from agents.node.realmodel import RealStepCost
+
+            cost = RealStepCost(cfg.real_compute, self.cm)
+        self.engine = Engine(cost, cfg.gpus, Layout.parse(cfg.layout, cfg.gpus, "config.layout"), cfg.engine)
+        self.lock = threading.Lock()  # the engine, the fidelity record, the detach waiters
+        self.detach_cv = threading.Condition(self.lock)
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self.fidelity = Fidelity()
+        self.tokens_sent = 0
+        self.token_messages = 0
+        self.send_wait_s = 0.0
+        self._seq = 0
+        from agents.node.comm import Comm
+
+        self.comm = Comm(cfg.index)
+        self.collector = None
+        if cfg.collector_port is not None:
+            from agents.node.collector import Collector
+
+            self.collector = Collector(self.ctx, cfg.fabric_ip, cfg.collector_port, self.now)
+        self.push: list[zmq.Socket] = []
+        for ep in cfg.collectors:
+            s = self.ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.SNDHWM, 100_000)
+            s.setsockopt(zmq.LINGER, 2000)
+            s.connect(ep.url)
+            self.push.append(s)
+        self.comm_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="comm")
+        self.p2p_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="p2p")
+        self.work_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="work")
+        self.kv_recvs: dict[int, Future] = {}
+        self._tag = 0
+        self.migrations: list[dict] = []
+        self._reply_url = f"inproc://replies-{os.getpid()}"
+        self._local = threading.local()
+
+    # ---- time ----
+    def now(self) -> float:
+        return time.monotonic() / self.tdf
+
+    # ---- engine loop ----
+    def engine_loop(self) -> None:
+        _tight_timer_slack()
+        while not self.stopping.is_set():
+            self.wake.clear()
+            with self.lock:
+                now = self.now()
+                outs = self.engine.advance(now)
+                for o in outs:
+                    self.fidelity.record(o.modelled_s, now - o.t_end, len(o.ids))
+                if any(o.detached for o in outs):
+                    self.detach_cv.notify_all()
+                nxt = self.engine.next_event()
+            if outs:
+                self._emit(outs, now)
+            if nxt is None:
+                self.wake.wait(0.5)
+            else:
+                delay = (nxt - self.now()) * self.tdf
+                if delay > 0:
+                    self.wake.wait(delay)
+
+    def _emit(self, outs, now: float) -> None:
+        if not self.push:
+            return
+        ids = np.concatenate([o.ids for o in outs])
+        if not len(ids):
+            return
+        pos = np.concatenate([o.pos for o in outs])
+        dest = np.concatenate([o.dest for o in outs])
+        fin = np.concatenate([o.finished for o in outs])
+        tok = token_ids(ids, pos)
+        t0 = time.perf_counter()
+        for d in np.unique(dest):
+            m = dest == d
+            f = fin[np.isin(fin, ids[m])] if len(fin) else fin
+            self._seq += 1
+            msg = TokenBatch(self.cfg.index, self._seq, now, ids[m], pos[m], tok[m], f).encode()
+            self.push[int(d)].send(msg)
+            self.token_messages += 1
+        self.send_wait_s += time.perf_counter() - t0
+        self.tokens_sent += len(ids)
+
+    # ---- replies from workers ----
+    def _reply_sock(self) -> zmq.Socket:
+        s = getattr(self._local, "reply", None)
+        if s is None:
+            s = self.ctx.socket(zmq.PUSH)
+            s.connect(self._reply_url)
+            self._local.reply = s
+        return s
+
+    def _async(self, pool: ThreadPoolExecutor, ident: bytes, req_id: int, fn: Callable[[], Any]) -> None:
+        def run() -> None:
+            try:
+                out = encode_ok(req_id, fn())
+            except SpecError as e:
+                out = encode_error(req_id, str(e), e.field)
+            except Exception as e:  # noqa: BLE001 - an operation's failure is the caller's answer
+                log.exception("%s failed", getattr(fn, "__name__", "operation"))
+                out = encode_error(req_id, f"{type(e).__name__}: {e}", None)
+            self._reply_sock().send_multipart([ident, out])
+
+        pool.submit(run)
+
+    # ---- RPC ----
+    def serve(self) -> int:
+        router = self.ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        router.bind(self.cfg.rpc.url)
+        replies = self.ctx.socket(zmq.PULL)
+        replies.bind(self._reply_url)
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        poller.register(replies, zmq.POLLIN)
+        eng = threading.Thread(target=self.engine_loop, name="engine", daemon=True)
+        eng.start()
+        log.info("agent %d (server %d, %s) serving on %s", self.cfg.index, self.cfg.server, self.cfg.role,
+                 self.cfg.rpc.url)
+        while not self.stopping.is_set():
+            for sock, _ in poller.poll(200):
+                if sock is replies:
+                    router.send_multipart(replies.recv_multipart())
+                    continue
+                frames = router.recv_multipart()
+                if len(frames) < 2:
+                    continue
+                ident, payload = frames[0], frames[-1]
+                out = self.handle(ident, payload)
+                if out is not None:
+                    router.send_multipart([ident, out])
+        eng.join(timeout=2.0)
+        self.close()
+        router.close(0)
+        replies.close(0)
+        return 0
+
+    def handle(self, ident: bytes, payload: bytes) -> bytes | None:
+        """Answer one message (None: a worker answers later). Never raises."""
+        req_id = None
+        try:
+            req = decode_request(payload)
+            req_id = req.id
+            fn = getattr(self, f"rpc_{req.method}")
+            if req.method in ("dist_init", "form_group", "all_reduce", "all_to_all", "broadcast", "send", "recv"):
+                self._async(self.comm_pool, ident, req.id, lambda: fn(req.params))
+                return None
+            if req.method in ("migrate", "migrate_commit", "compute"):
+                self._async(self.work_pool, ident, req.id, lambda: fn(req.params))
+                return None
+            return encode_ok(req.id, fn(req.params))
+        except ProtocolError as e:
+            return encode_error(e.request_id, str(e), e.field)
+        except SpecError as e:
+            return encode_error(req_id, str(e), e.field)
+        except Exception as e:  # noqa: BLE001 - the loop must survive whatever a handler does
+            log.exception("request failed")
+            return encode_error(req_id, f"{type(e).__name__}: {e}", None)
+
+    # ---- methods ----
+    def rpc_ping(self, p) -> dict:
+        return {"agent": self.cfg.index, "server": self.cfg.server, "role": self.cfg.role, "pid": os.getpid(),
+                "uptime_s": time.monotonic() - self.started, "layout": self.engine.layout.name(self.cfg.gpus),
+                "now": self.now(), "mono": time.monotonic(), "tdf": self.tdf, "backend": self.comm.backend,
+                "collector": self.collector is not None}
+
+    def rpc_dist_init(self, p) -> dict:
+        return self.comm.init_world(p)
+
+    def rpc_form_group(self, p) -> dict:
+        return self.comm.form_group(p)
+
+    def rpc_all_reduce(self, p) -> dict:
+        return self.comm.all_reduce(p)
+
+    def rpc_all_to_all(self, p) -> dict:
+        return self.comm.all_to_all(p)
+
+    def rpc_broadcast(self, p) -> dict:
+        return self.comm.broadcast(p)
+
+    def rpc_send(self, p) -> dict:
+        return self.comm.p2p(p, send=True)
+
+    def rpc_recv(self, p) -> dict:
+        return self.comm.p2p(p, send=False)
+
+    def rpc_submit(self, p) -> dict:
+        for j, r in enumerate(p.requests):
+            if r.dest >= len(self.cfg.collectors):
+                raise SpecError(f"params.requests[{j}].dest",
+                                f"collector {r.dest} does not exist (this agent streams to {len(self.cfg.collectors)})")
+        reqs = [NewRequest(rid=r.rid, prompt=r.prompt, target=r.target, dest=r.dest, generated=r.generated)
+                for r in p.requests]
+        with self.lock:
+            try:
+                where = self.engine.add(reqs, self.now(), p.replica)
+            except SpecError as e:
+                raise SpecError(f"params.{e.field}", e.message) from None
+        self.wake.set()
+        return {"accepted": len(reqs), "replicas": where}
+
+    def rpc_stats(self, p) -> dict:
+        with self.lock:
+            now = self.now()
+            st = self.engine.stats(now)
+            if p.snapshot:
+                snap = self.engine.snapshot()
+                st["snapshot"] = {k: pack_array(v) for k, v in snap.items()}
+            st["switches"] = list(self.engine.switches)
+        st.update(agent=self.cfg.index, now=now, tokens_sent=self.tokens_sent, token_messages=self.token_messages)
+        return st
+
+    def rpc_set_layout(self, p) -> dict:
+        layout = Layout.parse(p.layout, self.cfg.gpus, "params.layout")
+        with self.lock:
+            sw = self.engine.set_layout(layout, self.now())
+        self.wake.set()
+        return {"from": sw.old.name(self.cfg.gpus), "to": sw.new.name(self.cfg.gpus), "requested": sw.requested,
+                "start": sw.start, "end": sw.end, "switch_s": sw.switch_s, "kv_tokens": sw.kv_tokens}
+
+    def rpc_reset(self, p) -> dict:
+        """Drop every request (the driver's recovery and end-of-run); the layout stays."""
+        with self.lock:
+            dropped = len(self.engine.held)
+            self.engine = Engine(self.engine.cost, self.cfg.gpus, self.engine.layout, self.cfg.engine)
+            self.fidelity.clear()
+        self.wake.set()
+        return {"dropped": dropped}
+
+    def rpc_collector_stats(self, p) -> dict:
+        if self.collector is None:
+            raise SpecError("method", f"agent {self.cfg.index} hosts no token collector")
+        return self.collector.stats()
+
+    def rpc_collector_reset(self, p) -> dict:
+        if self.collector is None:
+            raise SpecError("method", f"agent {self.cfg.index} hosts no token collector")
+        self.collector.reset()
+        return {"reset": True}
+
+    def rpc_fidelity(self, p) -> dict:
+        with self.lock:
+            rep = self.fidelity.report(self.tdf)
+        rep.update(tokens_sent=self.tokens_sent, token_messages=self.token_messages,
+                   token_send_s=self.send_wait_s)
+        return rep
+
+    def rpc_compute(self, p) -> dict:
+        t0 = time.monotonic()
+        self.stopping.wait(p.seconds * self.tdf)
+        return {"seconds": p.seconds, "wall_s": time.monotonic() - t0}
+
+    def rpc_shutdown(self, p) -> dict:
+        self.stopping.set()
+        self.wake.set()
+        return {"stopping": True}
+
+    # ---- migration ----
+    def _next_tag(self) -> int:
+        with self.lock:
+            self._tag += 1
+            return (self.cfg.index % 256) << 12 | (self._tag % 4096)  # unique per source, < 2^20
+
+    def _footprint(self, rid: int) -> tuple[int, bool] | None:
+        """(KV tokens, decoding with its KV) of request ``rid`` here, None when it is not here."""
+        for rep in self.engine.replicas:
+            i = rep.slot_of(rid)
+            if i is not None:
+                return int(rep.prompt[i] + rep.gen[i]), bool(rep.pre[i] == 0)
+        return (0, False) if self.engine.holds(rid) else None
+
+    def rpc_migrate(self, p) -> dict:
+        """Source side of a migration (see MigrateParams): copy stages, stop, last copy, hand over."""
+        from agents.client import AgentClient
+        from agents.protocol import P2PParams
+
+        peer = AgentClient(p.dst_rpc.url, f"agent {p.dst}", timeout_s=p.timeout_s, ctx=self.ctx)
+        try:
+            t_begin = self.now()
+            with self.lock:
+                fp = self._footprint(p.rid)
+            if fp is None:
+                raise SpecError("params.rid", f"request {p.rid} is not on agent {self.cfg.index}")
+            stages, copied, tags = [], 0, []
+
+            def copy(tokens: int, stage: str) -> None:
+                nbytes = max(1, int(round(tokens * self.kv_bytes_per_token)))
+                tag = self._next_tag()
+                peer.call("kv_incoming", {"rid": p.rid, "src": self.cfg.index, "nbytes": nbytes, "tag": tag,
+                                          "timeout_s": p.timeout_s})
+                t0 = self.now()
+                self.comm.p2p(P2PParams(peer=p.dst, nbytes=nbytes, tag=tag, timeout_s=p.timeout_s), send=True)
+                tags.append(tag)
+                stages.append({"stage": stage, "tokens": tokens, "bytes": nbytes, "s": self.now() - t0})
+
+            if p.mode == "multi_stage" and fp[1]:
+                for _ in range(p.max_stages - 1):
+                    with self.lock:
+                        fp = self._footprint(p.rid)
+                    if fp is None or not fp[1]:
+                        break  # finished, or preempted (no KV to copy) meanwhile
+                    delta = fp[0] - copied
+                    if delta * self.kv_bytes_per_token <= p.stop_bytes and copied:
+                        break
+                    copy(delta, "live")
+                    copied = fp[0]
+            # stop: the request leaves this engine at the end of its step in flight
+            deadline = time.monotonic() + p.timeout_s
+            with self.lock:
+                if not self.engine.holds(p.rid):
+                    return {"rid": p.rid, "result": "finished", "stages": stages}
+                st = self.engine.detach(p.rid, self.now())
+                while st is None:
+                    st = self.engine.detached.get(p.rid)
+                    if st is not None:
+                        break
+                    if not self.engine.holds(p.rid) and p.rid not in self.engine._detach_pending:
+                        return {"rid": p.rid, "result": "finished", "stages": stages}
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"request {p.rid} did not stop within {p.timeout_s} s")
+                    self.detach_cv.wait(left)
+                self.engine.detached.pop(p.rid, None)
+                t_stop = self.now()
+            has_kv = st.kv_tokens > 0
+            if has_kv and st.kv_tokens > copied:
+                copy(st.kv_tokens - copied if copied else st.kv_tokens, "stop")
+            spec = {"rid": st.rid, "prompt": st.prompt, "target": st.target, "dest": st.dest,
+                    "generated": st.generated}
+            try:
+                res = peer.call("migrate_commit", {"request": spec, "kv_tokens": st.kv_tokens if has_kv else 0,
+                                                   "preemptions": st.preemptions, "tags": tags},
+                                timeout_s=p.timeout_s)
+            except Exception:
+                # the destination did not take it: keep serving it here (recompute if its KV was lost)
+                with self.lock:
+                    self.engine.add([st], self.now())
+                self.wake.set()
+                raise
+            out = {"rid": p.rid, "result": "moved", "mode": p.mode, "stages": stages,
+                   "kv_bytes": sum(s["bytes"] for s in stages), "generated_at_stop": st.generated,
+                   "stopped": t_stop, "resumed": res["resumed"], "downtime_s": res["resumed"] - t_stop,
+                   "total_s": res["resumed"] - t_begin, "dst": p.dst, "dst_replica": res.get("replica")}
+            self.migrations.append(out)
+            return out
+        finally:
+            peer.close()
+
+    def rpc_kv_incoming(self, p) -> dict:
+        from agents.protocol import P2PParams
+
+        q = P2PParams(peer=p.src, nbytes=p.nbytes, tag=p.tag, timeout_s=p.timeout_s)
+        self.kv_recvs[p.tag] = self.p2p_pool.submit(self.comm.p2p, q, False)
+        return {"posted": p.tag}
+
+    def rpc_migrate_commit(self, p) -> dict:
+        for tag in p.tags:
+            f = self.kv_recvs.pop(tag, None)
+            if f is None:
+                raise SpecError("params.tags", f"no KV transfer {tag} was announced")
+            got = f.result(timeout=60)
+            if not got.get("correct"):
+                raise SpecError("params.tags", f"KV transfer {tag} arrived corrupted")
+        r = p.request
+        req = NewRequest(rid=r.rid, prompt=r.prompt, target=r.target, dest=r.dest, generated=r.generated,
+                         kv_tokens=p.kv_tokens, preemptions=p.preemptions)
+        if r.dest >= len(self.cfg.collectors):
+            raise SpecError("params.request.dest", f"collector {r.dest} does not exist here")
+        with self.lock:
+            where = self.engine.add([req], self.now())
+            resumed = self.now()
+        self.wake.set()
+        return {"resumed": resumed, "replica": where[0]}
+
+    # ---- life cycle ----
+    def close(self) -> None:
+        for pool in (self.work_pool, self.p2p_pool, self.comm_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
+        if self.collector is not None:
+            self.collector.close()
+        for s in self.push:
+            s.close(2000)
+        self.comm.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m agents.node", description="OrchestrRL GPU-node agent")
+    ap.add_argument("--config", required=True, help="agent config (JSON, agents.protocol.AgentConfig)")
+    ap.add_argument("--log", default=None, help="log file (default: stderr)")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, filename=a.log,
+                        format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
+    try:
+        with open(a.config, encoding="utf-8") as f:
+            cfg = load_agent_config(json.load(f))
+    except (OSError, ValueError) as e:
+        print(f"agents.node: error: {e}", file=sys.stderr)
+        return 2
+    agent = Agent(cfg)
+    signal.signal(signal.SIGTERM, lambda *_: (agent.stopping.set(), agent.wake.set()))
+    signal.signal(signal.SIGINT, lambda *_: (agent.stopping.set(), agent.wake.set()))
+    return agent.serve()

@@ -1,0 +1,239 @@
+"""torch.distributed inside an agent: the cluster's world, process groups, collectives, the pipelined weight
+broadcast and point-to-point transfers. Gloo on CPU (this machine), NCCL when CUDA is present: one code path.
+
+Peers are named by *agent index* everywhere outside this module; :class:`Comm` maps them to world ranks.
+Every operation has a timeout (the process group's, and ``Work.wait(timeout)`` for point-to-point), so a dead
+peer is an error reply, never a hang. Tensors are filled with data the receivers can check (a correctness
+value for all-reduce, a per-chunk pattern for all-to-all, a CRC32 of the broadcast buffer).
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from agents.protocol import BroadcastParams, CollectiveParams, DistInitParams, GroupParams, P2PParams
+
+log = logging.getLogger(__name__)
+
+P2P_TAG_BASE = 1 << 30  # point-to-point (migration) tags live above the broadcast tags
+BCAST_CHUNK_BITS = 16
+
+
+class CommError(RuntimeError):
+    """A collective failed (timeout, dead peer, not initialised): the message says which and why."""
+
+
+def _td(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=float(seconds))
+
+
+class Comm:
+    def __init__(self, agent: int):
+        self.agent = agent
+        self.backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self.device = torch.device("cuda", 0) if self.backend == "nccl" else torch.device("cpu")
+        self.rank_of: dict[int, int] = {}
+        self.groups: dict[str, tuple[object, tuple[int, ...]]] = {}
+        self.generation = 0
+        self.lock = threading.Lock()  # world (re)creation vs. operations
+
+    # ---- world and groups ----
+    @property
+    def initialised(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    def init_world(self, p: DistInitParams) -> dict:
+        with self.lock:
+            if self.initialised:
+                self.groups.clear()
+                try:
+                    dist.destroy_process_group()
+                except Exception as e:  # noqa: BLE001 - a broken old world must not stop a new one
+                    log.warning("destroying the old world: %s", e)
+            self.rank_of = {}
+            if self.agent not in p.agents:
+                return {"member": False, "world_size": len(p.agents)}
+            rank = p.agents.index(self.agent)
+            t0 = time.monotonic()
+            store = dist.TCPStore(p.master.host, p.master.port, world_size=len(p.agents), is_master=rank == 0,
+                                  timeout=_td(p.timeout_s), wait_for_workers=True, multi_tenant=False)
+            dist.init_process_group(self.backend, store=store, rank=rank, world_size=len(p.agents),
+                                    timeout=_td(p.timeout_s))
+            self.rank_of = {a: i for i, a in enumerate(p.agents)}
+            self.generation += 1
+            return {"member": True, "rank": rank, "world_size": len(p.agents), "backend": self.backend,
+                    "init_s": time.monotonic() - t0}
+
+    def _rank(self, agent: int, what: str) -> int:
+        if agent not in self.rank_of:
+            raise CommError(f"{what}: agent {agent} is not in the current world {sorted(self.rank_of)}")
+        return self.rank_of[agent]
+
+    def form_group(self, p: GroupParams) -> dict:
+        if not self.initialised:
+            raise CommError("form_group: no world yet (dist_init first)")
+        if self.agent not in p.agents:
+            raise CommError(f"form_group: agent {self.agent} is not a member of {list(p.agents)}")
+        ranks = sorted(self._rank(a, "form_group") for a in p.agents)
+        t0 = time.monotonic()
+        g = dist.new_group(ranks=ranks, timeout=_td(p.timeout_s), use_local_synchronization=True)
+        self.groups[p.name] = (g, tuple(p.agents))
+        return {"group": p.name, "size": len(ranks), "form_s": time.monotonic() - t0}
+
+    def _group(self, name: str):
+        if name == "world":
+            if not self.initialised:
+                raise CommError("no world yet (dist_init first)")
+            return None, tuple(self.rank_of)
+        if name not in self.groups:
+            raise CommError(f"unknown group {name!r} (known: world, {', '.join(sorted(self.groups)) or '-'})")
+        return self.groups[name]
+
+    # ---- collectives ----
+    def _timed(self, fn, group, p: CollectiveParams) -> list[float]:
+        for _ in range(p.warmup):
+            fn()
+        times = []
+        for _ in range(p.iters):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            fn()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        return times
+
+    def all_reduce(self, p: CollectiveParams) -> dict:
+        group, members = self._group(p.group)
+        me = members.index(self.agent) if self.agent in members else None
+        if me is None:
+            raise CommError(f"all_reduce: agent {self.agent} is not in group {p.group}")
+        n = max(1, p.nbytes // 4)
+        t = torch.empty(n, dtype=torch.float32, device=self.device)
+        value = float(me + 1)
+
+        def once() -> None:
+            t.fill_(value)
+            dist.all_reduce(t, group=group)
+
+        start = time.monotonic()
+        times = self._timed(once, group, p)
+        want = len(members) * (len(members) + 1) / 2.0
+        got = float(t[0].item()), float(t[-1].item())
+        return {"op": "all_reduce", "group": p.group, "ranks": len(members), "bytes": n * 4, "times_s": times,
+                "start_mono": start, "end_mono": time.monotonic(), "backend": self.backend,
+                "correct": got == (want, want), "value": got[0], "expected": want}
+
+    def all_to_all(self, p: CollectiveParams) -> dict:
+        group, members = self._group(p.group)
+        if self.agent not in members:
+            raise CommError(f"all_to_all: agent {self.agent} is not in group {p.group}")
+        k = len(members)
+        me = members.index(self.agent)
+        per = max(1, p.nbytes // 4 // k)
+        inp = torch.empty(per * k, dtype=torch.float32, device=self.device)
+        for j in range(k):  # the chunk for peer j carries (me, j)
+            inp[j * per:(j + 1) * per] = float(me * 1000 + j)
+        out = torch.empty_like(inp)
+
+        def once() -> None:
+            dist.all_to_all_single(out, inp, group=group)
+
+        start = time.monotonic()
+        times = self._timed(once, group, p)
+        ok = all(float(out[j * per].item()) == float(j * 1000 + me) and float(out[(j + 1) * per - 1].item())
+                 == float(j * 1000 + me) for j in range(k))
+        return {"op": "all_to_all", "group": p.group, "ranks": k, "bytes": per * k * 4, "times_s": times,
+                "start_mono": start, "end_mono": time.monotonic(), "backend": self.backend, "correct": ok}
+
+    # ---- pipelined broadcast ----
+    def broadcast(self, p: BroadcastParams) -> dict:
+        """Receive each chunk from its source (the sources split the chunks by share), forward it to every
+        child as soon as it is in, so a chain of depth d takes ~(bytes + d x bucket) / rate."""
+        if not self.initialised:
+            raise CommError("broadcast: no world yet (dist_init first)")
+        n = max(1, p.nbytes // 4)
+        per = max(1, p.bucket_bytes // 4)
+        nchunks = -(-n // per)
+        buf = torch.empty(n, dtype=torch.float32, device=self.device)
+        src_ranks = [(self._rank(a, "broadcast source"), share) for a, share in p.sources]
+        child_ranks = [self._rank(c, "broadcast child") for c in p.children]
+        owner = chunk_owners(nchunks, [s for _, s in src_ranks]) if src_ranks else []
+        base = (p.tag % (1 << (30 - BCAST_CHUNK_BITS))) << BCAST_CHUNK_BITS
+        t0 = time.monotonic()
+        if not src_ranks:  # the root: weights of version ``version`` (exact in float32)
+            buf.copy_((torch.arange(n, dtype=torch.int64) % 65521 + p.version % 1000).to(torch.float32))
+        recvs = []
+        if src_ranks:
+            for c in range(nchunks):
+                view = buf[c * per:min(n, (c + 1) * per)]
+                recvs.append(dist.irecv(view, src=src_ranks[owner[c]][0], tag=base + c))
+        sends = []
+        first_in = None
+        for c in range(nchunks):
+            view = buf[c * per:min(n, (c + 1) * per)]
+            if recvs:
+                if not recvs[c].wait(timeout=_td(p.timeout_s)):
+                    raise CommError(f"broadcast: chunk {c} did not arrive within {p.timeout_s} s")
+                if first_in is None:
+                    first_in = time.monotonic()
+            for r in child_ranks:
+                sends.append(dist.isend(view, dst=r, tag=base + c))
+        for w in sends:
+            if not w.wait(timeout=_td(p.timeout_s)):
+                raise CommError(f"broadcast: a send did not complete within {p.timeout_s} s")
+        end = time.monotonic()
+        data = buf.cpu().numpy().tobytes() if buf.device.type != "cpu" else buf.numpy().tobytes()
+        return {"op": "broadcast", "bytes": n * 4, "chunks": nchunks, "bucket_bytes": per * 4,
+                "sources": [a for a, _ in p.sources], "children": list(p.children), "start_mono": t0,
+                "first_chunk_mono": first_in, "end_mono": end, "crc32": zlib.crc32(data), "backend": self.backend}
+
+    # ---- point to point ----
+    def p2p(self, p: P2PParams, send: bool) -> dict:
+        if not self.initialised:
+            raise CommError("p2p: no world yet (dist_init first)")
+        r = self._rank(p.peer, "p2p peer")
+        n = max(1, -(-p.nbytes // 4))
+        t = torch.empty(n, dtype=torch.float32, device=self.device)
+        if send:
+            t.fill_(float(self.agent + 1))
+        t0 = time.monotonic()
+        w = (dist.isend if send else dist.irecv)(t, r, tag=P2P_TAG_BASE + p.tag)
+        if not w.wait(timeout=_td(p.timeout_s)):
+            raise CommError(f"{'send to' if send else 'receive from'} agent {p.peer} did not complete within "
+                            f"{p.timeout_s} s")
+        out = {"bytes": n * 4, "start_mono": t0, "end_mono": time.monotonic()}
+        if not send:
+            out["value"] = float(t[0].item())
+            out["correct"] = float(t[0].item()) == float(p.peer + 1) == float(t[-1].item())
+        return out
+
+    def close(self) -> None:
+        with self.lock:
+            self.groups.clear()
+            if self.initialised:
+                try:
+                    dist.destroy_process_group()
+                except Exception as e:  # noqa: BLE001
+                    log.warning("destroy_process_group: %s", e)
+
+
+def chunk_owners(nchunks: int, shares: list[float]) -> list[int]:
+    """Which source sends each chunk: chunks dealt in proportion to ``shares``, interleaved (smooth weighted
+    round robin), so every source streams at once."""
+    total = float(sum(shares))
+    credit = [0.0] * len(shares)
+    out = []
+    for _ in range(nchunks):
+        for i, s in enumerate(shares):
+            credit[i] += s / total
+        k = max(range(len(shares)), key=lambda i: (credit[i], -i))
+        credit[k] -= 1.0
+        out.append(k)
+    return out

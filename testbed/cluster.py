@@ -1,0 +1,294 @@
+"""The emulated cluster: controller + fabric (testbed.harness) + one long-lived agent per server.
+
+:class:`AgentPool` starts an agent (``python -m agents.node``) inside every Mininet host once, waits until each
+answers on the management network, forms the torch.distributed world over the fabric, and keeps the
+bookkeeping a driver needs: where every request was placed (submissions and migrations), what the trainer-side
+collectors received, which agents died. Phases never spawn processes (DESIGN.md): everything after start-up is
+an RPC to a running agent.
+
+Failure: an agent whose process exited, or that does not answer within ``health_timeout_s``, is *failed*;
+:meth:`AgentPool.lost_requests` lists the requests placed on it that the collectors have not seen finish, with
+the tokens already delivered, so the caller can re-queue them.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from agents.client import AgentClient, AgentError, AgentTimeout, call_all
+from agents.engine import EngineSettings
+from agents.protocol import unpack_array
+from emulation.builder import EmulatedFabric
+from emulation.scenario import Scenario
+from emulation.validation import SpecError, to_dict
+from testbed.harness import Testbed, running_testbed
+
+log = logging.getLogger(__name__)
+
+RPC_PORT = 7000
+COLLECTOR_PORT = 7100
+STORE_PORT_BASE = 29400
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Collected:
+    """What every collector received, merged: per request id, unique tokens, contiguous prefix, duplicates
+    and the final length when the request finished."""
+
+    rid: np.ndarray
+    count: np.ndarray
+    contiguous: np.ndarray
+    dups: np.ndarray
+    final_len: np.ndarray
+    summary: dict
+
+    def by_rid(self) -> dict[int, int]:
+        return dict(zip(self.rid.tolist(), self.count.tolist()))
+
+    def finished(self) -> set[int]:
+        return set(self.rid[self.final_len >= 0].tolist())
+
+
+@dataclass
+class AgentPool:
+    fabric: EmulatedFabric
+    scenario: Scenario
+    layouts: dict[int, str] = field(default_factory=dict)  # server -> layout name (default TP1x8-like)
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    time_dilation: float = 1.0
+    start_timeout_s: float = 120.0
+    health_timeout_s: float = 3.0
+    real_compute: dict | None = None
+
+    def __post_init__(self) -> None:
+        spec, layout = self.scenario.fabric, self.scenario.layout
+        self.spec = spec
+        self.trainers = layout.train_servers(spec)
+        self.generators = layout.gen_servers(spec)
+        self.n = spec.n_servers
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.clients: dict[int, AgentClient] = {}
+        self.placement: dict[int, int] = {}  # rid -> agent
+        self.failed: dict[int, str] = {}  # agent -> why
+        self.pids: dict[int, int] = {}
+        self._generation = 0
+        self._pool = ThreadPoolExecutor(max_workers=max(4, 2 * self.n), thread_name_prefix="pool")
+        self._dir: Path | None = None
+        self._started = False
+
+    # ---- life cycle ----
+    def __enter__(self) -> "AgentPool":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def config(self, s: int) -> dict:
+        spec, w = self.spec, self.scenario.workload
+        gps = spec.gpus_per_server
+        return {
+            "index": s, "server": s, "role": "train" if s in self.trainers else "gen", "gpus": gps,
+            "model": w.model, "gpu": w.gpu,
+            "rpc": {"host": self.fabric.mgmt_ip(s), "port": RPC_PORT},
+            "fabric_ip": spec.host_ip(s), "fabric_intf": self.fabric.intf_of(s),
+            "layout": self.layouts.get(s, f"TP{w.rollout_tp}x{gps // w.rollout_tp}"),
+            "engine": to_dict(self.engine), "time_dilation": self.time_dilation, "scale": spec.scale,
+            "collector_port": COLLECTOR_PORT if s in self.trainers else None,
+            "collectors": [{"host": spec.host_ip(t), "port": COLLECTOR_PORT} for t in self.trainers],
+            "real_compute": self.real_compute,
+        }
+
+    def start(self) -> "AgentPool":
+        if self._started:
+            return self
+        self._started = True
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        t0 = time.monotonic()
+        self._dir = Path(self.fabric.workdir) / "agents"
+        self._dir.mkdir(exist_ok=True)
+        for s in range(self.n):
+            cfg = self._dir / f"agent{s}.json"
+            cfg.write_text(json.dumps(self.config(s)))
+            env = dict(os.environ, GLOO_SOCKET_IFNAME=self.fabric.intf_of(s), OMP_NUM_THREADS="1",
+                       MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            self.procs[s] = self.fabric.popen(
+                s, [sys.executable, "-m", "agents.node", "--config", str(cfg), "--log", str(self._dir / f"agent{s}.log")],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(self._dir / f"agent{s}.err", "wb"),
+                env=env, cwd=str(ROOT), role="agent")
+            self.clients[s] = AgentClient(f"tcp://{self.fabric.mgmt_ip(s)}:{RPC_PORT}", f"agent {s}", timeout_s=10.0)
+        deadline = time.monotonic() + self.start_timeout_s
+        for s in range(self.n):
+            while True:
+                if self.procs[s].poll() is not None:
+                    raise RuntimeError(f"agent {s} exited with {self.procs[s].returncode} during start:\n"
+                                       f"{self.log_tail(s)}")
+                try:
+                    self.pids[s] = self.clients[s].call("ping", timeout_s=1.0)["pid"]
+                    break
+                except AgentTimeout:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"agent {s} did not answer within {self.start_timeout_s} s:\n"
+                                           f"{self.log_tail(s)}") from None
+        self.start_s = time.monotonic() - t0
+        self.form_world(list(range(self.n)))
+        log.info("%d agents up in %.1f s (world formed)", self.n, time.monotonic() - t0)
+
+    def log_tail(self, s: int, n: int = 3000) -> str:
+        out = ""
+        for suffix in (".err", ".log"):
+            p = (self._dir or Path("/nonexistent")) / f"agent{s}{suffix}"
+            with contextlib.suppress(OSError):
+                out += p.read_bytes()[-n:].decode(errors="replace")
+        return out
+
+    def form_world(self, agents: Sequence[int], timeout_s: float = 60.0) -> dict:
+        """(Re-)form the torch.distributed world of ``agents`` and the groups ``trainers`` and ``generators``
+        (without restarting anything)."""
+        self._generation += 1
+        master = {"host": self.fabric.mgmt_ip(agents[0]), "port": STORE_PORT_BASE + self._generation % 500}
+        members = {a: self.clients[a] for a in agents}
+        res = call_all(members, "dist_init", lambda a: {"agents": list(agents), "master": master,
+                                                         "timeout_s": timeout_s}, timeout_s + 10, self._pool)
+        for name, group in (("trainers", self.trainers), ("generators", self.generators)):
+            live = [a for a in group if a in agents]
+            if len(live) >= 2:
+                self.form_group(name, live, timeout_s)
+        return res
+
+    def form_group(self, name: str, agents: Sequence[int], timeout_s: float = 60.0) -> dict:
+        return call_all({a: self.clients[a] for a in agents}, "form_group",
+                        lambda a: {"name": name, "agents": list(agents), "timeout_s": timeout_s}, timeout_s + 10,
+                        self._pool)
+
+    def stop(self) -> None:
+        """Ask every agent to stop, then make sure (by PID: the fabric's records) they are gone. Idempotent."""
+        if not self._started:
+            return
+        self._started = False
+        live = {s: c for s, c in self.clients.items() if self.procs.get(s) is not None and self.procs[s].poll() is None}
+        if live:
+            with contextlib.suppress(Exception):
+                call_all(live, "shutdown", lambda s: None, 2.0, self._pool)
+        for s, p in self.procs.items():
+            try:
+                p.wait(timeout=3.0)
+            except subprocess.TimeoutExpired:
+                log.warning("agent %d did not stop; killing pid %d", s, p.pid)
+                p.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=3.0)
+        for c in self.clients.values():
+            c.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---- calls ----
+    def call(self, s: int, method: str, params: Any = None, timeout_s: float | None = None) -> Any:
+        if s in self.failed:
+            raise AgentError(f"agent {s}", method, f"agent {s} failed: {self.failed[s]}", None)
+        try:
+            return self.clients[s].call(method, params, timeout_s)
+        except AgentTimeout:
+            self.check_health([s])
+            raise
+
+    def call_all(self, agents: Sequence[int], method: str, params_of, timeout_s: float) -> dict[int, Any]:
+        return call_all({a: self.clients[a] for a in agents}, method, params_of, timeout_s, self._pool)
+
+    def check_health(self, agents: Sequence[int] | None = None) -> dict[int, str]:
+        """Mark agents failed whose process exited or that miss a ping deadline; returns the newly failed."""
+        new = {}
+        for s in (agents if agents is not None else list(self.clients)):
+            if s in self.failed:
+                continue
+            p = self.procs.get(s)
+            if p is not None and p.poll() is not None:
+                new[s] = f"process exited with {p.returncode}"
+                continue
+            try:
+                self.clients[s].call("ping", timeout_s=self.health_timeout_s)
+            except AgentTimeout:
+                new[s] = f"no answer within {self.health_timeout_s:g} s"
+        self.failed.update(new)
+        for s, why in new.items():
+            log.error("agent %d failed: %s", s, why)
+        return new
+
+    # ---- requests ----
+    def submit(self, s: int, requests: list[dict], replica: int | None = None) -> dict:
+        res = self.call(s, "submit", {"requests": requests, "replica": replica})
+        for r in requests:
+            self.placement[r["rid"]] = s
+        return res
+
+    def migrate(self, rid: int, src: int, dst: int, mode: str = "multi_stage", timeout_s: float = 30.0) -> dict:
+        res = self.call(src, "migrate", {"rid": rid, "dst": dst, "mode": mode, "timeout_s": timeout_s,
+                                         "dst_rpc": {"host": self.fabric.mgmt_ip(dst), "port": RPC_PORT}},
+                        timeout_s=timeout_s + 5)
+        if res.get("result") == "moved":
+            self.placement[rid] = dst
+        return res
+
+    def collected(self) -> Collected:
+        """Every trainer collector's ledger, merged by request id."""
+        live = [t for t in self.trainers if t not in self.failed]
+        docs = self.call_all(live, "collector_stats", lambda s: None, 30.0)
+        rid, cnt, cont, dups, fin = [], [], [], [], []
+        summary: dict[str, int] = {}
+        for d in docs.values():
+            rid.append(unpack_array(d["rid"])); cnt.append(unpack_array(d["count"]))
+            cont.append(unpack_array(d["contiguous"])); dups.append(unpack_array(d["dups"]))
+            fin.append(unpack_array(d["final_len"]))
+            for k, v in d.items():
+                if isinstance(v, int):
+                    summary[k] = summary.get(k, 0) + v
+        cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
+        r, c, co, du, f = cat(rid), cat(cnt), cat(cont), cat(dups), cat(fin)
+        if len(r) and len(np.unique(r)) != len(r):  # a request's tokens went to one collector: never split
+            raise RuntimeError("a request's tokens arrived at two collectors")
+        return Collected(r, c, co, du, f, summary)
+
+    def reset_collectors(self) -> None:
+        """Start counting afresh (a new RL step); requests that finished are forgotten, the rest stay placed."""
+        done = self.collected().finished()
+        self.placement = {r: a for r, a in self.placement.items() if r not in done}
+        self.call_all([t for t in self.trainers if t not in self.failed], "collector_reset", lambda s: None, 10.0)
+
+    def lost_requests(self, s: int, collected: Collected | None = None) -> dict[int, int]:
+        """Requests placed on agent ``s`` that did not finish, with the tokens the collectors already have."""
+        col = collected or self.collected()
+        done = col.finished()
+        got = col.by_rid()
+        return {rid: got.get(rid, 0) for rid, a in self.placement.items() if a == s and rid not in done}
+
+
+@contextlib.contextmanager
+def running_cluster(scn: Scenario, *, layouts: dict[int, str] | None = None,
+                    engine: EngineSettings | None = None, time_dilation: float = 1.0,
+                    initial_phase: str | None = None, real_compute: dict | None = None) -> Iterator[tuple[Testbed, AgentPool]]:
+    """Controller + fabric + one agent per server, all torn down in reverse order."""
+    spec = scn.fabric
+    with running_testbed(spec, scn.layout, initial_phase=initial_phase or scn.controller.initial_phase,
+                         delay_ms=scn.controller.effective_delay_ms(spec)) as tb:
+        pool = AgentPool(tb.fabric, scn, layouts=layouts or {}, engine=engine or EngineSettings(),
+                         time_dilation=time_dilation, real_compute=real_compute)
+        with pool:
+            yield tb, pool
