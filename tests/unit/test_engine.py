@@ -85,7 +85,7 @@ def test_a_request_that_can_never_fit_is_refused():
     e = Engine(FakeCost(kv_tokens=100), 1, Layout(1), EngineSettings(max_num_seqs=2, block_size=16))
     with pytest.raises(SpecError) as ei:
         e.add([req(1, 50, 100)], 0.0)
-    assert ei.value.field == "target" and "KV blocks" in str(ei.value)
+    assert ei.value.field == "requests[0].target" and "KV blocks" in str(ei.value)
     assert e.idle()  # nothing queued
 
 
