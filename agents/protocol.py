@@ -277,6 +277,11 @@ class StatsParams:
 
 
 @dataclass(frozen=True)
+class FidelityParams:
+    clear: bool = False  # start a fresh record after this report
+
+
+@dataclass(frozen=True)
 class LayoutParams:
     layout: str
 
@@ -364,7 +369,7 @@ METHODS: dict[str, type] = {
     "reset": NoParams,
     "collector_stats": NoParams,
     "collector_reset": NoParams,
-    "fidelity": NoParams,
+    "fidelity": FidelityParams,
     "compute": ComputeParams,
     "shutdown": NoParams,
 }

@@ -351,6 +351,8 @@ class Agent:
     def rpc_fidelity(self, p) -> dict:
         with self.lock:
             rep = self.fidelity.report(self.tdf)
+            if p.clear:
+                self.fidelity.clear()
         rep.update(tokens_sent=self.tokens_sent, token_messages=self.token_messages,
                    token_send_s=self.send_wait_s)
         return rep

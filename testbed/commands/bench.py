@@ -75,3 +75,57 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--json", action="store_true", help="print one JSON object")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     f.set_defaults(func=_fabric)
+    register_agents(bsub)
+
+
+def _collectives(args: argparse.Namespace) -> int:
+    from testbed.bench_agents import bench_collectives
+
+    _positive("rate-mbps", args.rate_mbps)
+    _positive("bucket-mib", args.bucket_mib)
+    if not args.sizes_mib or any(not (0 < s <= 1024) for s in args.sizes_mib):
+        raise UsageError(f"--sizes-mib must be sizes in (0, 1024], got {args.sizes_mib}")
+    with tqdm(total=len(args.sizes_mib), desc="collectives", file=sys.stderr, disable=args.quiet) as bar:
+        res = bench_collectives(tuple(args.sizes_mib), rate_mbps=args.rate_mbps, bucket_mib=args.bucket_mib,
+                                progress=lambda n: bar.update(n - bar.n))
+    _emit(res, args.json)
+    return 0
+
+
+def _generation(args: argparse.Namespace) -> int:
+    from testbed.bench_agents import bench_generation
+
+    _positive("rate-mbps", args.rate_mbps)
+    _positive("seconds", args.seconds)
+    if not 1 <= args.batch <= 1024:
+        raise UsageError(f"--batch must be in 1..1024, got {args.batch}")
+    with tqdm(total=5, desc="generation", file=sys.stderr, disable=args.quiet) as bar:
+        res = bench_generation(rate_mbps=args.rate_mbps, batch=args.batch, measure_s=args.seconds,
+                               progress=lambda n: bar.update(n))
+    _emit(res, args.json)
+    return 0
+
+
+def _sizes(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated MiB sizes, got {text!r}") from None
+
+
+def register_agents(bsub) -> None:
+    c = bsub.add_parser("collectives", help="Gloo all-reduce and pipelined broadcast between agents (JSON)")
+    c.add_argument("--sizes-mib", type=_sizes, default=[1, 4, 16, 64, 256], help="payload sizes (MiB)")
+    c.add_argument("--rate-mbps", type=float, default=400.0, help="emulated rate of every link (default 400)")
+    c.add_argument("--bucket-mib", type=float, default=0.5,
+                   help="broadcast bucket (MiB; default 0.5 = veRL's 512 MB buckets at the default scale 0.001)")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("-q", "--quiet", action="store_true")
+    c.set_defaults(func=_collectives)
+    g = bsub.add_parser("generation", help="token streaming, decode-step overshoot, migration downtime (JSON)")
+    g.add_argument("--batch", type=int, default=64, help="decode batch per replica (default 64)")
+    g.add_argument("--seconds", type=float, default=8.0, help="measurement window (default 8)")
+    g.add_argument("--rate-mbps", type=float, default=400.0)
+    g.add_argument("--json", action="store_true")
+    g.add_argument("-q", "--quiet", action="store_true")
+    g.set_defaults(func=_generation)

@@ -1,0 +1,139 @@
+"""Benchmarks of the agents on a real fabric (they print JSON figures; they never assert).
+
+* ``collectives``: Gloo all-reduce and the chunked, pipelined broadcast over 1-256 MiB between 4 agents, each
+  on its own ToR so every byte crosses the OCS, with bus bandwidth (nccl-tests convention: all-reduce
+  ``2 (n-1)/n x bytes / t``, broadcast ``bytes / t``) and ``efficiency`` = bus bandwidth / the TCP goodput one
+  iperf3 stream reaches over the same shaped links in the same run (what htb lets through).
+* ``generation``: tokens streamed per second, the decode-step overshoot of an agent at batch 64 (wall time of
+  a step beyond its modelled time), and migration downtime and total time against the KV bytes moved, for
+  the multi-stage and the stop-and-copy modes side by side.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+
+from agents.engine import EngineSettings
+from emulation.scenario import ControllerSettings, Scenario
+from emulation.spec import FabricSpec, JobLayout
+from emulation.workload import WorkloadSpec
+from testbed.cluster import running_cluster
+from testbed.traffic import iperf3, iperf3_result
+
+log = logging.getLogger(__name__)
+
+RING = [0, 2, 1, 3]  # train-phase circuits of the 4-ToR bench fabric: 0-2, 2-1, 1-3, 3-0
+
+
+def bench_scenario(rate_mbps: float, scale: float = 0.001, model: str = "Qwen2.5-7B") -> Scenario:
+    """4 servers, one per ToR (2 pods x 2 ToRs), 2 uplinks per ToR on one OCS, every link at ``rate_mbps``."""
+    gbps = rate_mbps / 1000.0 / scale
+    spec = FabricSpec(pods=2, tors_per_pod=2, servers_per_tor=1, ocs_count=1, uplinks_per_tor=2, server_gbps=gbps,
+                      uplink_gbps=gbps, scale=scale)
+    return Scenario(name="bench-agents", seed=1, fabric=spec, layout=JobLayout((0,), (1,)),
+                    workload=WorkloadSpec(model=model, gpu="H800", prompts_per_step=4, samples_per_prompt=4),
+                    controller=ControllerSettings(initial_phase="train"))
+
+
+def _span(res: dict) -> float:
+    """A collective is done when its last rank is: from the first rank's start to the last rank's end."""
+    return max(r["end_mono"] for r in res.values()) - min(r["start_mono"] for r in res.values())
+
+
+def bench_collectives(sizes_mib=(1, 4, 16, 64, 256), rate_mbps: float = 400.0, bucket_mib: float = 0.5,
+                      iperf_s: float = 4.0, progress: Callable[[int], None] | None = None) -> dict:
+    scn = bench_scenario(rate_mbps)
+    rows = []
+    with running_cluster(scn) as (tb, pool):
+        pool.form_world(RING)  # ring order = circuit order: Gloo's ring follows the ranks
+        pool.form_group("all", RING)
+        goodput = iperf3_result(iperf3(tb.fabric, 0, 2, iperf_s, port=5501), iperf_s + 20)["bps"]
+        done = 0
+        for mib in sizes_mib:
+            nbytes = int(mib * 2**20)
+            iters = 1 if mib >= 64 else 3
+            res = pool.call_all(RING, "all_reduce", lambda s: {"group": "all", "nbytes": nbytes, "iters": iters,
+                                                                "timeout_s": 600}, 900)
+            t = statistics.median(max(r["times_s"][i] for r in res.values()) for i in range(iters))
+            n = len(RING)
+            busbw = 2 * (n - 1) / n * nbytes * 8 / t
+            rows.append({"op": "all_reduce", "bytes": nbytes, "ranks": n, "time_s": round(t, 4),
+                         "busbw_gbps": round(busbw / 1e9, 4), "efficiency": round(busbw / goodput, 3),
+                         "correct": all(r["correct"] for r in res.values())})
+            # pipelined broadcast along the ring's circuits: 0 -> 2 -> 1 -> 3
+            times, crcs = [], set()
+            for it in range(iters):
+                plan = {RING[0]: {"children": [RING[1]]}}
+                for i in range(1, n):
+                    plan[RING[i]] = {"sources": [[RING[i - 1], 1.0]], "children": [RING[i + 1]] if i + 1 < n else []}
+                res = pool.call_all(RING, "broadcast", lambda s: {"nbytes": nbytes, "bucket_bytes": int(bucket_mib * 2**20),
+                                                                   "tag": 100 + it, "version": it, "timeout_s": 600,
+                                                                   **plan[s]}, 900)
+                times.append(_span(res))
+                crcs.add(frozenset(r["crc32"] for r in res.values()))
+            t = statistics.median(times)
+            busbw = nbytes * 8 / t
+            rows.append({"op": "broadcast_pipelined", "bytes": nbytes, "ranks": n, "time_s": round(t, 4),
+                         "busbw_gbps": round(busbw / 1e9, 4), "efficiency": round(busbw / goodput, 3),
+                         "depth": n - 1, "bucket_bytes": int(bucket_mib * 2**20),
+                         "correct": all(len(c) == 1 for c in crcs)})
+            done += 1
+            if progress:
+                progress(done)
+    big = [r["efficiency"] for r in rows if r["bytes"] >= 16 * 2**20]
+    return {"rate_mbps": rate_mbps, "goodput_mbps": round(goodput / 1e6, 2), "rows": rows,
+            "efficiency_min_ge_16mib": min(big) if big else None,
+            "note": "efficiency = bus bandwidth / iperf3 TCP goodput over the same shaped links, same run"}
+
+
+def bench_generation(rate_mbps: float = 400.0, batch: int = 64, measure_s: float = 8.0,
+                     kv_tokens=(512, 2048, 8192, 16384), progress: Callable[[int], None] | None = None) -> dict:
+    scn = bench_scenario(rate_mbps)
+    gen = 2
+    out: dict = {"batch": batch, "rate_mbps": rate_mbps, "model": scn.workload.model}
+    with running_cluster(scn, engine=EngineSettings(max_num_seqs=batch)) as (tb, pool):
+        tb.client.set_phase("gen")
+        replicas = scn.fabric.gpus_per_server // scn.workload.rollout_tp
+        n = batch * replicas
+        pool.submit(gen, [{"rid": r, "prompt": 256, "target": 100_000, "dest": r % 2} for r in range(n)])
+        time.sleep(2.0)  # prefills done: every replica decodes at batch `batch`
+        pool.call(gen, "fidelity", {"clear": True})
+        c0, t0 = pool.collected().summary["tokens_unique"], time.monotonic()
+        time.sleep(measure_s)
+        c1, t1 = pool.collected().summary["tokens_unique"], time.monotonic()
+        fid = pool.call(gen, "fidelity")
+        st = pool.call(gen, "stats")
+        out.update(tokens_per_s=round((c1 - c0) / (t1 - t0), 1),
+                   modelled_tokens_per_s=round(st["decode_tokens_per_s"], 1),
+                   step_overhead_ms_p50=round(fid["overshoot_ms_p50"], 4),
+                   step_overhead_ms_p99=round(fid["overshoot_ms_p99"], 4),
+                   modelled_step_ms_p50=round(fid["modelled_step_ms_p50"], 3), steps=fid["steps"],
+                   batch_p50=fid["batch_p50"])
+        pool.call(gen, "reset")
+        if progress:
+            progress(1)
+        rows = []
+        rid = 50_000
+        for k in kv_tokens:
+            for mode in ("stop_copy", "multi_stage"):
+                rid += 1
+                pool.submit(gen, [{"rid": rid, "prompt": k, "target": 100_000, "dest": 0}])
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:  # until it decodes (its prefill is done)
+                    if pool.collected().by_rid().get(rid, 0) >= 5:
+                        break
+                    time.sleep(0.05)
+                res = pool.migrate(rid, gen, 3, mode=mode)
+                pool.call(3, "reset")
+                rows.append({"mode": mode, "kv_tokens": int(k), "kv_bytes": res.get("kv_bytes"),
+                             "downtime_ms": round(res["downtime_s"] * 1e3, 3), "total_ms": round(res["total_s"] * 1e3, 3),
+                             "stages": len(res["stages"])})
+            if progress:
+                progress(1)
+        out["migration"] = rows
+        out["fidelity"] = fid
+    return out
