@@ -197,6 +197,20 @@ class CollectiveParams:
 
 
 @dataclass(frozen=True)
+class BroadcastChild:
+    """A child of a broadcast hop. ``sources``: the child's own sources with their shares when it has
+    several (it then gets from this agent only the chunks dealt to it, chunk_owners); empty: every chunk."""
+
+    agent: int
+    sources: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        require(self.agent >= 0, "agent", f"must be >= 0, got {self.agent}")
+        for i, (r, share) in enumerate(self.sources):
+            require(math.isfinite(share) and share > 0, f"sources[{i}]", f"share must be > 0, got {share}")
+
+
+@dataclass(frozen=True)
 class BroadcastParams:
     """This agent's part in a chunked, pipelined weight broadcast. ``sources``: (agent, share) of the agents
     that feed it (none: it holds the weights); the shares split the chunks among them. ``children``: agents it
@@ -206,7 +220,7 @@ class BroadcastParams:
     bucket_bytes: int
     tag: int
     sources: tuple[tuple[int, float], ...] = ()
-    children: tuple[int, ...] = ()
+    children: tuple[BroadcastChild, ...] = ()
     version: int = 0  # content seed: a root fills the buffer with data derived from it
     timeout_s: float = 120.0
 
@@ -219,8 +233,7 @@ class BroadcastParams:
             require(r >= 0, f"sources[{i}]", f"agent must be >= 0, got {r}")
             require(math.isfinite(share) and share > 0, f"sources[{i}]", f"share must be > 0, got {share}")
         require(len({r for r, _ in self.sources}) == len(self.sources), "sources", "has duplicate ranks")
-        require(len(set(self.children)) == len(self.children), "children", "has duplicates")
-        require(all(c >= 0 for c in self.children), "children", "agents must be >= 0")
+        require(len({c.agent for c in self.children}) == len(self.children), "children", "has duplicates")
         require(-(-self.nbytes // self.bucket_bytes) <= MAX_CHUNKS, "bucket_bytes",
                 f"{self.nbytes} bytes in buckets of {self.bucket_bytes} make more than {MAX_CHUNKS} chunks")
         _timeout(self.timeout_s)

@@ -67,9 +67,10 @@ def bench_collectives(sizes_mib=(1, 4, 16, 64, 256), rate_mbps: float = 400.0, b
             # pipelined broadcast along the ring's circuits: 0 -> 2 -> 1 -> 3
             times, crcs = [], set()
             for it in range(iters):
-                plan = {RING[0]: {"children": [RING[1]]}}
+                plan = {RING[0]: {"children": [{"agent": RING[1]}]}}
                 for i in range(1, n):
-                    plan[RING[i]] = {"sources": [[RING[i - 1], 1.0]], "children": [RING[i + 1]] if i + 1 < n else []}
+                    plan[RING[i]] = {"sources": [[RING[i - 1], 1.0]],
+                                     "children": [{"agent": RING[i + 1]}] if i + 1 < n else []}
                 res = pool.call_all(RING, "broadcast", lambda s: {"nbytes": nbytes, "bucket_bytes": int(bucket_mib * 2**20),
                                                                    "tag": 100 + it, "version": it, "timeout_s": 600,
                                                                    **plan[s]}, 900)

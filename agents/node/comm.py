@@ -163,8 +163,18 @@ class Comm:
         nchunks = -(-n // per)
         buf = torch.empty(n, dtype=torch.float32, device=self.device)
         src_ranks = [(self._rank(a, "broadcast source"), share) for a, share in p.sources]
-        child_ranks = [self._rank(c, "broadcast child") for c in p.children]
         owner = chunk_owners(nchunks, [s for _, s in src_ranks]) if src_ranks else []
+        # per child: its rank and the chunks it gets from here (all, or this agent's share of a striped head)
+        children = []
+        for c in p.children:
+            mine = None
+            if len(c.sources) > 1:
+                k = [a for a, _ in c.sources].index(self.agent) if self.agent in [a for a, _ in c.sources] else None
+                if k is None:
+                    raise CommError(f"broadcast: agent {self.agent} is not among child {c.agent}'s sources")
+                own = chunk_owners(nchunks, [sh for _, sh in c.sources])
+                mine = {i for i, o in enumerate(own) if o == k}
+            children.append((self._rank(c.agent, "broadcast child"), mine))
         base = (p.tag % (1 << (30 - BCAST_CHUNK_BITS))) << BCAST_CHUNK_BITS
         t0 = time.monotonic()
         if not src_ranks:  # the root: weights of version ``version`` (exact in float32)
@@ -179,19 +189,18 @@ class Comm:
         for c in range(nchunks):
             view = buf[c * per:min(n, (c + 1) * per)]
             if recvs:
-                if not recvs[c].wait(timeout=_td(p.timeout_s)):
-                    raise CommError(f"broadcast: chunk {c} did not arrive within {p.timeout_s} s")
+                _wait(recvs[c], p.timeout_s, f"broadcast: chunk {c}")
                 if first_in is None:
                     first_in = time.monotonic()
-            for r in child_ranks:
-                sends.append(dist.isend(view, dst=r, tag=base + c))
+            for r, mine in children:
+                if mine is None or c in mine:
+                    sends.append(dist.isend(view, dst=r, tag=base + c))
         for w in sends:
-            if not w.wait(timeout=_td(p.timeout_s)):
-                raise CommError(f"broadcast: a send did not complete within {p.timeout_s} s")
+            _wait(w, p.timeout_s, "broadcast: a send")
         end = time.monotonic()
         data = buf.cpu().numpy().tobytes() if buf.device.type != "cpu" else buf.numpy().tobytes()
         return {"op": "broadcast", "bytes": n * 4, "chunks": nchunks, "bucket_bytes": per * 4,
-                "sources": [a for a, _ in p.sources], "children": list(p.children), "start_mono": t0,
+                "sources": [a for a, _ in p.sources], "children": [c.agent for c in p.children], "start_mono": t0,
                 "first_chunk_mono": first_in, "end_mono": end, "crc32": zlib.crc32(data), "backend": self.backend}
 
     # ---- point to point ----
@@ -205,9 +214,7 @@ class Comm:
             t.fill_(float(self.agent + 1))
         t0 = time.monotonic()
         w = (dist.isend if send else dist.irecv)(t, r, tag=P2P_TAG_BASE + p.tag)
-        if not w.wait(timeout=_td(p.timeout_s)):
-            raise CommError(f"{'send to' if send else 'receive from'} agent {p.peer} did not complete within "
-                            f"{p.timeout_s} s")
+        _wait(w, p.timeout_s, f"{'send to' if send else 'receive from'} agent {p.peer}")
         out = {"bytes": n * 4, "start_mono": t0, "end_mono": time.monotonic()}
         if not send:
             out["value"] = float(t[0].item())
@@ -222,6 +229,16 @@ class Comm:
                     dist.destroy_process_group()
                 except Exception as e:  # noqa: BLE001
                     log.warning("destroy_process_group: %s", e)
+
+
+def _wait(work, timeout_s: float, what: str) -> None:
+    """Wait for a point-to-point Work with a deadline; a timeout or a dead peer is a CommError."""
+    try:
+        ok = work.wait(timeout=_td(timeout_s))
+    except RuntimeError as e:
+        raise CommError(f"{what} failed within {timeout_s} s: {e}") from None
+    if ok is False:
+        raise CommError(f"{what} did not complete within {timeout_s} s")
 
 
 def chunk_owners(nchunks: int, shares: list[float]) -> list[int]:

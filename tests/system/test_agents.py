@@ -88,13 +88,25 @@ def test_pipelined_broadcast_reaches_every_generator_with_identical_bytes(cluste
     tb, pool = cluster
     tb.client.set_phase("sync")
     nbytes, bucket = 8 * 2**20, 2**20
-    plan = {0: {"children": [2]}, 2: {"sources": [[0, 1.0]], "children": [3]}, 3: {"sources": [[2, 1.0]]}}
+    plan = {0: {"children": [{"agent": 2}]}, 2: {"sources": [[0, 1.0]], "children": [{"agent": 3}]},
+            3: {"sources": [[2, 1.0]]}}
     res = pool.call_all(list(plan), "broadcast", lambda s: {"nbytes": nbytes, "bucket_bytes": bucket, "tag": 7,
                                                              "version": 3, **plan[s]}, 120)
     assert len({r["crc32"] for r in res.values()}) == 1
     assert all(r["bytes"] == nbytes for r in res.values())
     # pipelined: the chain's end gets its first chunk long before the root has sent everything
     assert res[3]["first_chunk_mono"] < res[0]["end_mono"]
+
+
+def test_a_striped_broadcast_head_gets_each_chunk_once_from_its_sources(cluster):
+    tb, pool = cluster
+    tb.client.set_phase("train")  # every trainer ToR has a circuit to every generator ToR
+    srcs = [[0, 0.5], [1, 0.5]]
+    plan = {0: {"children": [{"agent": 2, "sources": srcs}]}, 1: {"children": [{"agent": 2, "sources": srcs}]},
+            2: {"sources": srcs, "children": [{"agent": 3}]}, 3: {"sources": [[2, 1.0]]}}
+    res = pool.call_all(list(plan), "broadcast", lambda s: {"nbytes": 4 * 2**20, "bucket_bytes": 2**19, "tag": 8,
+                                                             "version": 5, **plan[s]}, 120)
+    assert len({r["crc32"] for r in res.values()}) == 1
 
 
 def test_all_to_all_among_generators_is_correct(cluster):
