@@ -222,12 +222,13 @@ LLMA_POINTS = [(m, tp, b) for m in ("Qwen2.5-7B", "Qwen2.5-14B", "Qwen2.5-32B", 
 LLMA_CONTEXT = 8192
 
 
-def llm_analysis_decode(m: ModelConfig, tp: int, batch: int, context: int) -> dict:
+def llm_analysis_decode(m: ModelConfig, tp: int, batch: int, context: int, hbm_eff: float | None = None,
+                        flops_eff: float | None = None) -> dict:
     """One decode step by llm-analysis 0.2.2 (imported from wherever it was unpacked; not a dependency).
 
     Its MLP counts two matrices of ``ffn_embed_dim`` (no gate): we pass 1.5 x the gated FFN width so its
-    weight bytes match a SwiGLU MLP. Efficiencies at its defaults (1.0); its H100 file (8 us NVLink
-    latency floor per all-reduce)."""
+    weight bytes match a SwiGLU MLP. Efficiencies: its defaults (1.0) unless given; its H100 file (8 us
+    NVLink latency floor per all-reduce, 450 GB/s)."""
     import logging
 
     from llm_analysis.analysis import LLMAnalysis
@@ -238,7 +239,7 @@ def llm_analysis_decode(m: ModelConfig, tp: int, batch: int, context: int) -> di
               num_key_value_heads=m.kv_heads, ffn_embed_dim=int(1.5 * m.ffn), expansion_ratio=1.5 * m.ffn / m.hidden,
               max_seq_len=context + 1)
     a = LLMAnalysis(cfg, get_gpu_config_by_name("h100-sxm-80gb"), get_dtype_config_by_name("w16a16e16"),
-                    ParallelismConfig(tp_size=tp))
+                    ParallelismConfig(tp_size=tp), hbm_memory_efficiency=hbm_eff, flops_efficiency=flops_eff)
     try:
         s = a.inference(batch_size_per_gpu=batch, seq_len=context, num_tokens_to_generate=1)
     except AssertionError as e:
@@ -263,6 +264,8 @@ def cmd_llm_analysis(args) -> dict:
         ours = cm.decode_step_s(b, b * LLMA_CONTEXT, tp)
         br = cm.decode_breakdown(b, b * LLMA_CONTEXT, tp)
         la = llm_analysis_decode(m, tp, b, LLMA_CONTEXT)
+        g = cm.calib.gemm
+        matched = llm_analysis_decode(m, tp, b, LLMA_CONTEXT, hbm_eff=g.hbm_eff, flops_eff=g.mfu)
         row = {"model": name, "tp": tp, "batch": b, "context": LLMA_CONTEXT,
                "ours_ms": round(ours * 1e3, 3), "ours_allreduce_ms": round(br["allreduce"] * 1e3, 3),
                "ours_fits": ours_fits, "ours_kv_capacity_tokens": int(cm.kv_capacity_tokens(tp)),
@@ -270,12 +273,21 @@ def cmd_llm_analysis(args) -> dict:
         if la["fits"]:
             row.update({"llm_analysis_ms": round(la["decode_s"] * 1e3, 3),
                         "llm_analysis_tp_comm_ms": round(la["tp_comm_s"] * 1e3, 3),
-                        "ratio_ours_over_llm_analysis": round(ours / la["decode_s"], 3)})
+                        "ratio_ours_over_llm_analysis": round(ours / la["decode_s"], 3),
+                        "llm_analysis_matched_eff_ms": round(matched["decode_s"] * 1e3, 3),
+                        "ratio_ours_over_matched": round(ours / matched["decode_s"], 3)})
+        else:
+            row["llm_analysis_why"] = la["why"]
         rows.append(row)
     both = [r["ratio_ours_over_llm_analysis"] for r in rows if "ratio_ours_over_llm_analysis" in r]
+    matched = [r["ratio_ours_over_matched"] for r in rows if "ratio_ours_over_matched" in r]
     return {"gpu": "H100", "rows": rows,
             "ratio_range": [min(both), max(both)] if both else None,
             "ratio_median": statistics.median(both) if both else None,
+            "matched_ratio_range": [min(matched), max(matched)] if matched else None,
+            "matched_ratio_median": statistics.median(matched) if matched else None,
+            "points_fitting": {"ours": sum(r["ours_fits"] for r in rows),
+                               "llm_analysis": sum(r["llm_analysis_fits"] for r in rows), "of": len(rows)},
             "fit_disagreements": [(r["model"], r["tp"], r["batch"]) for r in rows if r["ours_fits"] != r["llm_analysis_fits"]]}
 
 
