@@ -125,6 +125,18 @@ class ModelConfig:
         return self.params_active - self.vocab * self.hidden * (0 if self.tied_embeddings else 1)
 
 
+def _require_nonneg(obj, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        require(math.isfinite(v) and v >= 0, n, f"must be a finite number >= 0, got {v}")
+
+
+def _require_fraction(obj, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        require(0 < v <= 1, n, f"must be in (0, 1], got {v}")
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     bf16_tflops: float
@@ -168,9 +180,7 @@ class Efficiency:
     #                       send/recv 358 of 450 GB/s (Vidur's profile, calibration.yaml p2p)
 
     def __post_init__(self) -> None:
-        for n in ("decode_hbm", "prefill_hbm", "decode_mfu", "prefill_mfu", "train_mfu", "nvlink"):
-            v = getattr(self, n)
-            require(0 < v <= 1, n, f"must be in (0, 1], got {v}")
+        _require_fraction(self, "decode_hbm", "prefill_hbm", "decode_mfu", "prefill_mfu", "train_mfu", "nvlink")
 
 
 @dataclass(frozen=True)
@@ -181,8 +191,8 @@ class KernelFit:
     hbm_eff: float
 
     def __post_init__(self) -> None:
-        require(math.isfinite(self.floor_us) and self.floor_us >= 0, "floor_us", f"must be >= 0, got {self.floor_us}")
-        require(0 < self.hbm_eff <= 1, "hbm_eff", f"must be in (0, 1], got {self.hbm_eff}")
+        _require_nonneg(self, "floor_us")
+        _require_fraction(self, "hbm_eff")
 
 
 @dataclass(frozen=True)
@@ -196,12 +206,9 @@ class GemmFit:
     ramp_tokens: float
 
     def __post_init__(self) -> None:
-        require(math.isfinite(self.floor_us) and self.floor_us >= 0, "floor_us", f"must be >= 0, got {self.floor_us}")
-        require(0 < self.hbm_eff <= 1, "hbm_eff", f"must be in (0, 1], got {self.hbm_eff}")
-        require(0 < self.mfu <= 1, "mfu", f"must be in (0, 1], got {self.mfu}")
+        _require_nonneg(self, "floor_us", "ramp_tokens")
+        _require_fraction(self, "hbm_eff", "mfu")
         require(self.tile_tokens >= 1, "tile_tokens", f"must be >= 1, got {self.tile_tokens}")
-        require(math.isfinite(self.ramp_tokens) and self.ramp_tokens >= 0, "ramp_tokens",
-                f"must be >= 0, got {self.ramp_tokens}")
 
 
 @dataclass(frozen=True)
@@ -212,9 +219,8 @@ class CollectiveFit:
     busbw_frac: float
 
     def __post_init__(self) -> None:
-        require(math.isfinite(self.latency_us) and self.latency_us >= 0, "latency_us",
-                f"must be >= 0, got {self.latency_us}")
-        require(0 < self.busbw_frac <= 1, "busbw_frac", f"must be in (0, 1], got {self.busbw_frac}")
+        _require_nonneg(self, "latency_us")
+        _require_fraction(self, "busbw_frac")
 
 
 @dataclass(frozen=True)
@@ -237,8 +243,7 @@ class Calibration:
         require(bool(self.allreduce), "allreduce", "needs at least one group size")
         for n in self.allreduce:
             require(n >= 2, f"allreduce.{n}", "group sizes must be >= 2")
-        require(math.isfinite(self.layout_switch_fixed_s) and self.layout_switch_fixed_s >= 0,
-                "layout_switch_fixed_s", f"must be >= 0, got {self.layout_switch_fixed_s}")
+        _require_nonneg(self, "layout_switch_fixed_s")
         require(0 <= self.kv_reserve < 1, "kv_reserve", f"must be in [0, 1), got {self.kv_reserve}")
 
     def allreduce_fit(self, n: int) -> CollectiveFit:

@@ -201,7 +201,31 @@ def cmd_profiles(args) -> dict:
     ar = load_collective(args.profiles, "h100_dgx.all_reduce.csv", "all_reduce")
     out = profile_errors(rows, ar, load_calibration())
     out["profiles"] = os.path.relpath(args.profiles, ROOT)
-    # the same comparison for the pure roofline (no floors, no all-reduce latency) the model used to be
+    out["roofline_before"] = roofline_errors(rows, ar)
+    return out
+
+
+def roofline_errors(rows: list[dict], ar: dict) -> list[dict]:
+    """The same comparison for the roofline this cost model replaced (before the calibration):
+    max(FLOPs / (peak x 0.5), weight bytes / (HBM x 0.7)) + both all-reduces at 0.8 x 450 GB/s, no floors,
+    no latency; the layers' weights only, like the profiled operators."""
+    per = {}
+    for r in rows:
+        m, T, tp = model_config(r), r["T"], r["tp"]
+        w = m.layers * (m.attn_params_per_layer + m.ffn_params_per_layer)
+        step = max(2 * w * T / tp / (989e12 * 0.5), 2 * w / tp / (3.35e12 * 0.7))
+        if tp > 1:
+            step += 2 * m.layers * 2 * (tp - 1) / tp * T * m.hidden * 2 / (450e9 * 0.8)
+        ar_ref = 2 * ar_reference(ar, T * m.hidden * 2, tp) if tp > 1 else 0.0
+        ref = r["layers"] * (sum(r[op] for op in OPS) + ar_ref) + r["emb"]
+        per.setdefault((r["model"], tp), []).append((T, step / ref - 1))
+    out = []
+    for (name, tp), v in sorted(per.items()):
+        e = np.abs([x[1] for x in v])
+        worst = max(v, key=lambda x: abs(x[1]))
+        out.append({"model": name, "tp": tp, "median_abs_err": round(float(np.median(e)), 3),
+                    "worst_err": round(worst[1], 3), "worst_at_tokens": worst[0],
+                    "within_15pct": round(float(np.mean(e <= 0.15)), 3)})
     return out
 
 
@@ -318,9 +342,11 @@ def cmd_switch(args) -> dict:
             if cm.model.is_moe:
                 cases += [(8, 8, 1, 8), (8, 1, 1, 8)]
             for a, b, ea, eb in cases:
-                if cm.kv_capacity_tokens(min(a, b), ep=max(ea, eb)) <= 0 and cm.weight_bytes_per_gpu(min(a, b)) > cm.gpu.hbm_gb * 1e9:
-                    continue
-                for kv in (0, 1_000_000):
+                # a server full of KV: what the tighter of the two layouts holds (8 GPUs, all replicas)
+                full = min(8 // a * cm.kv_capacity_tokens(a, ep=ea), 8 // b * cm.kv_capacity_tokens(b, ep=eb))
+                if full <= 0:
+                    continue  # the weights alone do not fit one of the layouts
+                for kv in (0, int(full)):
                     s = cm.layout_switch(a, b, kv, from_ep=ea, to_ep=eb)
                     rows.append({"gpu": gpu, "model": name, "from": f"TP{a}" + (f"/EP{ea}" if ea > 1 else ""),
                                  "to": f"TP{b}" + (f"/EP{eb}" if eb > 1 else ""), "kv_tokens": kv,
@@ -328,7 +354,7 @@ def cmd_switch(args) -> dict:
                                  "kv_gb_per_gpu": round(s.kv_bytes / 1e9, 2),
                                  "transfer_s": round(s.transfer_s, 3), "relayout_s": round(s.relayout_s, 3),
                                  "fixed_s": s.fixed_s, "total_s": round(s.total_s, 3)})
-    return {"remp_reference_s": [1, 7], "rows": rows}
+    return {"remp_reference_s": [1, 7], "gpus": 8, "rows": rows}
 
 
 def cmd_speed(args) -> dict:
@@ -358,35 +384,33 @@ def cmd_speed(args) -> dict:
     return out
 
 
+def _copy_rows(src: str, dst: str, cols: list[str], keep) -> int:
+    """Copy the rows of CSV ``src`` that ``keep`` accepts to ``dst``, values unchanged, only ``cols``."""
+    with open(src, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if keep(r)]
+    with open(dst, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(cols)
+        for r in rows:
+            w.writerow([r[c] for c in cols])
+    return len(rows)
+
+
 def cmd_extract(args) -> dict:
     """Copy the reduced subset (rows unchanged, median and shape columns only) into the repo."""
     written = {}
     os.makedirs(os.path.join(args.dest, "compute"), exist_ok=True)
     os.makedirs(os.path.join(args.dest, "network"), exist_ok=True)
+    cols = [f"time_stats.{op}.median" for op in OPS + ["emb"]] + SHAPE_COLS
     for name in PROFILE_MODELS:
         rel = os.path.join("compute", f"{name}.mlp.csv")
-        with open(os.path.join(args.source, rel), newline="") as f:
-            reader = csv.DictReader(f)
-            cols = [f"time_stats.{op}.median" for op in OPS + ["emb"]] + SHAPE_COLS
-            rows = [r for r in reader if int(r["num_tokens"]) in SUBSET_TOKENS]
-        with open(os.path.join(args.dest, rel), "w", newline="") as f:
-            w = csv.writer(f, lineterminator="\n")
-            w.writerow(cols)
-            for r in rows:
-                w.writerow([r[c] for c in cols])
-        written[rel] = len(rows)
+        written[rel] = _copy_rows(os.path.join(args.source, rel), os.path.join(args.dest, rel), cols,
+                                  lambda r: int(r["num_tokens"]) in SUBSET_TOKENS)
     for name, op in (("h100_dgx.all_reduce.csv", "all_reduce"), ("h100_dgx.send_recv.csv", "send_recv")):
         rel = os.path.join("network", name)
-        with open(os.path.join(args.source, rel), newline="") as f:
-            reader = csv.DictReader(f)
-            cols = [f"time_stats.{op}.median", "num_workers", "size", "devices_per_node"]
-            rows = [r for r in reader if int(r["devices_per_node"]) == int(r["num_workers"])]
-        with open(os.path.join(args.dest, rel), "w", newline="") as f:
-            w = csv.writer(f, lineterminator="\n")
-            w.writerow(cols)
-            for r in rows:
-                w.writerow([r[c] for c in cols])
-        written[rel] = len(rows)
+        written[rel] = _copy_rows(os.path.join(args.source, rel), os.path.join(args.dest, rel),
+                                  [f"time_stats.{op}.median", "num_workers", "size", "devices_per_node"],
+                                  lambda r: int(r["devices_per_node"]) == int(r["num_workers"]))
     return {"source": args.source, "dest": os.path.relpath(args.dest, ROOT), "rows": written}
 
 
