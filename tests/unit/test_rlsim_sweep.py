@@ -87,6 +87,7 @@ def test_sweep_dimensions_change_cost_and_report_configurations(tmp_path):
         assert best["perf_per_cost_vs_fat_tree"] == max(
             r["perf_per_cost_vs_fat_tree"] for r in summ["rows"] if r["fat_tree_radix"] == int(rad)
             and r["fabric"] != "fat-tree" and r["slowdown_vs_fat_tree"] <= 0.05)
+        assert best["t_ocs_ms"] == 10.0
     files = write_outputs(res, str(tmp_path))
     doc = json.loads((tmp_path / "sweep.json").read_text())
     assert [(p["uplinks_per_tor"], p["ocs_count"]) for p in doc["infeasible"]] == [(1, 1)]
