@@ -123,12 +123,11 @@ class _Circuits:
         c = self.spec.ocs_count
         return [u for u in range(ocs, self.spec.uplinks_per_tor, c) if (tor, u) not in self.used]
 
-    def connect(self, a: int, b: int, offset: int = 0) -> bool:
+    def connect(self, a: int, b: int) -> bool:
         """Join a free uplink of ``a`` and one of ``b`` on a common OCS, the one with most spare ports (ties:
-        the first from OCS ``offset`` on, so callers can spread circuits over OCSes); False if none."""
+        the lowest OCS); False if none."""
         best = None
-        c = self.spec.ocs_count
-        for o in [(offset + i) % c for i in range(c)]:
+        for o in range(self.spec.ocs_count):
             fa, fb = self.free_slots(a, o), self.free_slots(b, o)
             if fa and fb:
                 score = len(fa) + len(fb)
@@ -392,8 +391,7 @@ def sync_chains(spec: FabricSpec, layout: JobLayout, matchings: Mapping[int, Mat
                 idx = open_tails[p].pop()
                 chains[idx][1].extend(members)
             else:
-                relays = [s for s in spec.servers_on_tor(p)]
-                src = min(relays, key=lambda s: (relay_use.get(s, 0), -s))
+                src = min(spec.servers_on_tor(p), key=lambda s: (relay_use.get(s, 0), -s))
                 relay_use[src] = relay_use.get(src, 0) + 1
                 chains.append(([(src, 1.0)], list(members)))
                 idx = len(chains) - 1

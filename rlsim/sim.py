@@ -560,6 +560,20 @@ def _prev_name(ph: str) -> str:
 
 
 # ---- one iteration --------------------------------------------------------------------------------
+def peak_rss_mib() -> float:
+    """This process's peak resident memory (MiB): Linux's VmHWM, the high-water mark of this program's own
+    memory; elsewhere ``ru_maxrss``, which on Linux also counts what the parent held when it forked."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+
 def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
                        settings: SimSettings = SimSettings()) -> dict:
     """Simulate one RL iteration of ``scn`` on ``fabric`` at ``gpus`` GPUs; a JSON-able result."""
@@ -620,5 +634,5 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
                    "cost": cost, "model": w.model, "gpu": w.gpu,
                    "train_servers": len(train_servers), "gen_servers": len(gen_servers),
                    "mixnet_split": list(mixnet_split(spec, settings.fabric)) if fabric == "mixnet" else None},
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "peak_rss_mib": peak_rss_mib(),
     }

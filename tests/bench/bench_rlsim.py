@@ -14,7 +14,8 @@ Sections (T_ocs = 10 ms unless swept; the Fat-Tree's tier count is the default, 
 * ``t_ocs``: at 2,048 GPUs, each transition's decision (switched / stalled / kept) from 1 us to 10 s, for
   the scenario and the taper scenario;
 * ``timing``: the simulator's wall time (median of ``--runs``) and peak RSS *per fabric*: every run is a
-  fresh ``orchestrrl sim --json`` process, so the RSS is that fabric's alone;
+  fresh ``orchestrrl sim --json`` process whose ``peak_rss_mib`` is its own VmHWM (``ru_maxrss`` would
+  count this benchmark's memory at the fork too), so the RSS is that fabric's alone;
 * ``sensitivity``: TopoOpt priced with patch-panel ports, and response-length log-sigma 0.7 vs 0.93.
 """
 from __future__ import annotations
