@@ -63,13 +63,17 @@ class ControllerClient:
         return self.request("GET", "history")
 
     def set_circuits(self, circuits: Mapping[int | str, Iterable[Sequence[int]]], delay_ms: float | None = None,
-                     window_ms: float | None = None) -> dict:
+                     window_ms: float | None = None, gain_ms: float | None = None) -> dict:
+        """Install ``circuits``; ``gain_ms``: the new circuits' predicted gain (``decide_switch``)."""
         body = {"circuits": {str(o): [list(p) for p in pairs] for o, pairs in circuits.items()},
-                "delay_ms": delay_ms, "window_ms": window_ms}
+                "delay_ms": delay_ms, "window_ms": window_ms, "gain_ms": gain_ms}
         return self.request("POST", "circuits", body)
 
-    def set_phase(self, phase: str, delay_ms: float | None = None, window_ms: float | None = None) -> dict:
-        return self.request("POST", "phase", {"phase": phase, "delay_ms": delay_ms, "window_ms": window_ms})
+    def set_phase(self, phase: str, delay_ms: float | None = None, window_ms: float | None = None,
+                  gain_ms: float | None = None) -> dict:
+        """Install ``phase``'s topology; the answer's ``decision`` is switched, stalled or deferred."""
+        return self.request("POST", "phase", {"phase": phase, "delay_ms": delay_ms, "window_ms": window_ms,
+                                              "gain_ms": gain_ms})
 
     # ---- waits ---------------------------------------------------------------------------------------
     def _poll(self, cond, timeout_s: float, poll_s: float) -> dict | None:

@@ -20,12 +20,13 @@ Phases:
   control traffic between generator pods still have a path. A chain end takes an idle port when there is one,
   otherwise it replaces one intra-pod circuit, but only if the pod stays as connected as before; a chain link
   that cannot be placed that way (e.g. one uplink per ToR, two ToRs per pod) is left out with a warning.
-* ``sync``: a broadcast tree from the trainer pool to every generator ToR. Per generator pod, first a path
-  through its ToRs (relay inside the pod); then every generator pod gets one entry circuit, from a trainer
-  uplink while there are any (dealt round robin over trainer ToRs), otherwise from an already reached
-  generator pod (relay between generator pods, breadth first); then the remaining trainer uplinks are dealt
-  round robin to generator ToRs (more direct feeds, more broadcast bandwidth). Trainer ToRs carry no
-  circuits among themselves in this phase.
+* ``sync``: the weight broadcast. Every slot is a matching between trainer and generator ToRs, rotated from
+  slot to slot, so each generator ToR's circuits come from as many trainer ToRs as possible, evenly, and
+  every trainer uplink feeds a generator ToR (when trainers outnumber generators, every generator uplink is
+  fed). Generator ToRs that trainer uplinks cannot reach (they ran out) hang on relay paths from the fed
+  ones, and spare ports widen those relay hops. Trainer ToRs carry no circuits among themselves.
+  :func:`sync_chains` turns any phase's circuits into the server-level broadcast plan (RLSim's sync phase
+  uses it).
 
 Metrics: :func:`inter_pod_circuits`, :func:`bisection_circuits` (cut: pods ``0 .. pods//2 - 1`` against the
 rest), :func:`reachable` and :func:`bfs_depth` on the ToR-level :class:`CircuitGraph`.
@@ -33,6 +34,7 @@ rest), :func:`reachable` and :func:`bfs_depth` on the ToR-level :class:`CircuitG
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -121,12 +123,11 @@ class _Circuits:
         c = self.spec.ocs_count
         return [u for u in range(ocs, self.spec.uplinks_per_tor, c) if (tor, u) not in self.used]
 
-    def connect(self, a: int, b: int, offset: int = 0) -> bool:
+    def connect(self, a: int, b: int) -> bool:
         """Join a free uplink of ``a`` and one of ``b`` on a common OCS, the one with most spare ports (ties:
-        the first from OCS ``offset`` on, so callers can spread circuits over OCSes); False if none."""
+        the lowest OCS); False if none."""
         best = None
-        c = self.spec.ocs_count
-        for o in [(offset + i) % c for i in range(c)]:
+        for o in range(self.spec.ocs_count):
             fa, fb = self.free_slots(a, o), self.free_slots(b, o)
             if fa and fb:
                 score = len(fa) + len(fb)
@@ -136,9 +137,6 @@ class _Circuits:
             return False
         self.add(a, best[1], b, best[2])
         return True
-
-    def n_free(self, tor: int) -> int:
-        return sum(1 for u in range(self.spec.uplinks_per_tor) if (tor, u) not in self.used)
 
     def matchings(self) -> dict[int, Matching]:
         spec = self.spec
@@ -247,53 +245,158 @@ def _build_gen(spec: FabricSpec, circ: _Circuits) -> None:
 
 def _build_sync(spec: FabricSpec, layout: JobLayout, circ: _Circuits) -> None:
     trainers = [t for p in sorted(layout.train_pods) for t in spec.tors_in_pod(p)]
-    gen_pods = sorted(layout.gen_pods)
-    # 1. relay path inside every generator pod
-    for j, p in enumerate(gen_pods):
-        tors = list(spec.tors_in_pod(p))
-        for i, (a, b) in enumerate(zip(tors, tors[1:])):
-            if not circ.connect(a, b, offset=j * 2 + i):
-                log.warning("sync phase: no port for the relay circuit %d-%d in pod %d", a, b, p)
-    # 2. one entry circuit per generator pod: trainers first (round robin), then reached generator pods
-    senders: deque[int] = deque(trainers)
-    relays: deque[int] = deque()
-    for p in gen_pods:
-        tors = list(spec.tors_in_pod(p))
-        placed = _place_entry(circ, senders, tors) or _place_entry(circ, relays, tors)
-        if placed:
-            relays.extend(tors)
-        else:
-            log.warning("sync phase: generator pod %d cannot be reached (no free ports)", p)
-    # 3. the remaining trainer uplinks feed generator ToRs directly, round robin over pods
-    targets = [t for i in range(spec.tors_per_pod) for p in gen_pods for t in [spec.tors_in_pod(p)[i]]]
-    if not targets:
-        return
-    start = 0  # each OCS continues the round robin where the previous one stopped
-    for o in range(spec.ocs_count):
-        queue = deque(t for t in targets[start:] + targets[:start] if circ.free_slots(t, o))
-        start = (start + sum(len(circ.free_slots(s, o)) for s in trainers)) % len(targets)
-        for s in trainers:
-            for u in circ.free_slots(s, o):
-                while queue and not circ.free_slots(queue[0], o):
-                    queue.popleft()
-                if not queue:
-                    break
-                t = queue.popleft()
-                circ.add(s, u, t, circ.free_slots(t, o)[0])
-                queue.append(t)  # round robin: back of the queue (dropped later when full)
-
-
-def _place_entry(circ: _Circuits, senders: deque[int], tors: list[int]) -> bool:
-    """Connect the first sender (round robin) that has a port on an OCS shared with one of ``tors``."""
-    for _ in range(len(senders)):
-        s = senders[0]
-        if circ.n_free(s) == 0:
-            senders.popleft()
+    gens = [t for p in sorted(layout.gen_pods) for t in spec.tors_in_pod(p)]
+    nt, ng = len(trainers), len(gens)
+    # 1. direct feeds: every slot is a matching between the smaller side and as many ToRs of the larger one
+    #    (both ends on slot u, so on one OCS), shifted from slot to slot: by the smaller side's size, so the
+    #    first slots reach every ToR of the larger side, plus one after each full turn, so the first
+    #    ``n_large`` slots use every shift once (every pair gets its share of circuits, evenly)
+    small, large = (trainers, gens) if nt <= ng else (gens, trainers)
+    ns, nl = len(small), len(large)
+    turn = nl // math.gcd(ns, nl)  # slots until the shifts by ``ns`` come back to 0
+    for u in range(spec.uplinks_per_tor):
+        off = u * ns + u // turn
+        for i, a in enumerate(small):
+            circ.add(a, u, large[(i + off) % nl], u)
+    # 2. generator ToRs that no trainer uplink reaches (trainer uplinks ran out): relay paths from the fed
+    #    ones, grown round robin so they stay short; then spare ports widen the relay hops
+    tset = set(trainers)
+    fed = [g for g in gens if any(circ.circ.get((g, u), (None,))[0] in tset for u in range(spec.uplinks_per_tor))]
+    tails: deque[int] = deque(fed)
+    hops: list[tuple[int, int]] = []
+    for g in gens:
+        if g in fed:
             continue
-        senders.rotate(-1)
-        if any(circ.connect(s, t) for t in tors):
-            return True
-    return False
+        for _ in range(len(tails)):
+            t = tails.popleft()
+            if circ.connect(t, g):
+                tails.append(g)
+                hops.append((t, g))
+                break
+            tails.append(t)
+        else:
+            log.warning("sync phase: generator ToR %d cannot be reached (no free ports)", g)
+    while hops:
+        hops = [h for h in hops if circ.connect(*h)]
+
+
+@dataclass(frozen=True)
+class SyncChain:
+    """One pipelined chain of the weight broadcast, at server level.
+
+    ``sources``: (server, share of the weights it sends the head); a trainer server, or, where a relay tree
+    branches (never on the sync phase's own topology), a generator server of an earlier chain (share 1).
+    ``members``: generator servers in relay order (``members[0]`` is the head); each relays the whole
+    weights to the next. Every hop (source -> head, member -> next) rides a circuit or stays under one ToR.
+    """
+
+    sources: tuple[tuple[int, float], ...]
+    members: tuple[int, ...]
+
+
+def sync_chains(spec: FabricSpec, layout: JobLayout, matchings: Mapping[int, Matching],
+                holders: Iterable[int] | None = None) -> tuple[SyncChain, ...]:
+    """The weight-sync plan on ``matchings`` (normally the ``sync`` phase's): every generator server is in
+    exactly one chain. ``holders``: the trainer servers that hold a full copy (default: every server of the
+    trainer pods); a trainer ToR without one feeds nothing.
+
+    A generator ToR fed by ``f`` circuits from trainer ToRs runs ``m = clamp(f * uplink_gbps / server_gbps,
+    1, servers_per_tor)`` chains over its servers (as many as its circuits can feed at the server rate; with
+    fewer circuits one chain relays through the ToR's servers). Its circuits are dealt to those chains round
+    robin over the feeding trainer ToRs, and each trainer ToR's circuits round robin over its holders, so
+    the feeds spread over trainer ToRs and servers; a chain head's share from a source is that source's
+    share of the chain's circuits. A generator ToR without a trainer circuit is reached over generator
+    circuits (breadth first from the fed ones): its servers extend a chain ending in its parent ToR, or,
+    when none is left to extend, start one fed by a server of the parent. Raises SpecError (field
+    ``matchings``) when some generator ToR has no such path."""
+    layout.check(spec)
+    graph = circuit_graph(spec, matchings)
+    spt = spec.servers_per_tor
+    trainers = [t for p in sorted(layout.train_pods) for t in spec.tors_in_pod(p)]
+    gens = [t for p in sorted(layout.gen_pods) for t in spec.tors_in_pod(p)]
+    train_set, gen_set = set(trainers), set(gens)
+    if holders is None:
+        holders = [s for t in trainers for s in spec.servers_on_tor(t)]
+    by_tor: dict[int, list[int]] = {}
+    for h in sorted(set(holders)):
+        t = spec.tor_of_server(h)
+        if t not in train_set:
+            raise SpecError("holders", f"server {h} is not a trainer server")
+        by_tor.setdefault(t, []).append(h)
+    if not by_tor:
+        raise SpecError("holders", "no trainer server holds the weights")
+
+    def circuits_from(j: int, pool: set[int]) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for _, peer, _ in graph.edges(j):
+            if peer in pool:
+                out[peer] = out.get(peer, 0) + 1
+        return out
+
+    def n_chains(f: int) -> int:
+        return max(1, min(spt, int(f * spec.uplink_gbps // spec.server_gbps)))
+
+    def groups(tor: int, m: int) -> list[list[int]]:
+        srv = list(spec.servers_on_tor(tor))
+        return [srv[k * len(srv) // m:(k + 1) * len(srv) // m] for k in range(m)]
+
+    # breadth first: fed ToRs (depth 0), then ToRs reached over generator circuits (parent: most circuits)
+    feeds = {j: circuits_from(j, set(by_tor)) for j in gens}
+    order = [j for j in gens if feeds[j]]
+    parent: dict[int, int] = {}
+    seen = set(order)
+    q = deque(order)
+    while q:
+        x = q.popleft()
+        for y, c in sorted(circuits_from(x, gen_set).items(), key=lambda kv: (-kv[1], kv[0])):
+            if y not in seen:
+                seen.add(y)
+                parent[y] = x
+                order.append(y)
+                q.append(y)
+    missing = [j for j in gens if j not in seen]
+    if missing:
+        raise SpecError("matchings", f"generator ToRs {missing[:8]}{' ...' if len(missing) > 8 else ''} have "
+                                     "no circuit path from a trainer ToR holding the weights")
+
+    chains: list[tuple[list[tuple[int, float]], list[int]]] = []
+    open_tails: dict[int, list[int]] = {}  # generator ToR -> chains ending there, not extended yet
+    relay_use: dict[int, int] = {}  # generator server -> chains it feeds
+    ptr = {t: 0 for t in by_tor}  # round robin over each trainer ToR's holders
+    for j in order:
+        if j not in parent:  # fed by trainer circuits
+            fj = feeds[j]
+            m = n_chains(sum(fj.values()))
+            dealt: list[int] = []  # trainer ToRs, one per circuit, interleaved
+            left = dict(fj)
+            while left:
+                for i in sorted(left):
+                    dealt.append(i)
+                    left[i] -= 1
+                    if not left[i]:
+                        del left[i]
+            for k, members in enumerate(groups(j, m)):
+                mine = dealt[k::m]
+                count: dict[int, int] = {}
+                for i in mine:
+                    h = by_tor[i][ptr[i] % len(by_tor[i])]
+                    ptr[i] += 1
+                    count[h] = count.get(h, 0) + 1
+                chains.append(([(h, c / len(mine)) for h, c in sorted(count.items())], members))
+                open_tails.setdefault(j, []).append(len(chains) - 1)
+            continue
+        p = parent[j]
+        for members in groups(j, n_chains(circuits_from(j, {p})[p])):
+            if open_tails.get(p):
+                idx = open_tails[p].pop()
+                chains[idx][1].extend(members)
+            else:
+                src = min(spec.servers_on_tor(p), key=lambda s: (relay_use.get(s, 0), -s))
+                relay_use[src] = relay_use.get(src, 0) + 1
+                chains.append(([(src, 1.0)], list(members)))
+                idx = len(chains) - 1
+            open_tails.setdefault(j, []).append(idx)
+    return tuple(SyncChain(tuple(src), tuple(mem)) for src, mem in chains)
 
 
 # ---- ToR-level graph ---------------------------------------------------------------------------

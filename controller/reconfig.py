@@ -1,4 +1,4 @@
-"""OCS reconfiguration (pure): the slack rule, validated requests, ordered plans and a timed executor.
+"""OCS reconfiguration (pure): the slack and switching rules, validated requests, ordered plans and a timed executor.
 
 A reconfiguration goes from the current circuits to a target, OCS by OCS, in four ordered steps:
 
@@ -35,7 +35,7 @@ MAX_WINDOW_MS = 3600_000.0
 SPIN_MARGIN_S = 0.001  # sleep until this long before a deadline, then spin on the clock
 
 
-# ---- the slack rule ------------------------------------------------------------------------------
+# ---- the slack and switching rules--------------------------------------------------------------------
 def fits_slack(window_ms: float | None, delay_ms: float) -> bool:
     """True when a reconfiguration taking ``delay_ms`` fits an idle window of ``window_ms``.
 
@@ -47,6 +47,45 @@ def fits_slack(window_ms: float | None, delay_ms: float) -> bool:
     return window_ms > delay_ms
 
 
+SWITCH_ACTIONS = ("switched", "stalled", "deferred")  # what decide_switch answers
+
+
+@dataclass(frozen=True)
+class SwitchDecision:
+    """The benefit-aware rule's answer: ``action`` (one of SWITCH_ACTIONS), the stall the next phase waits
+    (ms; 0 unless ``stalled``) and a sentence saying why."""
+
+    action: str
+    stall_ms: float
+    reason: str
+
+
+def decide_switch(window_ms: float | None, delay_ms: float, gain_ms: float | None) -> SwitchDecision:
+    """Benefit-aware switching, for the controller and RLSim alike (pure).
+
+    * ``switched``: the reconfiguration fits the idle window (:func:`fits_slack`: no window given, or one
+      longer than ``delay_ms``), or it takes no time at all (``delay_ms == 0``): nothing waits;
+    * ``stalled``: the window is too short, but the new topology's predicted gain ``gain_ms`` (what the next
+      phase saves on it against staying on the old one; ``inf`` when the old one cannot carry that phase)
+      exceeds the stall ``delay_ms - max(window_ms, 0)``: switch anyway and the next phase waits that long;
+    * ``deferred``: otherwise (no gain given, or one not larger than the stall): keep the old topology.
+    """
+    if fits_slack(window_ms, delay_ms) or delay_ms == 0:
+        why = ("no window_ms given" if window_ms is None else
+               f"window_ms {window_ms:g} is longer than the switching delay {delay_ms:g} ms" if delay_ms
+               else "a switch that takes no time needs no window")
+        return SwitchDecision("switched", 0.0, f"{why}: switching in the slack")
+    stall = delay_ms - max(window_ms, 0.0)
+    short = f"window_ms {window_ms:g} is not longer than the switching delay {delay_ms:g} ms"
+    if gain_ms is not None and gain_ms > stall:
+        return SwitchDecision("stalled", stall, f"{short}, but gain_ms {gain_ms:g} exceeds the stall: "
+                                                f"switching, the next phase waits {stall:g} ms")
+    if gain_ms is None:
+        return SwitchDecision("deferred", 0.0, f"{short} and no gain_ms was given: the current circuits stay")
+    return SwitchDecision("deferred", 0.0, f"{short} and gain_ms {gain_ms:g} does not exceed the stall "
+                                           f"{stall:g} ms: the current circuits stay")
+
+
 # ---- requests ------------------------------------------------------------------------------------
 def _check_delay(value: float | None, name: str) -> None:
     if value is None:
@@ -56,12 +95,13 @@ def _check_delay(value: float | None, name: str) -> None:
     require(value <= MAX_DELAY_MS, name, f"must be <= {MAX_DELAY_MS:g} ms, got {value}")
 
 
-def _check_window(value: float | None) -> None:
+def _check_window(value: float | None, name: str = "window_ms") -> None:
+    """A slack window or a predicted gain (``gain_ms``): finite, >= 0, at most MAX_WINDOW_MS."""
     if value is None:
         return
-    require(math.isfinite(value), "window_ms", f"must be a finite number, got {value!r}")
-    require(value >= 0, "window_ms", f"must be >= 0, got {value}")
-    require(value <= MAX_WINDOW_MS, "window_ms", f"must be <= {MAX_WINDOW_MS:g} ms, got {value}")
+    require(math.isfinite(value), name, f"must be a finite number, got {value!r}")
+    require(value >= 0, name, f"must be >= 0, got {value}")
+    require(value <= MAX_WINDOW_MS, name, f"must be <= {MAX_WINDOW_MS:g} ms, got {value}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,22 +110,26 @@ class _TimingBody:
 
     delay_ms: Optional[float] = None
     window_ms: Optional[float] = None
+    gain_ms: Optional[float] = None  # predicted gain of the new topology (decide_switch)
 
     def __post_init__(self) -> None:
         _check_delay(self.delay_ms, "delay_ms")
         _check_window(self.window_ms)
+        _check_window(self.gain_ms, "gain_ms")
 
 
 @dataclass(frozen=True, kw_only=True)
 class CircuitsBody(_TimingBody):
-    """JSON body of ``POST /api/v1/circuits``: ``{"circuits": {"0": [[1, 3], [2, 4]]}, "delay_ms": 10}``."""
+    """JSON body of ``POST /api/v1/circuits``: ``{"circuits": {"0": [[1, 3], [2, 4]]}, "delay_ms": 10}``
+    (optional ``window_ms``, ``gain_ms``)."""
 
     circuits: dict[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True)
 class PhaseBody(_TimingBody):
-    """JSON body of ``POST /api/v1/phase``: ``{"phase": "train", "delay_ms": 10, "window_ms": null}``."""
+    """JSON body of ``POST /api/v1/phase``: ``{"phase": "train", "delay_ms": 10, "window_ms": null,
+    "gain_ms": null}``."""
 
     phase: str
 
@@ -102,11 +146,13 @@ class ReconfigRequest:
     phase: str | None = None
     delay_ms: float | None = None
     window_ms: float | None = None
+    gain_ms: float | None = None
     source: str = "rest"
 
     def __post_init__(self) -> None:
         _check_delay(self.delay_ms, "delay_ms")
         _check_window(self.window_ms)
+        _check_window(self.gain_ms, "gain_ms")
 
     def effective_delay_ms(self, spec: FabricSpec) -> float:
         return spec.reconfig_delay_ms if self.delay_ms is None else float(self.delay_ms)
@@ -129,7 +175,7 @@ def circuits_request(spec: FabricSpec, data: Any) -> ReconfigRequest:
     for key, pairs in body.circuits.items():
         o = _ocs_index(spec, key)
         target[o] = Matching.from_pairs(spec.ports_per_ocs, pairs, field=f"circuits.{key}")
-    return ReconfigRequest(target=target, delay_ms=body.delay_ms, window_ms=body.window_ms)
+    return ReconfigRequest(target=target, delay_ms=body.delay_ms, window_ms=body.window_ms, gain_ms=body.gain_ms)
 
 
 def phase_request(spec: FabricSpec, layout: JobLayout, data: Any) -> ReconfigRequest:
@@ -141,7 +187,7 @@ def phase_request(spec: FabricSpec, layout: JobLayout, data: Any) -> ReconfigReq
             f"unknown phase {body.phase!r} (known: {', '.join(phases.PHASES)})")
     target = phases.phase_matchings(spec, layout, body.phase)
     return ReconfigRequest(target=dict(target), phase=body.phase, delay_ms=body.delay_ms,
-                           window_ms=body.window_ms)
+                           window_ms=body.window_ms, gain_ms=body.gain_ms)
 
 
 # ---- plans ---------------------------------------------------------------------------------------

@@ -6,10 +6,11 @@ Endpoints (JSON in, JSON out; ``Authorization: Bearer <token>`` unless the app w
 * ``GET  /api/v1/circuits``  ``{"0": [[1, 3], [2, 4]], ...}``
 * ``GET  /api/v1/state``     connected/expected dpids, ready, phase, busy
 * ``GET  /api/v1/history``   every reconfiguration (done | deferred | rejected | failed) with timestamps
-* ``POST /api/v1/circuits``  ``{"circuits": {"0": [[1, 3]]}, "delay_ms": 10, "window_ms": null}``
-* ``POST /api/v1/phase``     ``{"phase": "train", "delay_ms": 10, "window_ms": null}``
+* ``POST /api/v1/circuits``  ``{"circuits": {"0": [[1, 3]]}, "delay_ms": 10, "window_ms": null, "gain_ms": null}``
+* ``POST /api/v1/phase``     ``{"phase": "train", "delay_ms": 10, "window_ms": null, "gain_ms": null}``
 
-POSTs answer after the reconfiguration completed, with its history record. Errors are
+POSTs answer after the reconfiguration completed, with its history record: ``status`` (done | deferred | ...)
+and ``decision`` (switched | stalled | deferred, from ``controller.reconfig.decide_switch``) with ``stall_ms``. Errors are
 ``{"error": "<field>: <message>", "field": "<field>"}`` with 400 (bad input), 401 (token), 404 (path),
 405 (method), 413 (body too large), 503 (fabric not ready / a switch did not confirm).
 """

@@ -26,7 +26,7 @@ from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, from_dict, require, to_dict
 
 from .ocs import Matching, split_flows
-from .reconfig import (Clock, Driver, ReconfigPlan, ReconfigRequest, circuits_request, execute_plan, fits_slack,
+from .reconfig import (Clock, Driver, ReconfigPlan, ReconfigRequest, circuits_request, decide_switch, execute_plan,
                        phase_request, plan_reconfig)
 
 log = logging.getLogger(__name__)
@@ -330,11 +330,12 @@ class FabricController:
         # received_mono: the controller's monotonic clock (CLOCK_MONOTONIC, shared by every namespace), so a
         # probe stream's send times can be lined up with the reconfiguration's t_ms offsets
         rec: dict = {"kind": kind, "source": req.source, "phase": req.phase, "delay_ms": delay,
-                     "window_ms": req.window_ms, "received_at": received_at, "received_mono": received}
-        if not fits_slack(req.window_ms, delay):
-            rec.update(status="deferred",
-                       reason=f"window_ms {req.window_ms:g} is not longer than the switching delay "
-                              f"{delay:g} ms: the current circuits stay")
+                     "window_ms": req.window_ms, "gain_ms": req.gain_ms, "received_at": received_at,
+                     "received_mono": received}
+        decision = decide_switch(req.window_ms, delay, req.gain_ms)
+        rec.update(decision=decision.action, stall_ms=decision.stall_ms, reason=decision.reason)
+        if decision.action == "deferred":
+            rec.update(status="deferred")
             return self._record(rec)
         assert self.matchings is not None
         if plan is None:

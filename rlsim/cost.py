@@ -6,10 +6,12 @@ Counting method (MixNet's public calculator, REFERENCE.md "Network components"):
 * every electrical switch port has a transceiver; OCS ports are passive (the ToR-side module drives the fibre);
 * one fibre per link (``fibre_m`` metres each; in an all-electrical fabric this is optical modules / 2);
 * Fat-Tree ports per tier from the uplink ratio: ToR down = NICs, ToR up = down / oversubscription, then
-  aggregation down and up and core ports equal the ToR uplinks (non-blocking above the ToR; three tiers
-  when there are several pods of several ToRs). That is the default (``FabricOptions.fat_tree_tiers="3"``);
-  ``"2"`` counts one spine tier, ``"auto"`` the fewest tiers that cover the NICs with switches of
-  ``switch_radix`` ports (prices.yaml; 64 x 400G, REFERENCE.md): at 64 ports 2 tiers cover 2,048 NICs.
+  every tier above the ToR has as many ports down and up as the ToR uplinks (non-blocking above the ToR;
+  the top tier has down ports only). How many tiers (``FabricOptions.fat_tree_tiers``, ``TIER_METHODS``):
+  ``"auto"`` (the default) the fewest tiers of ``switch_radix``-port switches (prices.yaml: 64 x 400G,
+  REFERENCE.md) that cover the NICs: at 64 ports 2 tiers up to 2,048 NICs, 3 up to 65,536; ``"2"`` one
+  spine tier; ``"3"`` the MixNet calculator's method (three tiers whenever there are several pods of
+  several ToRs, whatever the radix).
 
 GPUs and servers are not counted: this is the cost of the network only (NICs included, the same in every
 fabric). ``docs/rlsim.md`` discusses which assumptions drive the ratios.
@@ -26,7 +28,7 @@ import yaml
 from emulation.spec import FabricSpec
 from emulation.validation import SpecError
 
-from .fabrics import FABRICS, OVERSUB, FabricOptions, mixnet_split
+from .fabrics import FABRICS, OVERSUB, TIER_METHODS, FabricOptions, mixnet_split
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "prices.yaml")
 
@@ -87,13 +89,14 @@ def radix_tiers(n_endpoints: int, radix: int, oversub: float = 1.0) -> int:
 
 def fat_tree_tiers_above_tor(spec: FabricSpec, n_nic: int, oversub: float, opts: FabricOptions,
                              prices: "Prices") -> int:
-    """Packet tiers above the ToR: "3" (REFERENCE.md / MixNet-calculator counting: ToR, pod aggregation and
-    core whenever there are several pods of several ToRs), "2" (one spine tier), "auto" (from the radix)."""
+    """Packet tiers above the ToR: "auto" (from the radix, the default), "2" (one spine tier), "3" (the MixNet
+    calculator's method: ToR, pod aggregation and core whenever there are several pods of several ToRs)."""
     if opts.fat_tree_tiers == "3":
         return _structural_tiers_above_tor(spec)
     if opts.fat_tree_tiers == "2":
         return min(1, _structural_tiers_above_tor(spec))
-    return min(2, radix_tiers(n_nic, prices.switch_radix, oversub) - 1) if spec.n_tors > 1 else 0
+    radix = opts.switch_radix or prices.switch_radix
+    return radix_tiers(n_nic, radix, oversub) - 1 if spec.n_tors > 1 else 0
 
 
 def port_counts(fabric: str, spec: FabricSpec, nic_gbps: float, opts: FabricOptions = FabricOptions(),
@@ -118,12 +121,8 @@ def port_counts(fabric: str, spec: FabricSpec, nic_gbps: float, opts: FabricOpti
         tiers = fat_tree_tiers_above_tor(spec, n_nic, o, opts, prices)
         if fabric == "rail":  # rail leaves span a pod; a non-blocking spine joins the pods
             tiers = 1 if spec.pods > 1 else 0
-        if tiers >= 1:
-            add(up, 2 * tor_up)  # ToR up + next tier down
-            links += tor_up
-        if tiers == 2:
-            add(up, 2 * tor_up)  # aggregation up + core
-            links += tor_up
+        add(up, 2 * tor_up * tiers)  # per tier above the ToR: the tier below's up ports + its own down ports
+        links += tor_up * tiers
     elif fabric in ("topoopt", "rfabric"):
         ports = spec.n_tors * spec.uplinks_per_tor
         add(up, ports)
@@ -136,13 +135,15 @@ def port_counts(fabric: str, spec: FabricSpec, nic_gbps: float, opts: FabricOpti
         links += spec.n_tors * (n_ocs + n_eps)
         eps_up = spec.n_tors * n_eps
         tiers = fat_tree_tiers_above_tor(spec, n_nic, spec.uplinks_per_tor / n_eps if n_eps else 1.0, opts, prices)
-        if tiers >= 1:
-            add(up, eps_up)
-        if tiers == 2:
-            add(up, 2 * eps_up)
-            links += eps_up
+        if tiers >= 1:  # the ToRs' packet uplinks are counted above; the first tier's down ports here
+            add(up, eps_up + 2 * eps_up * (tiers - 1))
+            links += eps_up * (tiers - 1)
+    packet = fabric not in ("topoopt", "rfabric")
     return {"nics": n_nic, "nic_gbps": nic_gbps, "eps_ports": {str(k): v for k, v in eps.items()},
-            "ocs_ports": ocs, "fibres": links, "packet_tiers": (tiers + 1) if fabric not in ("topoopt", "rfabric") else 1}
+            "ocs_ports": ocs, "fibres": links, "packet_tiers": (tiers + 1) if packet else 1,
+            "tier_method": (TIER_METHODS[opts.fat_tree_tiers] if fabric != "rail" else "rail leaves + spine")
+            if packet else None,
+            "switch_radix": (opts.switch_radix or prices.switch_radix) if packet else None}
 
 
 def fabric_cost(fabric: str, spec: FabricSpec, nic_gbps: float, prices: Prices | None = None,

@@ -38,7 +38,11 @@ from emulation.validation import SpecError
 FABRICS = ("fat-tree", "fat-tree-2to1", "fat-tree-4to1", "rail", "topoopt", "mixnet", "rfabric")
 OVERSUB = {"fat-tree": 1.0, "fat-tree-2to1": 2.0, "fat-tree-4to1": 4.0}
 GBPS = 1e9 / 8  # bytes/s per Gb/s
-FAT_TREE_TIERS = ("3", "2", "auto")
+FAT_TREE_TIERS = ("auto", "2", "3")
+# what each tier count means (rlsim.cost counts the ports; docs/rlsim.md)
+TIER_METHODS = {"auto": "radix: the fewest tiers of switch_radix-port switches that cover the NICs",
+                "2": "two tiers (ToR + spine)",
+                "3": "the MixNet calculator's method: ToR, aggregation and core tiers from the uplink ratio"}
 
 
 class Unreachable(SpecError):
@@ -49,14 +53,19 @@ class Unreachable(SpecError):
 class FabricOptions:
     max_two_hop: int = 8  # two-hop paths per ToR pair on direct-connect fabrics
     mixnet_ocs_fraction: float = 0.5  # MixNet: share of ToR uplinks on the regional OCS
-    # Tiers of the packet (Fat-Tree) fabric for the cost model: "3" (default, REFERENCE.md's MixNet-calculator
-    # counting: ToR, pod aggregation, core when there are several pods of several ToRs), "2" (ToR + spine),
-    # "auto" (fewest tiers that cover the NICs with switches of prices.yaml's switch_radix ports).
-    fat_tree_tiers: str = "3"
+    # Tiers of the packet fabrics (Fat-Tree, MixNet's packet part) for the cost model (TIER_METHODS): "auto"
+    # (default: the fewest tiers that cover the NICs with switch_radix-port switches), "2" (ToR + spine), "3"
+    # (the MixNet calculator's method, REFERENCE.md: ToR, pod aggregation and core with several pods).
+    fat_tree_tiers: str = "auto"
+    switch_radix: int | None = None  # ports per packet switch for "auto"; None: prices.yaml's switch_radix
 
     def __post_init__(self) -> None:
         if self.fat_tree_tiers not in FAT_TREE_TIERS:
             raise SpecError("fat_tree_tiers", f"must be one of {', '.join(FAT_TREE_TIERS)}, got {self.fat_tree_tiers!r}")
+        if self.switch_radix is not None and not (isinstance(self.switch_radix, int)
+                                                  and not isinstance(self.switch_radix, bool)
+                                                  and 4 <= self.switch_radix <= 4096):
+            raise SpecError("switch_radix", f"must be an integer in 4..4096, got {self.switch_radix!r}")
         if not (isinstance(self.max_two_hop, int) and self.max_two_hop >= 0):
             raise SpecError("max_two_hop", f"must be an integer >= 0, got {self.max_two_hop!r}")
         if not 0 < self.mixnet_ocs_fraction < 1:
@@ -147,8 +156,9 @@ class CircuitNetwork(Network):
     """Direct-connect ToR graph (circuit counts per ToR pair), optionally beside a packet fabric (MixNet)."""
 
     def __init__(self, name: str, spec: FabricSpec, counts: np.ndarray, max_two_hop: int,
-                 eps_uplink_gbps: float = 0.0):
+                 eps_uplink_gbps: float = 0.0, matchings: dict | None = None):
         super().__init__(name, spec)
+        self.matchings = matchings  # RFabric: the OCS matchings behind ``counts`` (the sync plan reads them)
         n = spec.n_tors
         if counts.shape != (n, n) or (counts != counts.T).any() or (np.diag(counts) != 0).any():
             raise ValueError("circuit counts must be a symmetric n_tors x n_tors matrix with a zero diagonal")
@@ -192,6 +202,19 @@ class CircuitNetwork(Network):
             paths.append(p)
         self._cache[key] = paths
         return paths
+
+    def direct_paths(self, src: int, dst: int) -> list[list[int]]:
+        """The one path of a planned hop (a weight-sync chain's): under one ToR, or over the direct circuit
+        bundle between the two ToRs (no detour). Unreachable when the ToRs share no circuit."""
+        if src == dst:
+            return []
+        ta, tb = src // self.spec.servers_per_tor, dst // self.spec.servers_per_tor
+        ends = (self.server_up(src), self.server_down(dst))
+        if ta == tb:
+            return [[ends[0], ends[1]]]
+        if (ta, tb) not in self.bundle:
+            raise Unreachable("fabric", f"{self.name}: no circuit from ToR {ta} to ToR {tb}")
+        return [[ends[0], self.bundle[(ta, tb)], ends[1]]]
 
     def _shortest(self, a: int, b: int) -> list[int] | None:
         prev = {a: -1}
@@ -315,5 +338,5 @@ def build_network(fabric: str, spec: FabricSpec, layout: JobLayout, phase: str =
         ocs, eps = mixnet_split(spec, opts)
         return CircuitNetwork(fabric, spec, mixnet_counts(spec, ocs), opts.max_two_hop,
                               eps_uplink_gbps=eps * spec.uplink_gbps)
-    counts, _ = rfabric_counts(spec, layout, phase)
-    return CircuitNetwork(fabric, spec, counts, opts.max_two_hop)
+    counts, matchings = rfabric_counts(spec, layout, phase)
+    return CircuitNetwork(fabric, spec, counts, opts.max_two_hop, matchings=matchings)

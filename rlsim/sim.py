@@ -13,16 +13,20 @@ flow-level simulator (``rlsim.flowsim``) on the fabric's links (``rlsim.fabrics`
   ``1 + (pp - 1) / microbatches``; then the exposed communication: MoE expert all-to-all (EP), pipeline
   point-to-point activations (PP), and the data-parallel gradient ring all-reduce (DP, one ring per pipeline
   stage over the servers that hold that stage; TP stays inside a server on NVLink).
-* Weight sync: every trainer DP replica holds a full copy; the generator servers are split into as many
-  pipelined broadcast chains (fan-out ``sync_fanout``) as there are replicas.
+* Weight sync: on RFabric the plan of ``controller.phases.sync_chains`` on the installed circuits (chain heads
+  pull stripes from trainer servers over circuits, chains relay down generator servers; every hop rides a
+  circuit or stays under one ToR). Elsewhere every trainer DP replica holds a copy and the generator
+  servers are split into as many pipelined chains (fan-out ``sync_fanout``) as there are replicas.
 * RFabric re-wires its OCSes between phases with the controller's phase topologies. A circuit that changes
   must be dark for ``T_ocs``. Its idle window runs from the last use of the removed circuits in the previous
   phase to the first use of the added circuits in the next one (so it includes the next phase's lead-in:
   training compute before the all-reduce, prefill/decode before the token streams); per-step latency is
-  inside the transfers, so it is not idle time. The controller's rule (``controller.reconfig.fits_slack``):
-  switch only when the window fits; otherwise keep the old topology for the next phase when it carries
-  every demand of that phase; only if it cannot, switch anyway and the next phase waits ``T_ocs - window``
-  (a *stall*). Each transition reports ``switched`` / ``kept`` / ``stalled`` (or ``unchanged``).
+  inside the transfers, so it is not idle time. The controller's rule decides
+  (``controller.reconfig.decide_switch``): switch when the window fits; otherwise switch anyway and stall
+  the next phase for ``T_ocs - window`` when the predicted gain (the next phase's time on the old topology
+  minus on the new one; infinite when the old one cannot carry it) exceeds that stall; otherwise keep the
+  old topology for the next phase. Each transition reports ``switched`` / ``stalled`` / ``kept`` (the
+  rule's ``deferred``) or ``unchanged``, with its window, gain and stall.
   MixNet and TopoOpt are static for the job (MixNet's regional OCS keeps one ring per pod).
 """
 from __future__ import annotations
@@ -39,14 +43,16 @@ import numpy as np
 
 from agents.costmodel import CostModel
 from controller.ocs import diff
-from controller.reconfig import fits_slack
+from controller.phases import sync_chains
+from controller.reconfig import MAX_DELAY_MS, decide_switch
 from emulation.scenario import Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, require
 
 from . import traffic
 from .cost import fabric_cost
-from .fabrics import FABRICS, CircuitNetwork, FabricOptions, Network, Unreachable, build_network, mixnet_split, rfabric_counts
+from .fabrics import (FABRICS, GBPS, CircuitNetwork, FabricOptions, Network, Unreachable, build_network,
+                      mixnet_split, rfabric_counts)
 from .flowsim import Transfer, simulate
 
 log = logging.getLogger(__name__)
@@ -65,8 +71,8 @@ class SimSettings:
 
     def __post_init__(self) -> None:
         if self.t_ocs_ms is not None:
-            require(math.isfinite(self.t_ocs_ms) and self.t_ocs_ms >= 0, "t_ocs_ms",
-                    f"must be >= 0, got {self.t_ocs_ms}")
+            require(math.isfinite(self.t_ocs_ms) and 0 <= self.t_ocs_ms <= MAX_DELAY_MS, "t_ocs_ms",
+                    f"must be a number in 0..{MAX_DELAY_MS:g} ms (the controller's limit), got {self.t_ocs_ms}")
         require(self.latency_us >= 0, "latency_us", f"must be >= 0, got {self.latency_us}")
         require(self.sync_stripes >= 0, "sync_stripes", f"must be >= 0, got {self.sync_stripes}")
         require(self.sync_fanout >= 1, "sync_fanout", f"must be >= 1, got {self.sync_fanout}")
@@ -149,13 +155,15 @@ def generation_compute(cm: CostModel, lengths: np.ndarray, n_replicas: int, prom
 
 
 # ---- network helpers -----------------------------------------------------------------------------
-def run_demands(net: Network, demands, arrivals=None, latency=0.0):
+def run_demands(net: Network, demands, arrivals=None, latency=0.0, planned: bool = False):
     """Flow-simulate ``demands`` ``(src, dst, bytes)`` on ``net``. ``latency`` (seconds; a scalar or one per
-    demand) is the collective's per-step latency: it lengthens each transfer, so its links stay in use."""
+    demand) is the collective's per-step latency: it lengthens each transfer, so its links stay in use.
+    ``planned``: the demands are hops of a plan on circuits (``CircuitNetwork.direct_paths``), not routed."""
+    paths = net.direct_paths if planned else net.paths
     transfers = []
     for i, (s, d, b) in enumerate(demands):
         lat = latency[i] if isinstance(latency, (list, tuple, np.ndarray)) else latency
-        transfers.append(Transfer(float(b), net.paths(s, d), 0.0 if arrivals is None else float(arrivals[i]),
+        transfers.append(Transfer(float(b), paths(s, d), 0.0 if arrivals is None else float(arrivals[i]),
                                   latency=float(lat)))
     return simulate(net.capacity, transfers)
 
@@ -303,20 +311,17 @@ def train_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers:
     return PhaseRun(t, detail, busy)
 
 
-def _sync_sources(net: Network, head: int, groups: list[list[int]], tor_keys: list[int], d: int,
-                  k_stripes: int) -> list[tuple[int, float]]:
-    """(replica, share of the weights) a chain head pulls. On a direct-connect fabric whose topology links
-    the head's ToR to trainer ToRs, those ToRs in proportion to their circuits (the broadcast tree). When
-    RFabric kept another phase's topology for sync (not a broadcast tree), one replica per head, round robin
-    over the trainer ToRs (multipath over the mesh carries it; it also keeps the flow count down);
-    otherwise ``k_stripes`` trainer ToRs round robin, equal shares. One replica per ToR, round robin."""
+def _stripe_sources(net: Network, head: int, groups: list[list[int]], tor_keys: list[int], d: int,
+                    k_stripes: int) -> list[tuple[int, float]]:
+    """(replica, share of the weights) a chain head pulls on a fabric without a phase plan (packet fabrics,
+    TopoOpt, MixNet): on a direct-connect fabric linking the head's ToR to trainer ToRs, those ToRs in
+    proportion to their circuits; otherwise ``k_stripes`` trainer ToRs round robin, equal shares. One
+    replica per ToR, round robin."""
     def pick(g: int) -> int:
         grp = groups[g]
         return grp[(d // len(groups)) % len(grp)]
 
     if isinstance(net, CircuitNetwork):
-        if getattr(net, "phase", "sync") != "sync":
-            return [(pick(d % len(groups)), 1.0)]
         tor = head // net.spec.servers_per_tor
         w = np.array([net.counts[t, tor] for t in tor_keys], dtype=float)
         if w.sum() > 0:
@@ -324,35 +329,82 @@ def _sync_sources(net: Network, head: int, groups: list[list[int]], tor_keys: li
     return [(pick((d + k) % len(groups)), 1.0 / k_stripes) for k in range(k_stripes)]
 
 
-def sync_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers: list[int],
+def sync_bound_s(spec: FabricSpec, net: Network, gen_servers: list[int], weight_bytes: float) -> float:
+    """The fabric's own lower bound on a weight broadcast: every generator server receives the weights on
+    its link, and (direct-connect) every generator ToR over its circuits."""
+    bound = weight_bytes / (spec.server_gbps * GBPS)
+    if isinstance(net, CircuitNetwork):
+        for t in sorted({s // spec.servers_per_tor for s in gen_servers}):
+            circuits = float(net.counts[:, t].sum())
+            bound = max(bound, weight_bytes / (circuits * spec.uplink_gbps * GBPS) if circuits else math.inf)
+    return bound
+
+
+def sync_phase(w, cm: CostModel, spec: FabricSpec, layout: JobLayout, net: Network, train_servers: list[int],
                gen_servers: list[int], settings: SimSettings) -> PhaseRun:
+    """Weight sync. On RFabric the plan is ``controller.phases.sync_chains`` on the installed circuits (the
+    sync phase's, or another phase's when that topology was kept): heads pull stripes from trainer servers
+    over circuits, chains relay down their members. Elsewhere every trainer DP replica holds a copy, the
+    generator servers are split into as many chains as replicas, and a head pulls stripes from replicas
+    (one per trainer ToR, or in proportion to a direct-connect fabric's circuits)."""
     dp, server_of = _train_layout(w, spec, train_servers)
     W = cm.weight_bytes()
-    chains = min(dp, len(gen_servers))
-    # stripes: a chain head pulls W / K from K replicas, one under each of K trainer ToRs (round robin), so
-    # the first hop spreads over the trainer pool; the chain relays the whole W down its members
-    spt = spec.servers_per_tor
-    by_tor: dict[int, list[int]] = {}
-    for r in range(dp):
-        by_tor.setdefault(server_of(r, 0) // spt, []).append(r)
-    groups = list(by_tor.values())
-    tor_keys = list(by_tor)
-    k_stripes = settings.sync_stripes or len(groups)
-    k_stripes = max(1, min(k_stripes, dp))
+    pp = w.train_pp
     dem = []
     depth = 0
-    for d in range(chains):
-        members = gen_servers[d * len(gen_servers) // chains:(d + 1) * len(gen_servers) // chains]
-        for r, share in _sync_sources(net, members[0], groups, tor_keys, d, k_stripes):
-            for j in range(w.train_pp):  # the replica's servers each hold their stages' shards
-                dem.append((server_of(r, j), members[0], W * share / w.train_pp))
-        dem += traffic.broadcast_tree(members[0], members[1:], W, settings.sync_fanout)
-        depth = max(depth, len(members))
+    if getattr(net, "matchings", None) is not None:
+        replica_at: dict[int, int] = {}  # trainer server holding stage 0 of a replica -> that replica
+        for r in range(dp):
+            replica_at.setdefault(server_of(r, 0), r)
+        try:
+            chains = sync_chains(spec, layout, net.matchings, holders=list(replica_at))
+        except SpecError as e:
+            raise Unreachable("fabric", f"{net.name}: no weight-sync plan on these circuits ({e})") from None
+        hops: dict[int, int] = {}  # generator server -> relay hops from the trainers
+        for ch in chains:
+            head = ch.members[0]
+            lead = 0
+            for src, share in ch.sources:
+                if src in replica_at:  # a replica's servers each send their stage's part of the share
+                    for j in range(pp):
+                        dem.append((server_of(replica_at[src], j), head, W * share / pp))
+                else:  # relayed by a generator server of an earlier chain
+                    dem.append((src, head, W * share))
+                    lead = max(lead, hops[src])
+            dem += traffic.broadcast_tree(head, ch.members[1:], W, settings.sync_fanout)
+            for k, m in enumerate(ch.members):
+                hops[m] = lead + 1 + k
+        detail = {"plan": "sync_chains", "chains": len(chains),
+                  "longest_chain": max(len(c.members) for c in chains),
+                  "sources_per_head_max": max(len(c.sources) for c in chains)}
+        depth = max(hops.values())
+    else:
+        chains_n = min(dp, len(gen_servers))
+        # stripes: a chain head pulls W / K from K replicas, one under each of K trainer ToRs (round robin),
+        # so the first hop spreads over the trainer pool; the chain relays the whole W down its members
+        spt = spec.servers_per_tor
+        by_tor: dict[int, list[int]] = {}
+        for r in range(dp):
+            by_tor.setdefault(server_of(r, 0) // spt, []).append(r)
+        groups = list(by_tor.values())
+        tor_keys = list(by_tor)
+        k_stripes = max(1, min(settings.sync_stripes or len(groups), dp))
+        for d in range(chains_n):
+            members = gen_servers[d * len(gen_servers) // chains_n:(d + 1) * len(gen_servers) // chains_n]
+            for r, share in _stripe_sources(net, members[0], groups, tor_keys, d, k_stripes):
+                for j in range(pp):  # the replica's servers each hold their stages' shards
+                    dem.append((server_of(r, j), members[0], W * share / pp))
+            dem += traffic.broadcast_tree(members[0], members[1:], W, settings.sync_fanout)
+            depth = max(depth, len(members))
+        detail = {"plan": "stripes", "chains": chains_n, "stripes": k_stripes}
     dem = traffic.merge(dem)
-    res = run_demands(net, dem, latency=settings.latency_us * 1e-6 * depth) if dem else None
+    planned = detail["plan"] == "sync_chains" and pp == 1 and settings.sync_fanout == 1
+    res = run_demands(net, dem, latency=settings.latency_us * 1e-6 * depth, planned=planned) if dem else None
     dur = res.makespan if res else 0.0
-    return PhaseRun(dur, {"weight_bytes": W, "chains": chains, "stripes": k_stripes, "fanout": settings.sync_fanout},
-                    {"sync": (net, res, 0.0)} if res else {})
+    bound = sync_bound_s(spec, net, gen_servers, W)
+    detail.update(weight_bytes=W, fanout=settings.sync_fanout, bound_s=bound,
+                  vs_bound=dur / bound if bound > 0 and math.isfinite(bound) else None)
+    return PhaseRun(dur, detail, {"sync": (net, res, 0.0)} if res else {})
 
 
 @dataclass
@@ -437,21 +489,25 @@ def changed_bundles(spec: FabricSpec, old: dict, new: dict) -> tuple[set, set]:
     return out
 
 
-def decide(prev: PhaseRun, nxt: PhaseRun, removed: set, added: set, t_ocs_s: float, can_keep: bool) -> dict:
-    """The controller's rule for one transition. Switch only into an idle window that fits T_ocs
-    (``controller.reconfig.fits_slack``); otherwise keep the old topology if it carries every demand of the
-    next phase (``can_keep``); only if it cannot, switch anyway and the next phase waits ``T_ocs - window``."""
+UNCHANGED = {"action": "unchanged", "decision": None, "changed_bundles": 0, "window_ms": None, "gain_ms": None,
+             "stall_s": 0.0}
+
+
+def decide(prev: PhaseRun, nxt: PhaseRun, old: PhaseRun | None, removed: set, added: set, t_ocs_s: float) -> dict:
+    """One transition, by the controller's rule ``controller.reconfig.decide_switch``: the window is the
+    changed circuits' idle window, the gain what the next phase saves on the new topology (``nxt``) against
+    the old one (``old``; None: the old topology cannot carry that phase, an infinite gain). The report calls
+    a deferred transition ``kept`` (the phase runs on the old topology); ``decision`` is the rule's word."""
     if not removed and not added:
-        return {"action": "unchanged", "changed_bundles": 0, "window_ms": None, "stall_s": 0.0}
+        return dict(UNCHANGED)
     window = idle_window_s(prev, nxt, removed, added)
-    if t_ocs_s == 0 or fits_slack(window * 1e3, t_ocs_s * 1e3):  # an instant switch needs no slack
-        action, stall = "switched", 0.0
-    elif can_keep:
-        action, stall = "kept", 0.0
-    else:
-        action, stall = "stalled", max(0.0, t_ocs_s - window)
-    return {"action": action, "changed_bundles": len(removed | added), "window_ms": window * 1e3,
-            "stall_s": stall}
+    gain = math.inf if old is None else old.duration - nxt.duration
+    d = decide_switch(window * 1e3, t_ocs_s * 1e3, gain * 1e3)
+    return {"action": "kept" if d.action == "deferred" else d.action, "decision": d.action,
+            "changed_bundles": len(removed | added), "window_ms": window * 1e3,
+            "gain_ms": gain * 1e3 if math.isfinite(gain) else None, "old_topology_carries": old is not None,
+            "next_phase_new_s": nxt.duration, "next_phase_old_s": None if old is None else old.duration,
+            "stall_s": d.stall_ms / 1e3, "reason": d.reason}
 
 
 def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec: FabricSpec,
@@ -466,20 +522,19 @@ def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec:
             return None
 
     gen = attempt("gen", start)
-    if gen is None:  # cannot happen for start == "gen"; a kept topology was checked to carry generation
-        raise RuntimeError(f"internal: generation not carried by the {start} topology")
+    if gen is None:  # the generation topology itself cannot carry it (too few uplinks): say which demand
+        runners["gen"](nets[start])
     runs, decisions = {"gen": gen}, {}
     installed, prev = start, gen
     for ph in ("train", "sync"):
         target = runners[ph](nets[ph])
         if installed == ph:
             runs[ph], prev = target, target
-            decisions[f"{_prev_name(ph)}->{ph}"] = {"action": "unchanged", "changed_bundles": 0,
-                                                   "window_ms": None, "stall_s": 0.0}
+            decisions[f"{_prev_name(ph)}->{ph}"] = dict(UNCHANGED, topology=ph)
             continue
         removed, added = changed_bundles(spec, matchings[installed], matchings[ph])
         old = attempt(ph, installed)
-        d = decide(prev, target, removed, added, t_ocs, old is not None)
+        d = decide(prev, target, old, removed, added, t_ocs)
         d["topology"] = installed if d["action"] == "kept" else ph
         decisions[f"{_prev_name(ph)}->{ph}"] = d
         if d["action"] == "kept":
@@ -489,12 +544,11 @@ def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec:
         prev = runs[ph]
     # closing transition: towards the generation topology ``start`` of the next iteration
     if installed == start:
-        d = {"action": "unchanged", "changed_bundles": 0, "window_ms": None, "stall_s": 0.0, "topology": start}
+        d = dict(UNCHANGED, topology=start)
         end = start
     else:
         removed, added = changed_bundles(spec, matchings[installed], matchings[start])
-        can_keep = attempt("gen", installed) is not None
-        d = decide(prev, gen, removed, added, t_ocs, can_keep)
+        d = decide(prev, gen, attempt("gen", installed), removed, added, t_ocs)
         end = installed if d["action"] == "kept" else start
         d["topology"] = end
     decisions["sync->gen"] = d
@@ -506,6 +560,20 @@ def _prev_name(ph: str) -> str:
 
 
 # ---- one iteration --------------------------------------------------------------------------------
+def peak_rss_mib() -> float:
+    """This process's peak resident memory (MiB): Linux's VmHWM, the high-water mark of this program's own
+    memory; elsewhere ``ru_maxrss``, which on Linux also counts what the parent held when it forked."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+
 def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
                        settings: SimSettings = SimSettings()) -> dict:
     """Simulate one RL iteration of ``scn`` on ``fabric`` at ``gpus`` GPUs; a JSON-able result."""
@@ -526,8 +594,7 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
     for ph in ("gen", "train", "sync"):
         if fabric == "rfabric":
             counts, matchings[ph] = rfabric_counts(spec, layout, ph)
-            nets[ph] = CircuitNetwork(fabric, spec, counts, settings.fabric.max_two_hop)
-            nets[ph].phase = ph
+            nets[ph] = CircuitNetwork(fabric, spec, counts, settings.fabric.max_two_hop, matchings=matchings[ph])
         else:
             nets[ph] = nets.get("gen") or build_network(fabric, spec, layout, ph, settings.fabric)
 
@@ -535,7 +602,7 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
     runners = {
         "gen": lambda net: gen_phase(w, gc, net, gen_servers, train_servers, lengths, settings),
         "train": lambda net: train_phase(w, cm, spec, net, train_servers, lengths, settings),
-        "sync": lambda net: sync_phase(w, cm, spec, net, train_servers, gen_servers, settings),
+        "sync": lambda net: sync_phase(w, cm, spec, layout, net, train_servers, gen_servers, settings),
     }
     reconfig: dict = {}
     steady_start = None
@@ -567,5 +634,5 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
                    "cost": cost, "model": w.model, "gpu": w.gpu,
                    "train_servers": len(train_servers), "gen_servers": len(gen_servers),
                    "mixnet_split": list(mixnet_split(spec, settings.fabric)) if fabric == "mixnet" else None},
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "peak_rss_mib": peak_rss_mib(),
     }

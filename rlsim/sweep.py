@@ -1,14 +1,24 @@
-"""Sweeps: fabrics x scales x OCS switching times, on Ray when it is installed, serially otherwise.
+"""Sweeps: fabrics x scales x OCS switching times x RFabric configurations x switch radix, on Ray when it is
+installed, serially otherwise.
 
 ``run_sweep`` returns one result per point (the dict of :func:`rlsim.sim.simulate_iteration`, without its
-bulky ``detail``); ``write_outputs`` writes ``sweep.json`` and three plots (matplotlib, Agg backend):
-performance against cost with the Pareto frontier, per-phase time by fabric, and sensitivity to T_ocs.
-T_ocs only matters for fabrics that re-wire during a job (RFabric; MixNet is modelled static); the others run once per scale.
+bulky ``detail``; a point whose fabric cannot carry the workload, e.g. one uplink per ToR, is kept with its
+``error``); ``write_outputs`` writes ``sweep.json`` and three plots (matplotlib, Agg backend): performance
+against cost with the Pareto frontier (every fabric and every RFabric configuration), per-phase time by
+fabric, and sensitivity to T_ocs with each transition's switched / stalled / kept decision marked.
+
+Dimensions: T_ocs only matters for fabrics that re-wire during a job (RFabric; MixNet is modelled static);
+the RFabric configuration (``uplinks``: uplinks per ToR, the taper against the ToR's server ports;
+``ocs``: OCS count, which sets each OCS's radix = ToRs x uplinks / OCSes) only for RFabric; the packet
+switch radix (``radix``: the Fat-Tree tier count, FabricOptions.switch_radix) only for fabrics with packet
+tiers. The others run once per scale.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -16,13 +26,19 @@ from typing import Sequence
 from emulation.scenario import Scenario
 from emulation.validation import SpecError, to_dict
 
-from .fabrics import FABRICS
+from .fabrics import FABRICS, OVERSUB
 from .sim import SimSettings, scale_scenario, simulate_iteration
 
 log = logging.getLogger(__name__)
 
-DEFAULT_T_OCS_MS = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)  # 1 us .. 100 ms
+# 1 us .. 10 s: CALIENT-class bulk reconfiguration takes up to 200 ms; beyond a few seconds the switching time
+# exceeds the slack windows of this workload and decisions turn from switched to stalled to kept
+DEFAULT_T_OCS_MS = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0)
 RECONFIGURING = ("rfabric",)  # MixNet is modelled static for the job (docs/rlsim.md)
+CONFIGURABLE = ("rfabric",)  # fabrics swept over uplinks per ToR and OCS count
+RADIX_FABRICS = tuple(OVERSUB) + ("mixnet",)  # fabrics whose cost depends on the packet switch radix
+SLOWDOWN_GOAL = 0.05  # "within 5% of the non-blocking Fat-Tree": the summary's best configuration
+MAX_UPLINKS = 1024  # per ToR (and OCSes): far beyond any switch, small enough to size-check before work
 
 
 @dataclass(frozen=True)
@@ -30,31 +46,92 @@ class Point:
     fabric: str
     gpus: int
     t_ocs_ms: float
+    uplinks: int | None = None  # uplinks per ToR (None: the scenario's)
+    ocs: int | None = None  # OCS count (None: the scenario's)
+    radix: int | None = None  # packet switch radix (None: prices.yaml's)
 
 
-def plan(scn: Scenario, fabrics: Sequence[str], scales: Sequence[int], t_ocs_ms: Sequence[float]) -> list[Point]:
+def _ints_in(values: Sequence[int] | None, field: str, lo: int, hi: int) -> list:
+    if not values:
+        return [None]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise SpecError(field, f"must be integers in {lo}..{hi}, got {v!r}")
+    return list(dict.fromkeys(values))
+
+
+def default_ocs(scn: Scenario, uplinks: int) -> int:
+    """OCS count for ``uplinks`` per ToR when none is given: the scenario's OCSes-per-uplink ratio when it
+    gives a whole number that divides the uplinks, else one OCS per uplink."""
+    f = scn.fabric
+    k = f.uplinks_per_tor // f.ocs_count  # ports per ToR on each OCS
+    return uplinks // k if uplinks % k == 0 else uplinks
+
+
+def plan(scn: Scenario, fabrics: Sequence[str], scales: Sequence[int], t_ocs_ms: Sequence[float],
+         uplinks: Sequence[int] | None = None, ocs: Sequence[int] | None = None,
+         radix: Sequence[int] | None = None) -> list[Point]:
+    """Every point to simulate. Combinations of ``uplinks`` and ``ocs`` where the OCS count does not divide
+    the uplinks (every ToR needs the same ports on every OCS) are left out; SpecError (naming the field)
+    for a bad value or when no combination is left."""
     for f in fabrics:
         if f not in FABRICS:
             raise SpecError("fabrics", f"must be in {', '.join(FABRICS)}, got {f!r}")
     for n in scales:
         scale_scenario(scn, n)  # validates the scale (exit 2 before any work)
     for t in t_ocs_ms:
-        if not t >= 0:
-            raise SpecError("t_ocs_ms", f"must be >= 0, got {t}")
+        SimSettings(t_ocs_ms=t)  # validates it (finite, 0 .. the controller's limit)
+    ups = _ints_in(uplinks, "uplinks", 1, MAX_UPLINKS)
+    ocss = _ints_in(ocs, "ocs", 1, MAX_UPLINKS)
+    radices = _ints_in(radix, "radix", 4, 4096)
+    configs = []
+    for u in ups:
+        for o in ocss:
+            uu = scn.fabric.uplinks_per_tor if u is None else u
+            oo = (scn.fabric.ocs_count if u is None else default_ocs(scn, u)) if o is None else o
+            if uu % oo:
+                log.info("sweep: %d uplinks per ToR on %d OCSes is not a valid wiring; left out", uu, oo)
+                continue
+            configs.append((u, oo if (u is not None or o is not None) else None))
+    if not configs:
+        raise SpecError("ocs", f"no OCS count in {ocs} divides any uplink count in {uplinks}")
     default_t = scn.controller.effective_delay_ms(scn.fabric)
     pts = []
     for n in scales:
         for f in fabrics:
             for t in (t_ocs_ms if f in RECONFIGURING else [default_t]):
-                pts.append(Point(f, n, float(t)))
+                for u, o in (configs if f in CONFIGURABLE else [(None, None)]):
+                    for r in (radices if f in RADIX_FABRICS else [None]):
+                        pts.append(Point(f, n, float(t), u, o, r))
     return pts
 
 
+def point_scenario(scn: Scenario, p: Point) -> Scenario:
+    """``scn`` with the point's RFabric configuration (uplinks per ToR, OCS count; OCS ports exactly needed)."""
+    if p.uplinks is None and p.ocs is None:
+        return scn
+    fab = dataclasses.replace(scn.fabric, uplinks_per_tor=p.uplinks or scn.fabric.uplinks_per_tor,
+                              ocs_count=p.ocs or scn.fabric.ocs_count, ocs_ports=0)
+    return dataclasses.replace(scn, fabric=fab)
+
+
 def _one(scn: Scenario, p: Point, settings: SimSettings) -> dict:
-    s = SimSettings(t_ocs_ms=p.t_ocs_ms, latency_us=settings.latency_us, sync_fanout=settings.sync_fanout,
-                    sync_stripes=settings.sync_stripes, max_num_seqs=settings.max_num_seqs, fabric=settings.fabric)
-    r = simulate_iteration(scn, p.fabric, p.gpus, s)
+    fab = settings.fabric if p.radix is None else dataclasses.replace(settings.fabric, switch_radix=p.radix)
+    s = dataclasses.replace(settings, t_ocs_ms=p.t_ocs_ms, fabric=fab)
+    sc = point_scenario(scn, p)
+    spec = scale_scenario(sc, p.gpus).fabric
+    base = {"fabric": p.fabric, "gpus": p.gpus, "t_ocs_ms": p.t_ocs_ms, "uplinks_per_tor": spec.uplinks_per_tor,
+            "ocs_count": spec.ocs_count, "ocs_radix": spec.ports_per_ocs,
+            "taper": spec.servers_per_tor * spec.server_gbps / (spec.uplinks_per_tor * spec.uplink_gbps),
+            "switch_radix": p.radix, "swept_config": p.uplinks is not None or p.ocs is not None}
+    try:
+        r = simulate_iteration(sc, p.fabric, p.gpus, s)
+    except SpecError as e:  # e.g. too few uplinks to connect the phase topologies (rlsim.fabrics.Unreachable)
+        return {**base, "error": str(e), "iteration_s": None, "cost_usd": None}
+    r.update(base, switch_radix=r["detail"]["cost"]["counts"]["switch_radix"])
     r["stall_s"] = sum(v["stall_s"] for v in r["detail"]["reconfig"].values())
+    r["decisions"] = {k: v["action"] for k, v in r["detail"]["reconfig"].items()}
+    r["sync_vs_bound"] = r["detail"]["sync"].get("vs_bound")
     r["cost_breakdown_usd"] = r["detail"]["cost"]["usd"]
     del r["detail"]
     return r
@@ -114,26 +191,61 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     return front
 
 
-def summarise(results: Sequence[dict]) -> dict:
-    """Per scale: each fabric's perf/cost relative to the non-blocking Fat-Tree (at the scenario's T_ocs
-    default and at every T_ocs for re-wiring fabrics)."""
-    out: dict = {}
-    for n in sorted({r["gpus"] for r in results}):
-        base = [r for r in results if r["gpus"] == n and r["fabric"] == "fat-tree"]
-        if not base:
-            continue
-        b = base[0]
-        rows = []
-        for r in results:
-            if r["gpus"] != n:
-                continue
-            rows.append({"fabric": r["fabric"], "t_ocs_ms": r["t_ocs_ms"], "iteration_s": r["iteration_s"],
-                         "slowdown_vs_fat_tree": r["iteration_s"] / b["iteration_s"] - 1,
-                         "cost_vs_fat_tree": r["cost_usd"] / b["cost_usd"],
-                         "perf_per_cost_vs_fat_tree": (b["iteration_s"] * b["cost_usd"]) /
-                                                      (r["iteration_s"] * r["cost_usd"])})
-        out[str(n)] = rows
+def _label(r: dict) -> str:
+    """A point's name in plots and summaries: the fabric, plus its configuration where it was swept."""
+    out = r["fabric"]
+    if r["fabric"] in CONFIGURABLE:
+        out += f" u{r['uplinks_per_tor']}/o{r['ocs_count']}"
+    if r["fabric"] in RADIX_FABRICS and r.get("switch_radix"):
+        out += f" r{r['switch_radix']}"
     return out
+
+
+def summarise(results: Sequence[dict]) -> dict:
+    """Per scale: each point's slowdown, cost and perf/cost relative to the non-blocking Fat-Tree built of
+    switches of the same radix (points whose cost does not depend on the radix: against each such
+    Fat-Tree): ``rows``; and ``best_within_slowdown``: per Fat-Tree radix, the other point with the highest
+    perf/cost whose iteration is within SLOWDOWN_GOAL of that Fat-Tree's (each at T_ocs = 10 ms or the
+    nearest swept)."""
+    out: dict = {}
+    ok = [r for r in results if r.get("iteration_s")]
+    for n in sorted({r["gpus"] for r in ok}):
+        bases = [r for r in ok if r["gpus"] == n and r["fabric"] == "fat-tree"]
+        rows = []
+        for b in bases:
+            for r in ok:
+                if r["gpus"] != n or (r["fabric"] in RADIX_FABRICS and r.get("switch_radix") != b.get("switch_radix")):
+                    continue
+                rows.append({"fabric": r["fabric"], "label": _label(r), "t_ocs_ms": r["t_ocs_ms"],
+                             "uplinks_per_tor": r.get("uplinks_per_tor"), "ocs_count": r.get("ocs_count"),
+                             "fat_tree_radix": b.get("switch_radix"), "iteration_s": r["iteration_s"],
+                             "slowdown_vs_fat_tree": r["iteration_s"] / b["iteration_s"] - 1,
+                             "cost_vs_fat_tree": r["cost_usd"] / b["cost_usd"],
+                             "perf_per_cost_vs_fat_tree": (b["iteration_s"] * b["cost_usd"]) /
+                                                          (r["iteration_s"] * r["cost_usd"])})
+        if not rows:
+            continue
+        best = {}
+        for rad in sorted({row["fat_tree_radix"] for row in rows}, key=str):
+            near: dict = {}  # per configuration, the row at T_ocs = 10 ms (or the nearest swept)
+            for row in rows:
+                if row["fat_tree_radix"] == rad and row["fabric"] != "fat-tree":
+                    k = row["label"]
+                    if k not in near or abs(row["t_ocs_ms"] - 10.0) < abs(near[k]["t_ocs_ms"] - 10.0):
+                        near[k] = row
+            cands = [row for row in near.values() if row["slowdown_vs_fat_tree"] <= SLOWDOWN_GOAL]
+            if cands:
+                best[str(rad)] = max(cands, key=lambda row: row["perf_per_cost_vs_fat_tree"])
+        out[str(n)] = {"rows": rows, "best_within_slowdown": best, "slowdown_goal": SLOWDOWN_GOAL}
+    return out
+
+
+ACTION_STYLE = {"switched": ("#2ca02c", "o"), "stalled": ("#ff7f0e", "^"), "kept": ("#d62728", "X"),
+                "unchanged": ("#7f7f7f", ".")}
+
+
+def _near_10ms(rs: Sequence[dict]) -> dict:
+    return min(rs, key=lambda r: abs(r["t_ocs_ms"] - 10.0))
 
 
 def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = None) -> dict:
@@ -143,68 +255,84 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
     import matplotlib.pyplot as plt
 
     os.makedirs(out_dir, exist_ok=True)
-    doc = {"meta": meta or {}, "results": list(results), "summary": summarise(results)}
+    ok = [r for r in results if r.get("iteration_s")]
+    doc = {"meta": meta or {}, "results": list(results), "summary": summarise(results),
+           "infeasible": [{k: r.get(k) for k in ("fabric", "gpus", "uplinks_per_tor", "ocs_count", "error")}
+                          for r in results if not r.get("iteration_s")]}
     with open(os.path.join(out_dir, "sweep.json"), "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1, default=to_dict)
     files = {"json": os.path.join(out_dir, "sweep.json")}
-    fabrics = [f for f in FABRICS if any(r["fabric"] == f for r in results)]
-    scales = sorted({r["gpus"] for r in results})
+    fabrics = [f for f in FABRICS if any(r["fabric"] == f for r in ok)]
+    scales = sorted({r["gpus"] for r in ok})
     colors = {f: plt.cm.tab10(i) for i, f in enumerate(FABRICS)}
-    markers = "osD^v<>ph*"
+    if not scales:
+        return files
 
-    # 1. performance against cost, Pareto frontier per scale
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    for si, n in enumerate(scales):
-        pts, idx = [], []
+    # 1. performance against cost, one panel per scale: every fabric and every swept configuration of it
+    #    (T_ocs = 10 ms or the nearest), the Pareto frontier dashed
+    cols = min(2, len(scales))
+    rows_n = math.ceil(len(scales) / cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(7.5 * cols, 5.2 * rows_n), squeeze=False)
+    for ax, n in zip(axes.flat, scales):
+        pts = []
+        groups: dict = {}
+        for r in ok:
+            if r["gpus"] == n:
+                groups.setdefault((r["fabric"], r.get("uplinks_per_tor"), r.get("ocs_count"),
+                                   r.get("switch_radix")), []).append(r)
         for f in fabrics:
-            rs = [r for r in results if r["gpus"] == n and r["fabric"] == f]
-            if not rs:
-                continue
-            r = min(rs, key=lambda r: abs(r["t_ocs_ms"] - 10.0))  # T_ocs = 10 ms (or nearest) per fabric
-            x, y = r["cost_usd"] / 1e6, 3600.0 / r["iteration_s"]
-            ax.scatter(x, y, color=colors[f], marker=markers[si % len(markers)], s=50,
-                       label=f if si == 0 else None, edgecolors="k", linewidths=0.5)
-            pts.append((x, y))
-            idx.append(f)
+            first = True
+            for key, rs in sorted(((k, v) for k, v in groups.items() if k[0] == f), key=lambda kv: str(kv[0])):
+                r = _near_10ms(rs)
+                x, y = r["cost_usd"] / 1e6, 3600.0 / r["iteration_s"]
+                ax.scatter(x, y, color=colors[f], s=46, edgecolors="k", linewidths=0.5, label=f if first else None)
+                first = False
+                if (f in CONFIGURABLE and r.get("swept_config")) or (f in RADIX_FABRICS and r.get("switch_radix")):
+                    ax.annotate(_label(r).split(" ", 1)[1], (x, y), fontsize=6, textcoords="offset points",
+                                xytext=(3, 3))
+                pts.append((x, y))
         front = pareto_front(pts)
-        fx = [pts[i][0] for i in front]
-        fy = [pts[i][1] for i in front]
-        ax.plot(fx, fy, "--", color="gray", lw=1)
-        if pts:
-            ax.annotate(f"{n} GPUs", (max(p[0] for p in pts), max(p[1] for p in pts)), fontsize=8,
-                        textcoords="offset points", xytext=(4, 4))
-    ax.set_xscale("log")
-    ax.set_xlabel("network cost (million USD, log)")
-    ax.set_ylabel("RL iterations per hour")
-    ax.set_title("Performance vs network cost (dashed: Pareto frontier per scale; T_ocs = 10 ms)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+        ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "--", color="gray", lw=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("network cost (million USD, log)")
+        ax.set_ylabel("RL iterations per hour")
+        ax.set_title(f"{n} GPUs: performance vs network cost (dashed: Pareto frontier)", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(scales):]:
+        ax.set_visible(False)
+    fig.suptitle("RFabric configurations: u = uplinks per ToR, o = OCSes; r = packet switch radix "
+                 "(Fat-Tree tier count); T_ocs = 10 ms", fontsize=9)
     fig.tight_layout()
     files["pareto"] = os.path.join(out_dir, "pareto.png")
     fig.savefig(files["pareto"], dpi=110)
     plt.close(fig)
 
-    # 2. per-phase time by fabric at the largest scale: stacked (left), train and sync close up (right)
+    # 2. per-phase time by fabric at the largest scale (the scenario's own configuration where swept):
+    #    stacked (left), train and sync close up (right)
     n = scales[-1]
     vals = {}
     for f in fabrics:
-        rs = [r for r in results if r["gpus"] == n and r["fabric"] == f]
-        vals[f] = min(rs, key=lambda r: abs(r["t_ocs_ms"] - 10.0))["phases"]
+        rs = [r for r in ok if r["gpus"] == n and r["fabric"] == f]
+        own = [r for r in rs if not r.get("swept_config")] or rs
+        if own:
+            vals[f] = _near_10ms(own)["phases"]
+    names = list(vals)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
-    bottoms = [0.0] * len(fabrics)
+    bottoms = [0.0] * len(names)
     for ph, col in (("gen_s", "#4c72b0"), ("train_s", "#dd8452"), ("sync_s", "#55a868")):
-        v = [vals[f][ph] for f in fabrics]
-        ax.bar(fabrics, v, bottom=bottoms, color=col, label=ph[:-2])
+        v = [vals[f][ph] for f in names]
+        ax.bar(names, v, bottom=bottoms, color=col, label=ph[:-2])
         bottoms = [b + x for b, x in zip(bottoms, v)]
     ax.set_ylabel("seconds per iteration")
     ax.set_title(f"Iteration by phase ({n} GPUs)")
     ax.legend(loc="lower right")
     width = 0.4
-    xs = list(range(len(fabrics)))
-    ax2.bar([x - width / 2 for x in xs], [vals[f]["train_s"] for f in fabrics], width, color="#dd8452", label="train")
-    ax2.bar([x + width / 2 for x in xs], [vals[f]["sync_s"] for f in fabrics], width, color="#55a868", label="sync")
+    xs = list(range(len(names)))
+    ax2.bar([x - width / 2 for x in xs], [vals[f]["train_s"] for f in names], width, color="#dd8452", label="train")
+    ax2.bar([x + width / 2 for x in xs], [vals[f]["sync_s"] for f in names], width, color="#55a868", label="sync")
     ax2.set_xticks(xs)
-    ax2.set_xticklabels(fabrics)
+    ax2.set_xticklabels(names)
     ax2.set_ylabel("seconds")
     ax2.set_title("Train and sync phases (close up)")
     ax2.legend()
@@ -215,22 +343,47 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
     fig.savefig(files["phases"], dpi=110)
     plt.close(fig)
 
-    # 3. sensitivity to T_ocs: iteration time relative to the non-blocking Fat-Tree
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for si, n in enumerate(scales):
-        base = [r for r in results if r["gpus"] == n and r["fabric"] == "fat-tree"]
-        for f in RECONFIGURING:
-            rs = sorted((r for r in results if r["gpus"] == n and r["fabric"] == f), key=lambda r: r["t_ocs_ms"])
-            if len(rs) < 2:
-                continue
-            ref = base[0]["iteration_s"] if base else rs[0]["iteration_s"]
-            ax.plot([r["t_ocs_ms"] for r in rs], [100 * (r["iteration_s"] / ref - 1) for r in rs],
-                    marker=markers[si % len(markers)], color=colors[f], label=f"{f}, {n} GPUs")
-    ax.set_xscale("log")
-    ax.set_xlabel("OCS switching time T_ocs (ms, log)")
-    ax.set_ylabel("iteration time vs fat-tree (%)" if any(r["fabric"] == "fat-tree" for r in results)
+    # 3. sensitivity to T_ocs: iteration time relative to the non-blocking Fat-Tree (top) and every
+    #    transition's decision (bottom: switched / stalled / kept), per scale and configuration
+    series = {}
+    for r in ok:
+        if r["fabric"] in RECONFIGURING:
+            series.setdefault((r["gpus"], r["fabric"], r.get("uplinks_per_tor"), r.get("ocs_count")), []).append(r)
+    series = {k: sorted(v, key=lambda r: r["t_ocs_ms"]) for k, v in sorted(series.items()) if len(v) >= 2}
+    transitions = ("gen->train", "train->sync", "sync->gen")
+    strip_rows = [(k, t) for k in series for t in transitions]
+    fig, (ax, axd) = plt.subplots(2, 1, figsize=(9, 4.5 + 0.22 * max(len(strip_rows), 3)), sharex=True,
+                                  gridspec_kw={"height_ratios": [3, max(1.2, 0.22 * len(strip_rows))]})
+    for si, (key, rs) in enumerate(series.items()):
+        n, f, u, o = key
+        base = [r for r in ok if r["gpus"] == n and r["fabric"] == "fat-tree"]
+        ref = base[0]["iteration_s"] if base else rs[0]["iteration_s"]
+        ax.plot([r["t_ocs_ms"] for r in rs], [100 * (r["iteration_s"] / ref - 1) for r in rs],
+                marker="os^Dv<>ph*"[si % 10], label=f"{f} u{u}/o{o}, {n} GPUs")
+        if len(series) == 1:  # one curve: a dotted line where any transition's decision changes
+            for a_, b_ in zip(rs, rs[1:]):
+                if a_["decisions"] != b_["decisions"]:
+                    ax.axvline(b_["t_ocs_ms"], color="gray", ls=":", lw=0.8)
+    for yi, (key, t) in enumerate(strip_rows):
+        for r in series[key]:
+            a = r["decisions"].get(t, "unchanged")
+            c, m = ACTION_STYLE.get(a, ("k", "."))
+            axd.scatter(r["t_ocs_ms"], yi, color=c, marker=m, s=28)
+    axd.set_yticks(range(len(strip_rows)))
+    axd.set_yticklabels([f"{k[0]} u{k[2]}/o{k[3]}: {t}" for k, t in strip_rows], fontsize=6)
+    axd.invert_yaxis()
+    for a, (c, m) in ACTION_STYLE.items():
+        axd.scatter([], [], color=c, marker=m, label=a)
+    axd.legend(fontsize=6, ncol=4, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    if series:
+        axd.set_xscale("log")
+    else:
+        ax.text(0.5, 0.5, "no re-wiring fabric was swept over two or more T_ocs values", ha="center",
+                transform=ax.transAxes)
+    axd.set_xlabel("OCS switching time T_ocs (ms, log)")
+    ax.set_ylabel("iteration time vs fat-tree (%)" if any(r["fabric"] == "fat-tree" for r in ok)
                   else "iteration time vs smallest T_ocs (%)")
-    ax.set_title("Sensitivity to the OCS switching time")
+    ax.set_title("Sensitivity to the OCS switching time; below: each transition's decision (decide_switch)")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)

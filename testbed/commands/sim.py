@@ -1,7 +1,8 @@
 """`orchestrrl sim`: RLSim from the command line.
 
-    orchestrrl sim SCENARIO --fabric F [--gpus N] [--t-ocs-ms T] [--fat-tree-tiers 3|2|auto] [--json]
+    orchestrrl sim SCENARIO --fabric F [--gpus N] [--t-ocs-ms T] [--fat-tree-tiers auto|2|3] [--json]
     orchestrrl sim sweep SCENARIO --out DIR [--fabrics a,b] [--scales 256,512] [--t-ocs-list 0.001,10]
+                                            [--uplinks-list 4,8,32] [--ocs-list 4,8] [--radix-list 32,64]
                                             [--ray-address ADDR | --no-ray]
 """
 from __future__ import annotations
@@ -42,15 +43,22 @@ def register(subparsers) -> None:
     p.add_argument("--fabric", choices=FABRICS, default="rfabric", help="fabric (default rfabric)")
     p.add_argument("--gpus", type=int, default=None, help="re-size the scenario to N GPUs (whole pods)")
     p.add_argument("--t-ocs-ms", type=float, default=None, help="OCS switching time (default: scenario's)")
-    p.add_argument("--fat-tree-tiers", choices=FAT_TREE_TIERS, default="3",
-                   help="packet tiers counted in the cost: 3 (default, REFERENCE.md / MixNet-calculator counting), "
-                        "2, or auto (fewest tiers covering the NICs at prices.yaml's switch_radix)")
+    p.add_argument("--fat-tree-tiers", choices=FAT_TREE_TIERS, default="auto",
+                   help="packet tiers counted in the cost: auto (default: the fewest tiers of prices.yaml's "
+                        "switch_radix-port switches that cover the NICs), 2 (ToR + spine), or 3 (the MixNet "
+                        "calculator's method: ToR, aggregation and core from the uplink ratio)")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     p.add_argument("--out", help="sweep: output directory (sweep.json and plots)")
     p.add_argument("--fabrics", type=_names, default=None, help="sweep: fabrics (default all)")
     p.add_argument("--scales", type=_ints, default=None, help="sweep: GPU counts (default: 2, 4 and 8 pods and the scenario's size)")
     p.add_argument("--t-ocs-list", type=_floats, default=None,
-                   help="sweep: T_ocs values in ms (default 0.001,0.01,0.1,1,10,100)")
+                   help="sweep: T_ocs values in ms (default 0.001 .. 10000: 1 us to 10 s)")
+    p.add_argument("--uplinks-list", type=_ints, default=None,
+                   help="sweep: RFabric uplinks per ToR (the taper against its server ports; default: the scenario's)")
+    p.add_argument("--ocs-list", type=_ints, default=None,
+                   help="sweep: RFabric OCS counts (each must divide the uplinks; default: the scenario's ratio)")
+    p.add_argument("--radix-list", type=_ints, default=None,
+                   help="sweep: packet switch radix for the Fat-Tree tier count (default: prices.yaml's)")
     p.add_argument("--ray-address", default=None, help="sweep: Ray cluster address (default: local Ray)")
     p.add_argument("--no-ray", action="store_true", help="sweep: run serially even if Ray is installed")
     p.set_defaults(func=run)
@@ -81,6 +89,11 @@ def run(args) -> int:
         print(f"{r['scenario']} on {r['fabric']} at {r['gpus']} GPUs (T_ocs {r['t_ocs_ms']:g} ms): "
               f"iteration {r['iteration_s']:.3f} s = gen {ph['gen_s']:.3f} + train {ph['train_s']:.3f} + "
               f"sync {ph['sync_s']:.3f}; network cost ${r['cost_usd'] / 1e6:.2f}M; simulated in {r['wall_s']:.2f} s")
+        for name, d in r["detail"]["reconfig"].items():
+            gain = "inf (the old topology cannot carry it)" if d.get("old_topology_carries") is False else (
+                f"{d['gain_ms']:.3f} ms" if d.get("gain_ms") is not None else "-")
+            window = f"{d['window_ms']:.3f} ms" if d.get("window_ms") is not None else "-"
+            print(f"  {name}: {d['action']} (window {window}, predicted gain {gain}, stall {d['stall_s'] * 1e3:g} ms)")
     return 0
 
 
@@ -94,7 +107,7 @@ def _sweep(args) -> int:
 
     scales = args.scales or sorted({pod_gpus(scn.fabric) * k for k in (2, 4, 8)} | {scn.fabric.n_gpus})
     t_list = args.t_ocs_list or list(DEFAULT_T_OCS_MS)
-    points = plan(scn, fabrics, scales, t_list)
+    points = plan(scn, fabrics, scales, t_list, uplinks=args.uplinks_list, ocs=args.ocs_list, radix=args.radix_list)
     use_ray = False if args.no_ray else ray_available()
     from rlsim.fabrics import FabricOptions
     from rlsim.sim import SimSettings
@@ -103,7 +116,8 @@ def _sweep(args) -> int:
     results = run_sweep(scn, points, settings, use_ray=use_ray, ray_address=args.ray_address)
     files = write_outputs(results, args.out, {"scenario": args.scenario, "fabrics": fabrics, "scales": scales,
                                               "t_ocs_ms": t_list, "ray": use_ray,
-                                              "fat_tree_tiers": args.fat_tree_tiers})
+                                              "uplinks": args.uplinks_list, "ocs": args.ocs_list,
+                                              "radix": args.radix_list, "fat_tree_tiers": args.fat_tree_tiers})
     for k, v in files.items():
         print(f"{k}: {v}")
     return 0

@@ -1,77 +1,162 @@
-"""RLSim benchmark: wall time and peak memory of one simulated iteration, and the fabric goal ratios.
+"""RLSim benchmark: every figure of docs/rlsim.md's Results, as one JSON document (it asserts nothing).
 
-    .venv/bin/python tests/bench/bench_rlsim.py [--scenario scenarios/dapo-32b.yaml] [--runs 3]
+    PYTHONPATH=. .venv/bin/python tests/bench/bench_rlsim.py [--scenario scenarios/dapo-32b.yaml] [--runs 3]
+        [--taper-scenario scenarios/dapo-32b-taper.yaml] [--sections scales,perf_cost,t_ocs,timing,sensitivity]
 
-Prints one JSON document: per (fabric, GPUs) the median ``wall_s`` over ``--runs`` runs, the process's peak
-RSS, and at T_ocs = 10 ms for 1,024 and 2,048 GPUs RFabric's perf/cost and slowdown against the
-non-blocking Fat-Tree under both Fat-Tree tier counts (3: REFERENCE.md / MixNet calculator, the default;
-auto: fewest tiers of 64-port switches), with the reconfiguration decisions; then sensitivities: TopoOpt
-priced with patch-panel ports instead of OCS ports, and response-length log-sigma 0.7 instead of 0.93.
-A benchmark reports; it asserts nothing.
+Sections (T_ocs = 10 ms unless swept; the Fat-Tree's tier count is the default, radix-derived one):
+
+* ``scales``: at 1,024 .. 16,384 GPUs, RFabric (the scenario's own configuration) against the non-blocking
+  Fat-Tree: iteration, per-phase times, slowdown, weight sync against the fabric's own bound (on the
+  sync phase's own topology, and as run), and every transition's decision with its window, gain and stall;
+* ``perf_cost``: at 1,024 and 2,048 GPUs the sweep over RFabric uplinks per ToR (the taper) and OCS count,
+  beside the Fat-Trees, with perf/cost against the non-blocking Fat-Tree counted by radix (the default)
+  and by the MixNet calculator's 3 tiers; the best configuration within 5%; the taper scenario file's figures;
+* ``t_ocs``: at 2,048 GPUs, each transition's decision (switched / stalled / kept) from 1 us to 10 s, for
+  the scenario and the taper scenario;
+* ``timing``: the simulator's wall time (median of ``--runs``) and peak RSS *per fabric*: every run is a
+  fresh ``orchestrrl sim --json`` process whose ``peak_rss_mib`` is its own VmHWM (``ru_maxrss`` would
+  count this benchmark's memory at the fork too), so the RSS is that fabric's alone;
+* ``sensitivity``: TopoOpt priced with patch-panel ports, and response-length log-sigma 0.7 vs 0.93.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import logging
 import os
-import resource
 import statistics
+import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-
-import dataclasses  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from emulation.scenario import load_scenario  # noqa: E402
 from rlsim.cost import fabric_cost, load_prices  # noqa: E402
 from rlsim.fabrics import FabricOptions  # noqa: E402
-from rlsim.sim import SimSettings, scale_scenario, simulate_iteration  # noqa: E402
+from rlsim.sim import SimSettings, scale_scenario, sync_phase, simulate_iteration  # noqa: E402
+from rlsim.sweep import DEFAULT_T_OCS_MS, plan, run_sweep, summarise  # noqa: E402
+
+SECTIONS = ("scales", "perf_cost", "t_ocs", "timing", "sensitivity")
 
 
 def ratio(base: dict, other: dict) -> float:
     return (base["iteration_s"] * base["cost_usd"]) / (other["iteration_s"] * other["cost_usd"])
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", default=os.path.join(ROOT, "scenarios", "dapo-32b.yaml"))
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--scales", default="2048,16384")
-    ap.add_argument("--fabrics", default="fat-tree,rfabric,mixnet,topoopt")
-    args = ap.parse_args(argv)
-    scn = load_scenario(args.scenario)
-    out = {"scenario": args.scenario, "runs": args.runs, "timing": [], "goal": []}
-    settings = SimSettings(t_ocs_ms=10.0)
-    for n in [int(x) for x in args.scales.split(",")]:
-        for f in args.fabrics.split(","):
-            walls = [simulate_iteration(scn, f, n, settings)["wall_s"] for _ in range(args.runs)]
-            out["timing"].append({"fabric": f, "gpus": n, "wall_s_median": statistics.median(walls),
-                                  "wall_s_all": walls,
-                                  "peak_rss_mib_so_far": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
-    for n in (1024, 2048):
-        rf = simulate_iteration(scn, "rfabric", n, settings)
-        for tiers in ("3", "auto"):
-            st = SimSettings(t_ocs_ms=10.0, fabric=FabricOptions(fat_tree_tiers=tiers))
-            ft = simulate_iteration(scn, "fat-tree", n, st)
-            out["goal"].append({
-                "gpus": n, "fat_tree_tiers": tiers, "fat_tree_packet_tiers": ft["detail"]["cost"]["counts"]["packet_tiers"],
-                "fat_tree_iteration_s": ft["iteration_s"], "rfabric_iteration_s": rf["iteration_s"],
-                "rfabric_slowdown": rf["iteration_s"] / ft["iteration_s"] - 1,
-                "fat_tree_cost_usd": ft["cost_usd"], "rfabric_cost_usd": rf["cost_usd"],
-                "rfabric_perf_per_cost_vs_fat_tree": ratio(ft, rf),
-                "rfabric_phases": rf["phases"], "fat_tree_phases": ft["phases"],
-                "rfabric_reconfig": {k: (v["action"], v["window_ms"], v["stall_s"]) for k, v in rf["detail"]["reconfig"].items()},
-            })
-    # sensitivities at 2,048 GPUs (default 3-tier counting)
-    n = 2048
+def transitions(r: dict) -> dict:
+    return {k: {"action": v["action"], "window_ms": v["window_ms"], "gain_ms": v["gain_ms"],
+                "old_topology_carries": v.get("old_topology_carries"), "stall_ms": v["stall_s"] * 1e3}
+            for k, v in r["detail"]["reconfig"].items()}
+
+
+def own_topology_sync(scn, n: int) -> dict:
+    """Weight sync on the sync phase's own topology (whatever the switching rule chose), against its bound."""
+    from agents.costmodel import CostModel
+    from rlsim.fabrics import build_network
+
+    s = scale_scenario(scn, n)
+    net = build_network("rfabric", s.fabric, s.layout, "sync")
+    run = sync_phase(s.workload, CostModel.for_names(s.workload.model, s.workload.gpu), s.fabric, s.layout, net,
+                     s.layout.train_servers(s.fabric), s.layout.gen_servers(s.fabric), SimSettings())
+    return {"sync_s": run.duration, "bound_s": run.detail["bound_s"], "vs_bound": run.detail["vs_bound"]}
+
+
+def scales_section(scn, scales) -> list:
+    out = []
+    st = SimSettings(t_ocs_ms=10.0)
+    for n in scales:
+        ft = simulate_iteration(scn, "fat-tree", n, st)
+        rf = simulate_iteration(scn, "rfabric", n, st)
+        out.append({"gpus": n, "fat_tree_iteration_s": ft["iteration_s"], "rfabric_iteration_s": rf["iteration_s"],
+                    "rfabric_slowdown": rf["iteration_s"] / ft["iteration_s"] - 1,
+                    "fat_tree_phases": ft["phases"], "rfabric_phases": rf["phases"],
+                    "rfabric_sync_as_run": {k: rf["detail"]["sync"][k] for k in ("bound_s", "vs_bound", "chains")},
+                    "rfabric_sync_own_topology": own_topology_sync(scn, n),
+                    "rfabric_transitions": transitions(rf),
+                    "fat_tree_cost_usd": ft["cost_usd"], "rfabric_cost_usd": rf["cost_usd"],
+                    "fat_tree_packet_tiers": ft["detail"]["cost"]["counts"]["packet_tiers"],
+                    "rfabric_perf_per_cost_vs_fat_tree": ratio(ft, rf)})
+    return out
+
+
+def perf_cost_section(scn, taper, scales, uplinks) -> dict:
+    out: dict = {}
+    for tiers in ("auto", "3"):
+        settings = SimSettings(fabric=FabricOptions(fat_tree_tiers=tiers))
+        pts = plan(scn, ["fat-tree", "fat-tree-2to1", "fat-tree-4to1", "rfabric"], scales, [10.0],
+                   uplinks=uplinks, ocs=None)
+        res = run_sweep(scn, pts, settings, use_ray=False, progress=False)
+        summ = summarise(res)
+        out[f"fat_tree_tiers_{tiers}"] = {
+            str(n): {"rows": [{k: row[k] for k in ("label", "iteration_s", "slowdown_vs_fat_tree", "cost_vs_fat_tree",
+                                                    "perf_per_cost_vs_fat_tree")} for row in summ[str(n)]["rows"]],
+                     "best_within_5pct": summ[str(n)]["best_within_slowdown"]} for n in scales}
+    if taper is not None:
+        rows = []
+        for n in scales:
+            ft = simulate_iteration(taper, "fat-tree", n, SimSettings(t_ocs_ms=10.0))
+            rf = simulate_iteration(taper, "rfabric", n, SimSettings(t_ocs_ms=10.0))
+            spec = scale_scenario(taper, n).fabric
+            rows.append({"gpus": n, "uplinks_per_tor": spec.uplinks_per_tor, "ocs_count": spec.ocs_count,
+                         "ocs_ports_each": spec.ports_per_ocs, "rfabric_iteration_s": rf["iteration_s"],
+                         "fat_tree_iteration_s": ft["iteration_s"],
+                         "rfabric_slowdown": rf["iteration_s"] / ft["iteration_s"] - 1,
+                         "rfabric_cost_usd": rf["cost_usd"], "fat_tree_cost_usd": ft["cost_usd"],
+                         "rfabric_perf_per_cost_vs_fat_tree": ratio(ft, rf), "rfabric_phases": rf["phases"],
+                         "rfabric_transitions": transitions(rf)})
+        out["taper_scenario"] = {"file": taper.name, "rows": rows}
+    return out
+
+
+def t_ocs_section(scn, n: int) -> dict:
+    ft = simulate_iteration(scn, "fat-tree", n, SimSettings(t_ocs_ms=10.0))
+    rows = []
+    for t in DEFAULT_T_OCS_MS:
+        rf = simulate_iteration(scn, "rfabric", n, SimSettings(t_ocs_ms=t))
+        rows.append({"t_ocs_ms": t, "iteration_s": rf["iteration_s"],
+                     "slowdown_vs_fat_tree": rf["iteration_s"] / ft["iteration_s"] - 1,
+                     "decisions": {k: v["action"] for k, v in rf["detail"]["reconfig"].items()},
+                     "stall_ms": sum(v["stall_s"] for v in rf["detail"]["reconfig"].values()) * 1e3})
+    changes = []
+    for a, b in zip(rows, rows[1:]):
+        for k, v in b["decisions"].items():
+            if a["decisions"].get(k) != v:
+                changes.append({"transition": k, "from": a["decisions"].get(k), "to": v,
+                                "between_ms": [a["t_ocs_ms"], b["t_ocs_ms"]]})
+    return {"gpus": n, "rows": rows, "changes": changes}
+
+
+def timing_section(scenario_path: str, scales, fabrics, runs: int) -> list:
+    """Each run a fresh process, so ``peak_rss_mib`` (ru_maxrss of that process) is the fabric's own."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = []
+    for n in scales:
+        for f in fabrics:
+            walls, rss = [], []
+            for _ in range(runs):
+                p = subprocess.run([sys.executable, "-m", "testbed.cli", "sim", scenario_path, "--fabric", f,
+                                    "--gpus", str(n), "--json"], capture_output=True, text=True, env=env,
+                                   cwd=ROOT, timeout=900, check=True)
+                r = json.loads(p.stdout)
+                walls.append(r["wall_s"])
+                rss.append(r["peak_rss_mib"])
+            out.append({"fabric": f, "gpus": n, "wall_s_median": statistics.median(walls), "wall_s_all": walls,
+                        "peak_rss_mib_median": statistics.median(rss), "peak_rss_mib_all": rss})
+    return out
+
+
+def sensitivity_section(scn, n: int) -> dict:
     sens = {}
+    settings = SimSettings(t_ocs_ms=10.0)
     ft = simulate_iteration(scn, "fat-tree", n, settings)
     to = simulate_iteration(scn, "topoopt", n, settings)
     pp = dataclasses.replace(load_prices(), ocs_port=load_prices().patch_panel_port)
-    to_pp = dict(to, cost_usd=fabric_cost("topoopt", scale_scenario(scn, n).fabric, 400, pp)["total_usd"])
+    gbps = to["detail"]["cost"]["counts"]["nic_gbps"]
+    to_pp = dict(to, cost_usd=fabric_cost("topoopt", scale_scenario(scn, n).fabric, gbps, pp)["total_usd"])
     sens["topoopt_ocs_ports"] = {"cost_usd": to["cost_usd"], "perf_per_cost_vs_fat_tree": ratio(ft, to)}
     sens["topoopt_patch_panel"] = {"cost_usd": to_pp["cost_usd"], "perf_per_cost_vs_fat_tree": ratio(ft, to_pp)}
     for sigma in (0.93, 0.7):
@@ -84,8 +169,42 @@ def main(argv=None) -> int:
             "fat_tree_iteration_s": f2["iteration_s"], "rfabric_iteration_s": r2["iteration_s"],
             "rfabric_slowdown": r2["iteration_s"] / f2["iteration_s"] - 1,
             "rfabric_perf_per_cost_vs_fat_tree": ratio(f2, r2)}
-    out["sensitivity_2048"] = sens
-    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return sens
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", default=os.path.join(ROOT, "scenarios", "dapo-32b.yaml"))
+    ap.add_argument("--taper-scenario", default=os.path.join(ROOT, "scenarios", "dapo-32b-taper.yaml"))
+    ap.add_argument("--runs", type=int, default=3, help="timing: runs per fabric and scale (median)")
+    ap.add_argument("--scales", type=_ints, default=[1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--goal-scales", type=_ints, default=[1024, 2048], help="perf_cost: scales")
+    ap.add_argument("--uplinks", type=_ints, default=[2, 4, 8, 16, 32], help="perf_cost: uplinks per ToR")
+    ap.add_argument("--timing-scales", type=_ints, default=[2048, 16384])
+    ap.add_argument("--fabrics", default="fat-tree,rfabric,mixnet,topoopt", help="timing: fabrics")
+    ap.add_argument("--sections", default=",".join(SECTIONS))
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+    scn = load_scenario(args.scenario)
+    taper = load_scenario(args.taper_scenario) if os.path.exists(args.taper_scenario) else None
+    sections = [s for s in args.sections.split(",") if s]
+    out: dict = {"scenario": args.scenario, "taper_scenario": args.taper_scenario if taper else None}
+    if "scales" in sections:
+        out["scales"] = scales_section(scn, args.scales)
+    if "perf_cost" in sections:
+        out["perf_cost"] = perf_cost_section(scn, taper, args.goal_scales, args.uplinks)
+    if "t_ocs" in sections:
+        out["t_ocs"] = {scn.name: t_ocs_section(scn, 2048)}
+        if taper is not None:
+            out["t_ocs"][taper.name] = t_ocs_section(taper, 2048)
+    if "timing" in sections:
+        out["timing"] = timing_section(args.scenario, args.timing_scales, args.fabrics.split(","), args.runs)
+    if "sensitivity" in sections:
+        out["sensitivity_2048"] = sensitivity_section(scn, 2048)
     json.dump(out, sys.stdout, indent=1)
     print()
     return 0

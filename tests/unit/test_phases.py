@@ -4,7 +4,7 @@ import pytest
 from controller.ocs import Matching
 from controller.phases import (PHASES, all_pairs_reachable, bfs_depth, bisection_circuits, circuit_graph,
                                inter_pod_circuits, phase_matchings, reachable, round_order, round_pairs,
-                               unchanged_matchings)
+                               sync_chains, unchanged_matchings)
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError
 
@@ -171,3 +171,144 @@ def test_scale_2048_tors():
             assert reachable(g, tors_of(spec, layout.train_pods), tors_of(spec, layout.gen_pods))
         else:
             assert all_pairs_reachable(g)
+
+
+# ---- the sync phase's feeds and the server-level broadcast plan (sync_chains) ---------------------------
+SPREAD = CASES + [  # (spec kwargs, train pods): more trainers than generators, and the reverse, uneven
+    (dict(pods=5, tors_per_pod=1, uplinks_per_tor=3, ocs_count=1), (0, 1)),
+    (dict(pods=4, tors_per_pod=3, uplinks_per_tor=32, ocs_count=4), (0, 1, 2)),
+    (dict(pods=4, tors_per_pod=6, uplinks_per_tor=8, ocs_count=8), (0,)),
+    (dict(pods=8, tors_per_pod=8, servers_per_tor=4, uplinks_per_tor=32, ocs_count=32), (0, 1, 2, 3)),
+]
+
+
+@pytest.mark.parametrize("kw, train", SPREAD)
+def test_sync_feeds_spread_over_trainer_tors_and_use_every_uplink(kw, train):
+    """Each generator ToR's trainer circuits come from as many trainer ToRs as possible, evenly (no feeder
+    holds more than its ceiling share); totals differ by at most one; the smaller side uses every uplink."""
+    spec, layout = build(kw, train)
+    g = circuit_graph(spec, phase_matchings(spec, layout, "sync"))
+    trainers, gens = tors_of(spec, layout.train_pods), tors_of(spec, layout.gen_pods)
+    totals = []
+    for j in gens:
+        per = {}
+        for _, peer, _ in g.edges(j):
+            if peer in trainers:
+                per[peer] = per.get(peer, 0) + 1
+        f = sum(per.values())
+        totals.append(f)
+        if f:
+            assert max(per.values()) <= -(-f // len(trainers)), (j, per)
+            assert len(per) == min(f, len(trainers)), (j, per)
+    if len(trainers) <= len(gens):
+        assert all(len(g.edges(t)) == spec.uplinks_per_tor for t in trainers)
+    else:
+        assert all(t == spec.uplinks_per_tor for t in totals)
+    if min(totals):
+        assert max(totals) - min(totals) <= 1
+
+
+def check_plan(spec, layout, matchings, chains, holders=None):
+    """Every generator server exactly once; every hop under one ToR or on a circuit; shares sum to one;
+    sources are trainer holders or generator servers reached by an earlier chain."""
+    g = circuit_graph(spec, matchings)
+    gen_servers = layout.gen_servers(spec)
+    members = [m for c in chains for m in c.members]
+    assert sorted(members) == sorted(gen_servers)
+    holders = set(layout.train_servers(spec) if holders is None else holders)
+    tor = spec.tor_of_server
+
+    def on_circuit(a, b):
+        return tor(a) == tor(b) or g.n_circuits_between(tor(a), tor(b)) > 0
+
+    reached = set()
+    for c in chains:
+        assert sum(share for _, share in c.sources) == pytest.approx(1.0)
+        for src, _ in c.sources:
+            assert src in holders or src in reached, (src, c)
+            assert on_circuit(src, c.members[0]), (src, c.members[0])
+        for a, b in zip(c.members, c.members[1:]):
+            assert on_circuit(a, b), (a, b)
+        reached |= set(c.members)
+    return g
+
+
+@pytest.mark.parametrize("kw, train", SPREAD)
+@pytest.mark.parametrize("phase", PHASES)
+def test_sync_chains_reach_every_generator_server_once_on_circuits(kw, train, phase):
+    spec, layout = build(kw, train)
+    ms = phase_matchings(spec, layout, phase)
+    try:
+        chains = sync_chains(spec, layout, ms)
+    except SpecError as e:  # another phase's circuits may leave a generator ToR without a path
+        assert phase != "sync" and e.field == "matchings"
+        return
+    check_plan(spec, layout, ms, chains)
+    if phase == "sync":  # the sync topology needs no relay between chains: every source is a trainer
+        trainer_servers = set(layout.train_servers(spec))
+        assert all(src in trainer_servers for c in chains for src, _ in c.sources)
+
+
+def test_sync_chains_spread_heads_over_trainer_servers_at_the_circuit_rate():
+    """2,048 GPUs of scenarios/dapo-32b.yaml: 32 circuits into each generator ToR, one from every trainer
+    ToR; 8 circuits carry a server's 3.2 Tb/s, so each of the ToR's 4 servers heads its own chain, fed in 8
+    stripes by 8 different trainer servers under 8 different trainer ToRs, and every trainer server feeds
+    exactly 8 circuits."""
+    spec, layout = build(SPREAD[-1][0] | dict(server_gbps=3200.0, uplink_gbps=400.0), SPREAD[-1][1])
+    ms = phase_matchings(spec, layout, "sync")
+    chains = sync_chains(spec, layout, ms)
+    check_plan(spec, layout, ms, chains)
+    assert len(chains) == len(layout.gen_servers(spec)) and all(len(c.members) == 1 for c in chains)
+    load = {}
+    for c in chains:
+        assert len(c.sources) == 8 and {share for _, share in c.sources} == {1 / 8}
+        assert len({spec.tor_of_server(s) for s, _ in c.sources}) == 8
+        for s, _ in c.sources:
+            load[s] = load.get(s, 0) + 1
+    assert set(load) == set(layout.train_servers(spec)) and set(load.values()) == {8}
+    # heads under one ToR are fed by different trainer servers
+    for t in tors_of(spec, layout.gen_pods):
+        srcs = [s for c in chains if spec.tor_of_server(c.members[0]) == t for s, _ in c.sources]
+        assert len(srcs) == len(set(srcs))
+
+
+def test_sync_chains_on_the_default_scenario_and_with_scarce_circuits():
+    spec, layout = FabricSpec(), JobLayout()  # the emulator's fabric: 2 circuits into each generator ToR
+    ms = phase_matchings(spec, layout, "sync")
+    chains = sync_chains(spec, layout, ms)
+    check_plan(spec, layout, ms, chains)
+    assert sorted(len(c.members) for c in chains) == [1, 1, 1, 1]  # one 400G circuit per 400G server
+    # 8 x 400G servers per ToR behind 2 circuits: one chain relays through the ToR, fed by both circuits
+    spec = FabricSpec(servers_per_tor=4, server_gbps=3200.0)
+    chains = sync_chains(spec, layout, phase_matchings(spec, layout, "sync"))
+    assert sorted(len(c.members) for c in chains) == [4, 4]
+    assert all(len(c.sources) == 2 for c in chains)
+
+
+@pytest.mark.parametrize("kw", [dict(pods=9, tors_per_pod=1, uplinks_per_tor=2, ocs_count=2),
+                                dict(pods=10, tors_per_pod=3, uplinks_per_tor=2, ocs_count=1)])
+def test_sync_chains_relay_across_generator_tors_when_trainer_uplinks_run_out(kw):
+    spec = FabricSpec(**kw)
+    layout = JobLayout((0,), tuple(range(1, spec.pods)))
+    ms = phase_matchings(spec, layout, "sync")
+    chains = sync_chains(spec, layout, ms)
+    check_plan(spec, layout, ms, chains)
+    trainer_uplinks = len(layout.train_pods) * spec.tors_per_pod * spec.uplinks_per_tor
+    assert len(chains) == trainer_uplinks  # one chain per trainer circuit, continued over relay circuits
+    assert max(len({spec.tor_of_server(m) for m in c.members}) for c in chains) > 1
+
+
+def test_sync_chains_holders_and_unreachable_generators():
+    spec, layout = FabricSpec(), JobLayout()
+    ms = phase_matchings(spec, layout, "sync")
+    only = sync_chains(spec, layout, ms, holders=[0])  # one trainer server holds the weights: ToR 0 feeds all
+    check_plan(spec, layout, ms, only, holders=[0])
+    assert {s for c in only for s, _ in c.sources} <= {0} | set(layout.gen_servers(spec))
+    for bad in ([4], [], [99]):
+        with pytest.raises(SpecError) as ei:
+            sync_chains(spec, layout, ms, holders=bad)
+        assert ei.value.field in ("holders", "server")
+    empty = {0: Matching.empty(spec.ports_per_ocs)}
+    with pytest.raises(SpecError) as ei:
+        sync_chains(spec, layout, empty)
+    assert ei.value.field == "matchings"

@@ -2,6 +2,7 @@
 controller.runtime.FabricController: initialisation, serialisation, deferral, state file."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 
@@ -9,8 +10,9 @@ import pytest
 
 from controller import phases
 from controller.ocs import FlowSpec, Matching
-from controller.reconfig import (FakeClock, FakeDriver, PreciseClock, ReconfigRequest, circuits_request,
-                                 execute_plan, fits_slack, phase_request, plan_reconfig)
+from controller.reconfig import (SWITCH_ACTIONS, FakeClock, FakeDriver, PreciseClock, ReconfigRequest, SwitchDecision,
+                                 circuits_request, decide_switch, execute_plan, fits_slack, phase_request,
+                                 plan_reconfig)
 from controller.runtime import FabricController, NotReady, load_state, save_state
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError
@@ -31,6 +33,35 @@ def test_fits_slack_only_when_window_longer_than_delay(window, delay, fits):
     assert fits_slack(window, delay) is fits
 
 
+@pytest.mark.parametrize("window,delay,gain,action,stall", [
+    (None, 10.0, None, "switched", 0.0),  # no window: the caller does not constrain it
+    (None, 10.0, 0.0, "switched", 0.0),
+    (10.5, 10.0, None, "switched", 0.0),  # fits the slack: no gain needed
+    (10.5, 10.0, 0.0, "switched", 0.0),
+    (0.0, 0.0, None, "switched", 0.0),  # a switch that takes no time never stalls
+    (10.0, 10.0, None, "deferred", 0.0),  # exactly D: no margin, and no gain given
+    (4.0, 10.0, 6.5, "stalled", 6.0),  # the gain exceeds the 6 ms stall
+    (4.0, 10.0, 6.0, "deferred", 0.0),  # ... and not when it only equals it
+    (0.0, 10.0, 10.000001, "stalled", 10.0),
+    (0.0, 10.0, 9.0, "deferred", 0.0),
+    (-3.0, 10.0, 11.0, "stalled", 10.0),  # a negative window counts as none: stall the whole delay
+    (0.0, 10.0, float("inf"), "stalled", 10.0),  # the old topology cannot carry the next phase
+    (0.0, 10.0, -5.0, "deferred", 0.0),  # the new topology is slower: keep the old one
+])
+def test_decide_switch_branches(window, delay, gain, action, stall):
+    d = decide_switch(window, delay, gain)
+    assert isinstance(d, SwitchDecision) and d.action == action and d.action in SWITCH_ACTIONS
+    assert d.stall_ms == pytest.approx(stall) and d.reason
+    if action == "deferred":
+        assert "gain_ms" in d.reason and "window_ms" in d.reason
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.action = "switched"  # type: ignore[misc]
+
+
+def test_switch_actions_are_the_three_answers():
+    assert SWITCH_ACTIONS == ("switched", "stalled", "deferred")
+
+
 # ---- requests --------------------------------------------------------------------------------------------
 def test_circuits_request_valid_and_defaults():
     req = circuits_request(SPEC, {"circuits": {"0": [[3, 1], [2, 4]]}})
@@ -49,6 +80,11 @@ def test_circuits_request_valid_and_defaults():
     ({"circuits": {"0": [[1, 2]]}, "delay_ms": 60001}, "delay_ms"),
     ({"circuits": {"0": [[1, 2]]}, "delay_ms": "10"}, "delay_ms"),
     ({"circuits": {"0": [[1, 2]]}, "window_ms": -5}, "window_ms"),
+    ({"circuits": {"0": [[1, 2]]}, "gain_ms": -1}, "gain_ms"),
+    ({"circuits": {"0": [[1, 2]]}, "gain_ms": "big"}, "gain_ms"),
+    ({"circuits": {"0": [[1, 2]]}, "gain_ms": True}, "gain_ms"),
+    ({"circuits": {"0": [[1, 2]]}, "gain_ms": 1e300}, "gain_ms"),
+    ({"circuits": {"0": [[1, 2]]}, "gain_ms": float("inf")}, "gain_ms"),
     ({"circuits": {"0": [[1, 2]]}, "extra": 1}, "extra"),
     ({"circuits": [[1, 2]]}, "circuits"),
     ({"circuits": {}}, "circuits"),
@@ -241,6 +277,34 @@ def test_deferred_when_window_not_longer_than_delay():
     assert rec["status"] == "deferred" and "window_ms" in rec["reason"]
     assert core.circuits() == before and len(drv.log) == n
     assert core.history()[-1]["status"] == "deferred"
+
+
+def test_stalled_switch_runs_and_reports_the_stall():
+    core, drv = make_core()
+    connect_all(core)
+    n = len(drv.log)
+    rec = core.request_circuits({"circuits": {"0": [[1, 2]]}, "delay_ms": 10, "window_ms": 4, "gain_ms": 50})
+    assert rec["status"] == "done" and rec["decision"] == "stalled" and rec["stall_ms"] == pytest.approx(6.0)
+    assert rec["gain_ms"] == 50 and core.circuits() == {"0": [[1, 2]]} and len(drv.log) > n
+    assert core.history()[-1]["decision"] == "stalled"
+
+
+@pytest.mark.parametrize("body,decision", [
+    ({"window_ms": 4, "gain_ms": 6}, "deferred"),  # gain equals the stall: not worth it
+    ({"window_ms": 4}, "deferred"),  # no gain given: today's rule
+    ({"window_ms": 40, "gain_ms": 0}, "switched"),  # fits the slack whatever the gain
+    ({}, "switched"),  # no window: unconstrained
+])
+def test_decision_recorded_for_every_branch(body, decision):
+    core, drv = make_core()
+    connect_all(core)
+    before, n = core.circuits(), len(drv.log)
+    rec = core.request_circuits({"circuits": {"0": [[1, 2]]}, "delay_ms": 10, **body})
+    assert rec["decision"] == decision and rec["stall_ms"] == 0.0
+    if decision == "deferred":
+        assert rec["status"] == "deferred" and core.circuits() == before and len(drv.log) == n
+    else:
+        assert rec["status"] == "done" and core.circuits() == {"0": [[1, 2]]}
 
 
 def test_not_ready_rejects():

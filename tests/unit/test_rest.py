@@ -101,6 +101,11 @@ BAD = [
     ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "delay_ms": -1}, None, 400, "delay_ms"),
     ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "delay_ms": 60001}, None, 400, "delay_ms"),
     ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "window_ms": True}, None, 400, "window_ms"),
+    ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "gain_ms": -0.5}, None, 400, "gain_ms"),
+    ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "gain_ms": [1]}, None, 400, "gain_ms"),
+    ("POST", "/api/v1/phase", {"phase": "gen", "gain_ms": 3600001}, None, 400, "gain_ms"),
+    ("POST", "/api/v1/phase", {"phase": "gen", "gain_ms": False}, None, 400, "gain_ms"),
+    ("POST", "/api/v1/phase", None, b'{"phase": "gen", "gain_ms": Infinity}', 400, "body"),
     ("POST", "/api/v1/circuits", None, b"{not json", 400, "body"),
     ("POST", "/api/v1/circuits", None, b'{"circuits": {"0": []}, "delay_ms": NaN}', 400, "body"),
     ("POST", "/api/v1/circuits", None, b"", 400, "body"),
@@ -170,6 +175,22 @@ def test_deferred_reply(fab):
     assert st == 200 and rep["status"] == "deferred" and "window_ms" in rep["reason"]
     assert drv.log == [] and core.phase == "train"
     assert call(app, "GET", "/api/v1/history")[1][-1]["status"] == "deferred"
+
+
+@pytest.mark.parametrize("body,status,decision,stall,sent", [
+    ({"window_ms": 8, "gain_ms": 2.5}, "done", "stalled", 2.0, True),
+    ({"window_ms": 8, "gain_ms": 2.0}, "deferred", "deferred", 0.0, False),
+    ({"window_ms": 8}, "deferred", "deferred", 0.0, False),
+    ({"window_ms": 12, "gain_ms": 0}, "done", "switched", 0.0, True),
+    ({}, "done", "switched", 0.0, True),
+])
+def test_phase_reply_carries_the_decision(fab, body, status, decision, stall, sent):
+    core, drv, app = fab
+    st, rep = call(app, "POST", "/api/v1/phase", {"phase": "gen", "delay_ms": 10, **body})
+    assert st == 200 and rep["status"] == status and rep["decision"] == decision
+    assert rep["stall_ms"] == pytest.approx(stall) and rep["reason"]
+    assert bool(drv.sent()) is sent and core.phase == ("gen" if sent else "train")
+    assert call(app, "GET", "/api/v1/history")[1][-1]["decision"] == decision
 
 
 def test_not_ready_is_503():

@@ -76,10 +76,16 @@ def test_unknown_fabric():
 
 def test_fat_tree_counts_five_ports_per_nic_and_rfabric_two_plus_ocs():
     n_nic = SPEC.n_servers * 8
-    ft = port_counts("fat-tree", SPEC, 400)
+    mixnet_method = FabricOptions(fat_tree_tiers="3")
+    ft = port_counts("fat-tree", SPEC, 400, mixnet_method)
     assert sum(ft["eps_ports"].values()) == 5 * n_nic and ft["ocs_ports"] == 0 and ft["fibres"] == 3 * n_nic
-    ft2 = port_counts("fat-tree-2to1", SPEC, 400)
+    assert "MixNet calculator" in ft["tier_method"]
+    ft2 = port_counts("fat-tree-2to1", SPEC, 400, mixnet_method)
     assert sum(ft2["eps_ports"].values()) == 3 * n_nic
+    # the default counts the tiers a 64-port switch needs: 512 NICs fit two tiers (3 ports per NIC)
+    auto = port_counts("fat-tree", SPEC, 400)
+    assert auto["packet_tiers"] == 2 and sum(auto["eps_ports"].values()) == 3 * n_nic
+    assert auto["tier_method"].startswith("radix") and auto["switch_radix"] == 64
     rf = port_counts("rfabric", SPEC, 400)
     assert sum(rf["eps_ports"].values()) == 2 * n_nic and rf["ocs_ports"] == n_nic
     rail = port_counts("rail", SPEC, 400)
@@ -105,7 +111,8 @@ def test_fat_tree_tier_count_option():
     auto = port_counts("fat-tree", SPEC, 400, FabricOptions(fat_tree_tiers="auto"))
     assert three["packet_tiers"] == 3 and sum(three["eps_ports"].values()) == 5 * n_nic
     assert two["packet_tiers"] == 2 and sum(two["eps_ports"].values()) == 3 * n_nic and two["fibres"] == 2 * n_nic
-    assert auto == two  # 512 NICs <= 64 x 32: two tiers of 64-port switches
+    assert {k: v for k, v in auto.items() if k != "tier_method"} == {k: v for k, v in two.items()
+                                                                    if k != "tier_method"}  # 512 NICs: 2 tiers
     # radix arithmetic: 1 tier covers the radix, 2 tiers radix x radix/2 (non-blocking), then x radix/2
     assert radix_tiers(64, 64) == 1 and radix_tiers(2048, 64) == 2 and radix_tiers(2049, 64) == 3
     assert radix_tiers(65536, 64) == 3 and radix_tiers(65537, 64) == 4
@@ -113,3 +120,24 @@ def test_fat_tree_tier_count_option():
     assert load_prices().switch_radix == 64
     with pytest.raises(SpecError, match="fat_tree_tiers"):
         FabricOptions(fat_tree_tiers="4")
+    assert FabricOptions().fat_tree_tiers == "auto"  # the radix-derived count is the default
+
+
+@pytest.mark.parametrize("pods, radix, tiers", [(32, 64, 2), (33, 64, 3), (1024, 64, 3), (1025, 64, 4),
+                                                (8, 16, 3), (32, 32, 3), (128, 128, 2)])
+def test_radix_tier_count_prices_every_tier(pods, radix, tiers):
+    """A non-blocking Fat-Tree of ``tiers`` packet tiers has 2 (tiers - 1) ports per NIC above the ToR's down
+    ports (each inner tier: down + up; the top: down only), whatever the count (64 NICs per pod here)."""
+    spec = FabricSpec(pods=pods, tors_per_pod=8, servers_per_tor=1, server_gbps=3200, uplink_gbps=400,
+                      uplinks_per_tor=8, ocs_count=1)
+    n_nic = spec.n_servers * 8
+    c = port_counts("fat-tree", spec, 400, FabricOptions(switch_radix=radix))
+    assert c["packet_tiers"] == tiers == radix_tiers(n_nic, radix) and c["switch_radix"] == radix
+    assert sum(c["eps_ports"].values()) == (1 + 2 * (tiers - 1)) * n_nic
+    assert c["fibres"] == tiers * n_nic
+
+
+def test_switch_radix_option_is_validated():
+    for bad in (1, 3, 5000, True, 64.0):
+        with pytest.raises(SpecError, match="switch_radix"):
+            FabricOptions(switch_radix=bad)

@@ -105,31 +105,60 @@ def test_idle_window_is_tail_of_previous_plus_lead_in_of_next():
     assert idle_window_s(prev, nxt, {(5, 6)}, {(5, 6)}) == pytest.approx(0.005 + 0.010)
 
 
-def test_switch_only_into_slack_else_keep_else_stall():
+def test_decide_switches_into_slack_else_stalls_for_a_gain_else_keeps():
     net = _two_tor_net()
-    prev, nxt = _run(net, 0.0, 0.005), _run(net, 0.003, 0.010)  # window 7 ms
-    d = decide(prev, nxt, BUNDLE, BUNDLE, 0.005, can_keep=False)
-    assert d["action"] == "switched" and d["stall_s"] == 0 and d["window_ms"] == pytest.approx(7.0)
-    d = decide(prev, nxt, BUNDLE, BUNDLE, 0.010, can_keep=True)  # 7 ms < 10 ms: keep the old topology
-    assert d["action"] == "kept" and d["stall_s"] == 0
-    d = decide(prev, nxt, BUNDLE, BUNDLE, 0.010, can_keep=False)  # cannot keep: switch, wait 10 - 7 ms
-    assert d["action"] == "stalled" and d["stall_s"] == pytest.approx(0.003)
-    # a window exactly T_ocs long does not fit (controller.reconfig.fits_slack is strict)
-    assert decide(prev, nxt, BUNDLE, BUNDLE, 0.007, can_keep=False)["action"] == "stalled"
-    assert decide(prev, nxt, set(), set(), 0.010, can_keep=False)["action"] == "unchanged"
+    prev, nxt = _run(net, 0.0, 0.005), _run(net, 0.003, 0.010)  # window 7 ms; next phase 10 ms on the new one
+    slower_2 = PhaseRun(0.012, {}, {})  # the next phase on the old topology: 2 ms slower
+    slower_4 = PhaseRun(0.014, {}, {})
+    d = decide(prev, nxt, slower_2, BUNDLE, BUNDLE, 0.005)  # 7 ms > 5 ms: fits, whatever the gain
+    assert d["action"] == d["decision"] == "switched" and d["stall_s"] == 0 and d["window_ms"] == pytest.approx(7.0)
+    d = decide(prev, nxt, slower_2, BUNDLE, BUNDLE, 0.010)  # stall 3 ms > gain 2 ms: keep the old topology
+    assert (d["action"], d["decision"], d["stall_s"]) == ("kept", "deferred", 0.0)
+    assert d["gain_ms"] == pytest.approx(2.0) and d["next_phase_old_s"] == pytest.approx(0.012)
+    d = decide(prev, nxt, slower_4, BUNDLE, BUNDLE, 0.010)  # gain 4 ms > stall 3 ms: switch and wait 3 ms
+    assert d["action"] == "stalled" and d["stall_s"] == pytest.approx(0.003) and d["gain_ms"] == pytest.approx(4.0)
+    d = decide(prev, nxt, None, BUNDLE, BUNDLE, 0.010)  # the old topology cannot carry it: infinite gain
+    assert d["action"] == "stalled" and d["gain_ms"] is None and d["old_topology_carries"] is False
+    assert d["stall_s"] == pytest.approx(0.003)
+    faster = PhaseRun(0.009, {}, {})  # the old topology is faster: nothing to gain, keep it
+    assert decide(prev, nxt, faster, BUNDLE, BUNDLE, 0.010)["action"] == "kept"
+    # a window exactly T_ocs long does not fit (controller.reconfig.fits_slack is strict): a zero stall
+    d = decide(prev, nxt, slower_2, BUNDLE, BUNDLE, 0.007)
+    assert d["action"] == "stalled" and d["stall_s"] == pytest.approx(0.0, abs=1e-12)
+    assert decide(prev, nxt, None, set(), set(), 0.010)["action"] == "unchanged"
+    assert decide(prev, nxt, slower_2, BUNDLE, BUNDLE, 0.0)["action"] == "switched"  # instant switch
 
 
 def test_rfabric_iteration_reports_each_transition():
     fast = simulate_iteration(small(), "rfabric", settings=SimSettings(t_ocs_ms=0.0))
-    slow = simulate_iteration(small(), "rfabric", settings=SimSettings(t_ocs_ms=1e6))
+    slow = simulate_iteration(small(), "rfabric", settings=SimSettings(t_ocs_ms=60000.0))
     assert {v["action"] for v in fast["detail"]["reconfig"].values()} == {"switched"}
     rec = slow["detail"]["reconfig"]
     assert set(rec) == {"gen->train", "train->sync", "sync->gen"}
-    # no window is 1000 s long; every phase topology of this fabric connects every ToR, so the controller
-    # keeps the generation topology all iteration long instead of stalling
+    # no window is 60 s long and no phase gains 60 s on its own topology (every phase topology of this
+    # fabric connects every ToR): the controller keeps the generation topology all iteration long
     assert rec["gen->train"]["action"] == "kept" and rec["gen->train"]["topology"] == "gen"
+    assert rec["gen->train"]["gain_ms"] < 60000.0
     assert all(v["stall_s"] == 0 for v in rec.values())
     assert slow["iteration_s"] == pytest.approx(sum(slow["phases"].values()))
+    for r in (fast, slow):
+        assert all(v["action"] in ("switched", "stalled", "kept", "unchanged") for v in r["detail"]["reconfig"].values())
+
+
+def test_train_to_sync_turns_from_switched_to_stalled_to_kept_as_t_ocs_grows():
+    """The train -> sync window is 0 (the all-reduce runs to the end of training, sync starts at once). With
+    4 uplinks per ToR the sync phase saves tens of ms on its own topology: a 1 ms switch stalls (charged to
+    sync); a 100 ms one costs more than it saves, so sync runs on the kept train mesh."""
+    s = dataclasses.replace(small(), fabric=dataclasses.replace(small().fabric, uplinks_per_tor=4, ocs_count=4))
+    runs = {t: simulate_iteration(s, "rfabric", settings=SimSettings(t_ocs_ms=t)) for t in (0.0, 1.0, 100.0)}
+    d = {t: r["detail"]["reconfig"]["train->sync"] for t, r in runs.items()}
+    gain = d[0.0]["gain_ms"]
+    assert 1.0 < gain < 100.0 and d[1.0]["gain_ms"] == pytest.approx(gain)
+    assert [d[t]["action"] for t in (0.0, 1.0, 100.0)] == ["switched", "stalled", "kept"]
+    own = d[1.0]["next_phase_new_s"]
+    assert d[1.0]["stall_s"] == pytest.approx(0.001) and runs[1.0]["phases"]["sync_s"] == pytest.approx(own + 0.001)
+    assert runs[100.0]["phases"]["sync_s"] == pytest.approx(d[100.0]["next_phase_old_s"])
+    assert runs[100.0]["phases"]["sync_s"] == pytest.approx(own + gain / 1e3)
 
 
 def test_scale_scenario():
@@ -209,6 +238,32 @@ def test_sync_is_w_over_b_times_the_oversubscription(fabric, oversub):
     assert r["phases"]["sync_s"] == pytest.approx(W / B * oversub + LAT, rel=1e-6)
 
 
+def test_rfabric_sync_meets_the_fabric_bound():
+    """``wide``: 4 trainer and 4 generator ToRs of 2 servers, 16 uplinks: every generator ToR gets 4 circuits
+    from each trainer ToR (800 GB/s for its 2 servers of 400 GB/s), so each server heads its own chain fed
+    by 8 circuits: the broadcast takes W / B, the fabric's own bound."""
+    r = simulate_iteration(wide(), "rfabric", settings=SimSettings(t_ocs_ms=0.0))
+    W = CostModel.for_names("Qwen2.5-7B", "H800").weight_bytes()
+    sync = r["detail"]["sync"]
+    assert sync["plan"] == "sync_chains" and sync["chains"] == 8 and sync["longest_chain"] == 1
+    assert sync["bound_s"] == pytest.approx(W / B)
+    assert r["phases"]["sync_s"] == pytest.approx(W / B + LAT, rel=1e-6)
+
+
+@pytest.mark.parametrize("uplinks", [2, 4, 8])
+def test_tapered_rfabric_sync_relays_inside_the_tor_at_the_circuit_bound(uplinks):
+    """With fewer circuits into a generator ToR than its servers need, one chain relays through the ToR's
+    servers, fed by every circuit: the broadcast is bound by W / (circuits x uplink), and meets it."""
+    s = dataclasses.replace(wide(), fabric=dataclasses.replace(wide().fabric, uplinks_per_tor=uplinks,
+                                                             ocs_count=min(4, uplinks)))
+    r = simulate_iteration(s, "rfabric", settings=SimSettings(t_ocs_ms=0.0))
+    W = CostModel.for_names("Qwen2.5-7B", "H800").weight_bytes()
+    bound = W / (uplinks * 400 * GBPS)
+    sync = r["detail"]["sync"]
+    assert sync["bound_s"] == pytest.approx(bound) and sync["longest_chain"] == 2
+    assert bound <= r["phases"]["sync_s"] <= 1.25 * bound
+
+
 def test_cli_json_and_errors(capsys):
     assert main(["sim", DEFAULT, "--fabric", "rail", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
@@ -227,3 +282,24 @@ def test_cli_json_and_errors(capsys):
     with pytest.raises(SystemExit) as e:
         main(["sim", DEFAULT, "--fat-tree-tiers", "5"])
     assert e.value.code == 2 and "fat-tree-tiers" in capsys.readouterr().err
+    assert main(["sim", DEFAULT, "--fabric", "fat-tree", "--json"]) == 0  # the default: radix-derived tiers
+    assert json.loads(capsys.readouterr().out)["detail"]["cost"]["counts"]["tier_method"].startswith("radix")
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "60001"])
+def test_cli_bad_t_ocs_is_exit_2_naming_it(capsys, value):
+    assert main(["sim", DEFAULT, f"--t-ocs-ms={value}"]) == 2
+    assert "t_ocs_ms" in capsys.readouterr().err
+
+
+def test_cli_json_reports_every_transition_with_its_gain(capsys):
+    assert main(["sim", DEFAULT, "--fabric", "rfabric", "--t-ocs-ms", "10", "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)["detail"]["reconfig"]
+    assert set(rec) == {"gen->train", "train->sync", "sync->gen"}
+    for d in rec.values():
+        assert d["action"] in ("switched", "stalled", "kept", "unchanged")
+        if d["action"] != "unchanged":
+            assert {"window_ms", "gain_ms", "stall_s", "decision", "reason", "old_topology_carries"} <= set(d)
+            assert d["decision"] == {"kept": "deferred"}.get(d["action"], d["action"])
+    assert main(["sim", DEFAULT, "--fabric", "rfabric"]) == 0
+    assert "predicted gain" in capsys.readouterr().out

@@ -283,3 +283,39 @@ def test_forget_keeps_the_record_of_a_process_still_running(monkeypatch, alive):
     cp._proc, cp._log_file = _Proc(alive), None
     cp._forget()
     assert forgotten == ([] if alive else [424242])
+
+
+# ---- benefit-aware switching: the client carries gain_ms; internal requests are validated alike ----------
+def test_client_sends_gain_ms_in_both_posts(monkeypatch):
+    from controller.client import ControllerClient
+
+    sent = []
+    c = ControllerClient("http://127.0.0.1:1", token="t")
+    monkeypatch.setattr(c, "request", lambda method, path, body=None, **kw: sent.append((method, path, body)) or {})
+    c.set_phase("sync", delay_ms=10, window_ms=0, gain_ms=540.5)
+    c.set_circuits({0: [(1, 2)]}, delay_ms=10, gain_ms=3)
+    c.set_phase("gen")
+    assert sent[0] == ("POST", "phase", {"phase": "sync", "delay_ms": 10, "window_ms": 0, "gain_ms": 540.5})
+    assert sent[1] == ("POST", "circuits", {"circuits": {"0": [[1, 2]]}, "delay_ms": 10, "window_ms": None,
+                                            "gain_ms": 3})
+    assert sent[2][2]["gain_ms"] is None
+
+
+@pytest.mark.parametrize("gain", [-1.0, float("nan"), float("inf"), 3600_000.5])
+def test_internal_request_validates_gain_ms(gain):
+    from controller.reconfig import ReconfigRequest
+
+    with pytest.raises(SpecError) as ei:
+        ReconfigRequest(target={0: Matching.empty(SPEC.ports_per_ocs)}, gain_ms=gain)
+    assert ei.value.field == "gain_ms"
+
+
+def test_deferred_record_keeps_status_and_adds_decision():
+    core, drv, clock = make_core()
+    connect_all(core)
+    n = len(drv.log)
+    rec = core.request_phase({"phase": "gen", "delay_ms": 10, "window_ms": 1, "gain_ms": 9})
+    assert (rec["status"], rec["decision"], rec["stall_ms"]) == ("deferred", "deferred", 0.0)
+    assert rec["gain_ms"] == 9 and len(drv.log) == n and core.phase == "train"
+    rec = core.request_phase({"phase": "gen", "delay_ms": 10, "window_ms": 1, "gain_ms": 9.5})
+    assert (rec["status"], rec["decision"], rec["stall_ms"]) == ("done", "stalled", 9.0) and core.phase == "gen"
