@@ -713,43 +713,39 @@ class Engine:
 
 # ---- the cost model as a step cost ------------------------------------------------------------------
 class ModelledCost:
-    """:class:`StepCost` from the roofline cost model (``agents.costmodel.CostModel``).
+    """:class:`StepCost` from the calibrated cost model (``agents.costmodel.CostModel``).
 
     A mixed step (decodes plus a prefill chunk) reads the weights once: its time is the decode step plus
-    the prefill chunk's time beyond one weight read (a prefill chunk is compute-bound for any chunk of a
-    few hundred tokens or more, so this is its compute time).
+    the prefill chunk's time beyond one weight read (for a chunk of a few hundred tokens or more, prefill is
+    compute-bound, so this is its compute time).
     """
 
-    def __init__(self, cm):
+    def __init__(self, cm, gpus: int = 8):
         self.cm = cm
+        self.gpus = gpus
 
     def step_s(self, layout: Layout, n_decode: int, decode_ctx: float, prefill_tokens: int,
                prefill_seqs: int) -> float:
         cm = self.cm
-        t = cm.decode_step_s(n_decode, decode_ctx, layout.tp) if n_decode else 0.0
+        t = cm.decode_step_s(n_decode, decode_ctx, layout.tp, layout.ep) if n_decode else 0.0
         if prefill_tokens:
             per = prefill_tokens / max(1, prefill_seqs)
-            pf = cm.prefill_s(max(1, prefill_seqs), per, layout.tp)
+            pf = cm.prefill_s(max(1, prefill_seqs), per, layout.tp, layout.ep)
             if n_decode:
-                pf = max(0.0, pf - cm.decode_step_s(1, 0.0, layout.tp))  # the weight read is shared
+                pf = max(0.0, pf - cm.decode_step_s(1, 0.0, layout.tp, layout.ep))  # the weight read is shared
             t += pf
         return t
 
     def decode_steps_s(self, layout: Layout, n_decode: int, ctx: np.ndarray) -> np.ndarray:
-        return self.cm.decode_step_s_array(np.full(len(ctx), float(n_decode)), np.asarray(ctx, float), layout.tp)
+        return self.cm.decode_step_s_array(np.full(len(ctx), float(n_decode)), np.asarray(ctx, float), layout.tp,
+                                           layout.ep)
 
     def kv_capacity_tokens(self, layout: Layout, gpu_memory_utilization: float) -> int:
-        return int(self.cm.kv_capacity_tokens(layout.tp, reserve=1.0 - gpu_memory_utilization))
+        return int(self.cm.kv_capacity_tokens(layout.tp, reserve=1.0 - gpu_memory_utilization, ep=layout.ep))
 
     def switch_s(self, old: Layout, new: Layout, kv_tokens: float) -> float:
-        """Weight reshard plus KV relocation over NVLink. Every GPU receives the part of its new shard it does
-        not hold (all of it when the shard grows, a 1/tp_new share moves otherwise), and the KV cache moves
-        between the GPUs of the server; both at the achieved NVLink rate."""
-        cm = self.cm
+        """The cost model's layout switch: weight reshard plus KV relocation over NVLink plus a fixed part
+        (docs/costmodel.md; ReMP reports 1-7 s for 7B-70B)."""
         if old == new:
             return 0.0
-        w = cm.weight_bytes()
-        move = w / new.tp if new.tp < old.tp else w / new.tp * (1 - old.tp / new.tp)
-        kv = kv_tokens * cm.kv_bytes_per_token()
-        rate = cm.gpu.nvlink_bytes_per_s * cm.eff.nvlink
-        return (move + kv / 8.0) / rate
+        return float(self.cm.layout_switch_s(old.tp, new.tp, kv_tokens, from_ep=old.ep, to_ep=new.ep, gpus=self.gpus))

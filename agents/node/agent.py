@@ -103,7 +103,7 @@ class Agent:
         self.ctx = zmq.Context()
         self.cm = CostModel.for_names(cfg.model, cfg.gpu)
         self.kv_bytes_per_token = self.cm.kv_bytes_per_token() * cfg.scale  # emulated bytes
-        cost = ModelledCost(self.cm)
+        cost = ModelledCost(self.cm, cfg.gpus)
         if cfg.real_compute is not None:
             from agents.node.realmodel import RealStepCost
 
