@@ -210,12 +210,18 @@ def _check_rng(rng: object) -> None:
 
 
 # ---- one step's statistics (the forecaster's input) ------------------------------------------------
+# Probability levels of StepStats.log_quantiles: every percent, plus points in both tails. A sketch of the
+# step's shape (101 numbers), enough for the forecaster to carry a non-lognormal shape from step to step.
+LOG_QUANTILE_LEVELS = (0.005,) + tuple(k / 100 for k in range(1, 100)) + (0.995, 0.999)
+
+
 @dataclass(frozen=True)
 class StepStats:
     """Summary of one step's response lengths (tokens, as generated: capped).
 
     ``log_mean`` / ``log_std`` are the mean and (population) standard deviation of log(length): the
-    lognormal's maximum-likelihood parameters, the series the forecaster extrapolates.
+    lognormal's maximum-likelihood parameters, the series the forecaster extrapolates. ``log_quantiles``
+    are the quantiles of log(length) at :data:`LOG_QUANTILE_LEVELS` (empty: not recorded).
     """
     step: int
     n: int
@@ -228,6 +234,7 @@ class StepStats:
     max: int
     cap: int
     cap_fraction: float  # share of the step's responses at the cap
+    log_quantiles: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         require(self.n >= 1, "n", f"must be >= 1, got {self.n}")
@@ -238,6 +245,12 @@ class StepStats:
         require(self.mean >= 1, "mean", f"must be >= 1, got {self.mean}")
         require(self.log_std >= 0, "log_std", f"must be >= 0, got {self.log_std}")
         require(0 <= self.cap_fraction <= 1, "cap_fraction", f"must be in [0, 1], got {self.cap_fraction}")
+        q = self.log_quantiles
+        if q:
+            require(len(q) == len(LOG_QUANTILE_LEVELS), "log_quantiles",
+                    f"must have {len(LOG_QUANTILE_LEVELS)} values (one per LOG_QUANTILE_LEVELS), got {len(q)}")
+            require(all(math.isfinite(v) for v in q) and all(b >= a for a, b in zip(q, q[1:])), "log_quantiles",
+                    "must be finite and non-decreasing")
 
 
 def step_stats(lengths: np.ndarray, step: int, cap: int) -> StepStats:
@@ -250,9 +263,10 @@ def step_stats(lengths: np.ndarray, step: int, cap: int) -> StepStats:
         raise ValueError(f"lengths must be in [1, cap={cap}], got [{lo}, {hi}]")
     lx = np.log(x)
     p50, p90, p99 = np.percentile(x, [50, 90, 99])
+    lq = np.maximum.accumulate(np.percentile(lx, [100 * p for p in LOG_QUANTILE_LEVELS]))  # rounding-safe
     return StepStats(step=int(step), n=len(x), mean=float(x.mean()), log_mean=float(lx.mean()),
                      log_std=float(lx.std()), p50=float(p50), p90=float(p90), p99=float(p99), max=hi,
-                     cap=int(cap), cap_fraction=float(np.mean(x >= cap)))
+                     cap=int(cap), cap_fraction=float(np.mean(x >= cap)), log_quantiles=tuple(lq.tolist()))
 
 
 # ---- trace files -------------------------------------------------------------------------------------

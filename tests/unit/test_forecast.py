@@ -1,6 +1,7 @@
 """Length forecasts: ARIMA across steps, remaining length within a step, MAPE, the background service."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from emulation.validation import SpecError, from_dict, to_dict
-from emulation.workload import LengthComponent, LengthSchedule, StepStats, WorkloadSpec, step_stats
+from emulation.workload import LOG_QUANTILE_LEVELS, LengthComponent, LengthSchedule, StepStats, WorkloadSpec, step_stats
 from testbed.orchestrator import forecast as fc
 from testbed.orchestrator.forecast import (ForecastErrors, ForecastService, ForecastSettings, LengthForecast,
                                            forecast_next)
@@ -53,6 +54,8 @@ def test_default_settings_round_trip():
     ({"history_steps": 4}, "history_steps", "must be >= min_arima_steps"),
     ({"fallback": "mean"}, "fallback", "must be one of"),
     ({"min_sigma": 0}, "min_sigma", "must be in (0, 1]"),
+    ({"shape": "gamma"}, "shape", "must be one of"),
+    ({"shape_steps": 0}, "shape_steps", "must be in [1, 10000]"),
     ({"online_max_iter": 0}, "online_max_iter", "must be in [1, 1000]"),
     ({"online_update": "yes"}, "online_update", "true or false"),
     ({"window": 3}, "window", "unknown key"),
@@ -96,6 +99,57 @@ def test_remaining_length_with_the_cap_matches_monte_carlo():
     assert (f.remaining(np.array([CAP, CAP + 5.0])) == 0).all()
     assert (f.remaining_quantile(np.array([CAP, CAP + 5.0]), 0.9) == 0).all()
     assert got[-1] <= CAP - 16000
+
+
+def normal_shape():
+    from scipy.special import ndtri
+    return tuple(ndtri(np.array(LOG_QUANTILE_LEVELS)).tolist())
+
+
+def test_a_normal_shape_is_the_lognormal_exactly():
+    plain, shaped = lf(), dataclasses.replace(lf(), shape=normal_shape())
+    g = np.array([0.0, 10, 460, 2000, 5000, 9000, 16000, CAP, 2 * CAP])
+    assert shaped.mean() == pytest.approx(plain.mean(), rel=1e-9)
+    assert np.allclose(shaped.remaining(g), plain.remaining(g), rtol=1e-7)
+    assert np.allclose(shaped.remaining_quantile(g, 0.9), plain.remaining_quantile(g, 0.9), rtol=1e-7)
+    assert np.allclose(shaped.survival(g), plain.survival(g), rtol=1e-7)
+
+
+MIXTURE = WorkloadSpec(mixture=(LengthComponent(weight=0.9, median_tokens=400, sigma=0.6),
+                                LengthComponent(weight=0.1, median_tokens=5000, sigma=0.5)),
+                       max_response_tokens=CAP, prompts_per_step=128, samples_per_prompt=8)
+
+
+def test_a_bimodal_shape_matches_monte_carlo():
+    f = LengthForecast.from_workload(MIXTURE)
+    assert f.shape is not None
+    L = MIXTURE.sample_lengths(np.random.default_rng(0), 1_000_000).astype(np.float64)
+    assert f.mean() == pytest.approx(L.mean(), rel=0.01)
+    for q in (0.5, 0.9, 0.99):
+        assert f.quantile(q) == pytest.approx(np.quantile(L, q), rel=0.02)
+    g = np.array([0.0, 300, 1000, 3000, 6000, 12000])
+    for x, r, rq in zip(g, f.remaining(g), f.remaining_quantile(g, 0.5)):
+        sel = L[L > x] - x
+        # the 1% knots' interpolation costs a few % in the second mode; the lognormal would be off by far more
+        assert r == pytest.approx(sel.mean(), rel=0.06)
+        assert rq == pytest.approx(np.median(sel), rel=0.15)
+    lognormal = LengthForecast(step=0, mu=f.mu, sigma=f.sigma, cap=CAP, mu_se=1.0, method="x")
+    assert abs(lognormal.remaining(np.array([3000.0]))[0] / (L[L > 3000] - 3000).mean() - 1) > 0.3
+
+
+def test_the_shape_of_the_history_is_carried_into_the_forecast():
+    sched = LengthSchedule(dataclasses.replace(MIXTURE, steps=10))
+    g = np.random.default_rng(2)
+    hist = [step_stats(sched.lengths_for_step(k, g), k, CAP) for k in range(10)]
+    true = LengthForecast.from_workload(MIXTURE).mean()
+    shaped = forecast_next(hist, use_arima=False)
+    plain = forecast_next(hist, ForecastSettings(shape="lognormal"), use_arima=False)
+    assert shaped.shape is not None and plain.shape is None
+    assert shaped.mean() == pytest.approx(true, rel=0.05)
+    assert abs(plain.mean() / true - 1) > 0.1  # a lognormal of the same log-mean and log-std misses the mean
+    # steps without quantiles (hand-built stats) fall back to the lognormal
+    bare = [dataclasses.replace(h, log_quantiles=()) for h in hist]
+    assert forecast_next(bare, use_arima=False).shape is None
 
 
 def test_remaining_length_far_in_the_tail_stays_finite():
@@ -153,6 +207,17 @@ def test_online_update_moves_a_wrong_forecast_to_the_step():
         assert again.mu == pytest.approx(u.mu) and again.sigma == pytest.approx(u.sigma)
     assert errs[0] < abs(f.mu - true_mu) and errs[-1] < errs[0] and errs[-1] < 0.03
     assert f.updated(np.array([]), np.array([0.0, 0.0])) is f  # nothing observed: the forecast
+
+
+def test_online_update_keeps_the_shape_and_finds_the_step():
+    f0 = LengthForecast.from_workload(MIXTURE)
+    f = dataclasses.replace(f0, mu=f0.mu - 0.3, mu_se=0.05)  # forecast 26% short
+    L = MIXTURE.sample_lengths(np.random.default_rng(3), 8192).astype(np.float64)
+    t = float(np.median(L))
+    u = f.updated(L[L <= t], np.full(int((L > t).sum()), t))
+    assert u.shape == f.shape
+    assert abs(u.mu - f0.mu) < 0.3 * abs(f.mu - f0.mu)
+    assert u.mean() == pytest.approx(f0.mean(), rel=0.08)
 
 
 def test_online_update_treats_the_cap_as_censoring():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 
@@ -11,7 +12,8 @@ import yaml
 
 from emulation.scenario import load_scenario
 from emulation.validation import SpecError, from_dict, to_dict
-from emulation.workload import LengthComponent, LengthSchedule, StepStats, WorkloadSpec, step_stats
+from emulation.workload import (LOG_QUANTILE_LEVELS, LengthComponent, LengthSchedule, StepStats, WorkloadSpec,
+                                step_stats)
 from testbed import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -141,6 +143,13 @@ def test_step_stats():
     assert st.log_mean == pytest.approx(np.log(10) * 1.5)
     assert st.log_std == pytest.approx(np.std(np.log([1, 10, 100, 1000])))
     assert st.cap_fraction == 0.25
+    assert len(st.log_quantiles) == len(LOG_QUANTILE_LEVELS)
+    assert st.log_quantiles[0] == pytest.approx(np.percentile(np.log([1, 10, 100, 1000]), 0.5))
+    with pytest.raises(SpecError, match="log_quantiles"):
+        dataclasses.replace(st, log_quantiles=(1.0, 2.0))
+    with pytest.raises(SpecError, match="non-decreasing"):
+        dataclasses.replace(st, log_quantiles=tuple(reversed(st.log_quantiles)))
+    assert from_dict(StepStats, to_dict(st)) == st
     with pytest.raises(ValueError):
         step_stats(np.array([0, 5]), 0, cap=10)
     with pytest.raises(ValueError):
