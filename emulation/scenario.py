@@ -2,10 +2,13 @@
 
 ``load_scenario(path)`` reads and validates a scenario file. Every error is a :class:`SpecError` whose field
 is the dotted path in the file (``fabric.pods: must be >= 1, got 0``); a missing or unreadable file is a
-SpecError naming the path. The layout is checked against the fabric (every pod has exactly one role).
+SpecError naming the path. The layout is checked against the fabric (every pod has exactly one role). A
+workload trace (``workload.trace``) is resolved against the scenario file's folder and checked against the
+workload when the scenario loads (``workload.trace: line 17: response_length must be ...``).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -16,7 +19,7 @@ import yaml
 
 from .spec import FabricSpec, JobLayout
 from .validation import SpecError, from_dict, require
-from .workload import WorkloadSpec
+from .workload import WorkloadSpec, resolve_trace
 
 Phase = Literal["train", "gen", "sync"]
 
@@ -79,4 +82,7 @@ def load_scenario(path: str | os.PathLike) -> Scenario:
         raise SpecError("scenario", f"{p} is not valid YAML: {e}") from None
     if data is None:
         raise SpecError("scenario", f"{p} is empty")
-    return from_dict(Scenario, data, "")
+    scn = from_dict(Scenario, data, "")
+    # A trace path is relative to the scenario's folder; resolved (and the file checked) here, once.
+    workload = resolve_trace(scn.workload, os.path.dirname(os.path.abspath(p)))
+    return scn if workload is scn.workload else dataclasses.replace(scn, workload=workload)

@@ -23,13 +23,17 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
+# ``X | None`` (PEP 604) has this origin, not typing.Union: both are unions to check.
+_UNION_ORIGINS = (typing.Union, type(int | None))
+
+
 def _check_type(value: Any, tp: Any, field: str) -> Any:
     """Check (and lightly coerce: int -> float) ``value`` against annotation ``tp``."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
         return value
-    if origin is typing.Union:
+    if origin in _UNION_ORIGINS:
         if value is None and type(None) in args:
             return None
         errors = []

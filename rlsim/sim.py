@@ -48,6 +48,7 @@ from controller.reconfig import MAX_DELAY_MS, decide_switch
 from emulation.scenario import Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, require
+from emulation.workload import LengthSchedule
 
 from . import traffic
 from .cost import fabric_cost
@@ -586,7 +587,7 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
     t_ocs = t_ocs_ms / 1e3
     cm = CostModel.for_names(w.model, w.gpu)
     rng = scn.rng()
-    lengths = w.sample_lengths(rng)
+    lengths = LengthSchedule(w).lengths_for_step(0, rng)  # the run's first step (a trace's too)
     train_servers, gen_servers = layout.train_servers(spec), layout.gen_servers(spec)
 
     nets: dict = {}

@@ -1,0 +1,698 @@
+"""Response-length forecasts for the proactive planner: across steps (ARIMA) and within a step.
+
+**Across steps.** Each finished step is summarised by :class:`emulation.workload.StepStats`. The forecaster
+extrapolates two of its statistics, the log-mean ``mu`` and the log-std ``sigma`` of the step's response
+lengths, each with its own ARIMA (``statsmodels.tsa.arima.model.ARIMA``; order and trend from
+:class:`ForecastSettings`) fitted on the last ``history_steps`` steps, and carries the *shape* of the
+recent steps over: their log-quantiles at 101 levels, standardised by their own (mu, sigma) and averaged
+(``shape="empirical"``; ``"lognormal"`` assumes a lognormal). The next step's lengths are then
+``min(L, cap)`` with ``log L = mu + sigma Z``, Z of that shape (:class:`_Shape`: a piecewise-affine map of a
+normal score through the quantile knots, normal tails; a lognormal's own knots give it exactly) and ``cap``
+the workload's ``max_response_tokens``. Why location and scale of log L: the log makes a multiplicative drift
+additive, two series keep the fits cheap, and the shape need not be lognormal (REFERENCE.md: a heavy right
+tail, a lognormal assumed, a poor fit to PolyTrace's upper quantiles; a mixture is bimodal).
+
+With fewer than ``min_arima_steps`` steps of history (default 8: ARIMA(1,1,1) with a drift has four
+parameters, so 7 differences are the least that gives them ~2 points each) the forecast falls back to
+``fallback``: ``drift`` (random walk with drift: the last value plus the mean step-to-step change; needs 3
+steps) or ``last`` (the last step's value, which is also what 1-2 steps of history give). An ARIMA fit that
+fails, or whose forecast moves further from the last value than the whole window ranged (a sanity guard,
+at least 0.05 in log), also falls back; the forecast says which method made it and why.
+
+**Within a step.** :meth:`LengthForecast.remaining` gives the expected remaining length of a request still
+running after ``g`` generated tokens, ``E[min(L, cap) - g | L > g]``, and
+:meth:`LengthForecast.remaining_quantile` a quantile of it, in closed form (scipy's ``log_ndtr`` keeps far
+tails exact), vectorised over requests. :meth:`LengthForecast.updated` re-estimates (mu, sigma), keeping the
+shape, from the step's own observations: completed responses (exact lengths; at the cap: censored) and
+running ones (censored at their ``g``), by EM for right-censored data on the log scale with the step's
+forecast as a prior worth ``(sigma / mu_se)^2`` pseudo-samples (``mu_se``: the forecast's standard error of mu).
+
+**Error.** :class:`ForecastErrors` records, per step, the absolute percentage error of the forecast's mean
+response length ``E[min(L, cap)]`` against the realised mean length of that step (``StepStats.mean``), and
+the MAPE over the steps recorded.
+
+**Off the decision path.** statsmodels imports in ~1.5 s and an ARIMA fit takes tens of ms, seconds on a busy
+machine when OpenBLAS runs its default threads (PLATFORM.md; tests/bench/bench_forecast.py):
+:class:`ForecastService` fits in one background thread (``submit(history)``) while the planner reads
+``latest()``, the newest finished forecast, and never waits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Sequence
+
+import numpy as np
+from scipy.special import log_ndtr, ndtr, ndtri_exp
+
+from emulation.validation import require
+from emulation.workload import LOG_QUANTILE_LEVELS, LengthComponent, StepStats, WorkloadSpec
+
+log = logging.getLogger(__name__)
+
+# Sanity guard: an ARIMA forecast may move at most max(window range, this) in log from the last value.
+GUARD_MIN_LOG = 0.05
+# Pseudo-sample weight of the prior in the online update is clipped to this range.
+PRIOR_WEIGHT_RANGE = (0.0, 1.0e6)
+
+
+@dataclass(frozen=True)
+class ForecastSettings:
+    """How the forecaster works (``orchestrator.forecast`` in a scenario); every field has a default.
+
+    order, trend: the ARIMA's (p, d, q) and trend. (1, 1, 1) with ``t`` (a drift: a constant in the
+      differences) follows a steadily growing mean, as DAPO's and R1's lengths grow; ``n`` has no drift,
+      ``c`` / ``ct`` suit only d = 0 (statsmodels allows trend terms of degree >= d only).
+    history_steps: the fit uses at most the last 32 steps: a fit stays at tens of ms (PLATFORM.md: 20
+      points, 30-40 ms) and follows a drift whose slope changes (DAPO's growth stalls and falls).
+    min_arima_steps: fewer steps of history than this use ``fallback`` (8: see the module docstring).
+    fallback: ``drift`` (needs >= 3 steps; fewer use ``last``) or ``last``.
+    shape, shape_steps: ``empirical`` carries the shape of the last ``shape_steps`` steps (their
+      log-quantiles, standardised and averaged: 8 steps average out the noise of a small step's tail and
+      still follow a shape that changes over training) into the forecast, so a bimodal, heavy-tailed or
+      capped step is forecast as such; ``lognormal`` assumes a lognormal (steps without log-quantiles too).
+    min_sigma: floor on the forecast log-std (a near-uniform step has sigma ~0; a zero would make every
+      request's remaining length a step function).
+    online_update, online_max_iter, online_tol: :meth:`LengthForecast.updated`'s switch (the planner reads
+      it), its EM iteration limit and its convergence tolerance on mu and sigma (log scale).
+    """
+    order: tuple[int, int, int] = (1, 1, 1)
+    trend: Literal["n", "c", "t", "ct"] = "t"
+    history_steps: int = 32
+    min_arima_steps: int = 8
+    fallback: Literal["drift", "last"] = "drift"
+    shape: Literal["empirical", "lognormal"] = "empirical"
+    shape_steps: int = 8
+    min_sigma: float = 0.01
+    online_update: bool = True
+    online_max_iter: int = 50
+    online_tol: float = 1e-4
+
+    def __post_init__(self) -> None:
+        p, d, q = self.order
+        for i, (name, v, hi) in enumerate((("p", p, 5), ("d", d, 2), ("q", q, 5))):
+            require(0 <= v <= hi, f"order[{i}]", f"{name} must be in [0, {hi}], got {v}")
+        lowest = {"n": None, "c": 0, "t": 1, "ct": 0}[self.trend]
+        require(lowest is None or lowest >= d, "trend",
+                f"{self.trend!r} has a trend term of degree {lowest}, which ARIMA does not allow with d = {d}; "
+                f"use 'n'{' or t' if d <= 1 else ''}")
+        params = p + q + (0 if self.trend == "n" else len(self.trend))
+        require(self.min_arima_steps >= d + params + 2, "min_arima_steps",
+                f"must be >= d + parameters + 2 = {d + params + 2} for order {self.order} with trend "
+                f"{self.trend!r}, got {self.min_arima_steps}")
+        require(self.history_steps >= self.min_arima_steps, "history_steps",
+                f"must be >= min_arima_steps ({self.min_arima_steps}), got {self.history_steps}")
+        require(self.history_steps <= 10_000, "history_steps", f"must be <= 10000, got {self.history_steps}")
+        require(1 <= self.shape_steps <= 10_000, "shape_steps", f"must be in [1, 10000], got {self.shape_steps}")
+        require(math.isfinite(self.min_sigma) and 0 < self.min_sigma <= 1, "min_sigma",
+                f"must be in (0, 1], got {self.min_sigma}")
+        require(1 <= self.online_max_iter <= 1000, "online_max_iter",
+                f"must be in [1, 1000], got {self.online_max_iter}")
+        require(math.isfinite(self.online_tol) and self.online_tol > 0, "online_tol",
+                f"must be > 0, got {self.online_tol}")
+
+
+# ---- the laws a forecast can have -------------------------------------------------------------------------
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def _mills(a: np.ndarray) -> np.ndarray:
+    """phi(a) / (1 - Phi(a)), stable far in both tails."""
+    return np.exp(-0.5 * a * a - _LOG_SQRT_2PI - log_ndtr(-a))
+
+
+class _Lognormal:
+    """min(L, cap) with log L ~ N(mu, sigma^2): every quantity in closed form (log_ndtr keeps tails exact)."""
+
+    def __init__(self, mu: float, sigma: float, cap: int):
+        self.mu, self.sigma, self.cap = mu, sigma, cap
+        zc = (math.log(cap) - mu) / sigma
+        self._m = mu + sigma * sigma / 2
+        # E[(L - cap)+] = e^m Phi(sigma - zc) - cap Phi(-zc): the mean the cap cuts off, >= 0
+        excess = math.exp(self._m + log_ndtr(sigma - zc)) - cap * math.exp(log_ndtr(-zc))
+        self._log_excess = math.log(excess) if excess > 0 else -math.inf
+
+    def survival(self, g: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            return np.exp(log_ndtr(-(np.log(g) - self.mu) / self.sigma))
+
+    def remaining(self, g: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            z = (np.log(g) - self.mu) / self.sigma
+        ls = log_ndtr(-z)  # log P(L > g)
+        # E[min(L, cap) | L > g] = (e^m Phi(sigma - z) - E[(L - cap)+]) / P(L > g)
+        e = np.exp(self._m + log_ndtr(self.sigma - z) - ls) - np.exp(self._log_excess - ls)
+        return np.clip(e - g, 0.0, np.maximum(self.cap - g, 0.0))
+
+    def remaining_quantile(self, g: np.ndarray, q: float) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            z = (np.log(g) - self.mu) / self.sigma
+        # P(L > x) = (1 - q) P(L > g)  ->  z_x = -ndtri_exp(log(1 - q) + log P(L > g))
+        zx = -ndtri_exp(math.log1p(-q) + log_ndtr(-z))
+        return np.clip(np.minimum(np.exp(self.mu + self.sigma * zx), self.cap) - g, 0.0, None)
+
+    @staticmethod
+    def z_moments_above(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """E[Z | Z > a], E[Z^2 | Z > a] for a standard normal Z."""
+        lam = _mills(a)
+        return lam, 1.0 + a * lam
+
+
+def _phi(w: np.ndarray) -> np.ndarray:
+    return np.exp(-0.5 * w * w - _LOG_SQRT_2PI)
+
+
+def _mass(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Phi(hi) - Phi(lo) for lo <= hi, accurate in both tails (upper-tail pieces as Phi(-lo) - Phi(-hi))."""
+    flip = lo > 0
+    return ndtr(np.where(flip, -lo, hi)) - ndtr(np.where(flip, -hi, lo))
+
+
+class _Shape:
+    """A standardised law of Z = (log L - mu) / sigma (mean 0, sd 1) from quantile knots.
+
+    Z is a non-decreasing piecewise-affine function of a standard normal score W: through the knots
+    ``(Phi^-1(level), z)``, and beyond the lowest and the top knot straight lines whose slopes are the
+    knots' spread (lowest to the 0.1 level, 0.9 level to the top) against a normal's, in [0.25, 4]. A
+    lognormal's own knots give Z = W exactly; flat stretches (ties, a spike at the cap) are point masses.
+    The knots are shifted and scaled so the law has mean 0 and sd 1.
+    """
+
+    def __init__(self, levels: Sequence[float], z: Sequence[float]):
+        p = np.asarray(levels, dtype=np.float64)
+        zz = np.maximum.accumulate(np.asarray(z, dtype=np.float64))
+        w = -ndtri_exp(np.log1p(-p))  # the levels' normal scores
+        self.w = w
+        lo1, hi9 = int(np.argmin(np.abs(p - 0.1))), int(np.argmin(np.abs(p - 0.9)))
+        self._slopes = tuple(float(np.clip(s, 0.25, 4.0)) if math.isfinite(s) else 1.0 for s in
+                             ((zz[lo1] - zz[0]) / (w[lo1] - w[0]), (zz[-1] - zz[hi9]) / (w[-1] - w[hi9])))
+        self._set(zz, 1.0)
+        s, m1, m2 = self.moments_above(np.array([-np.inf]))
+        sd = math.sqrt(max(float(m2[0] - m1[0] ** 2), 1e-12))
+        self._set((zz - float(m1[0])) / sd, sd)
+
+    def _set(self, z: np.ndarray, scale: float) -> None:
+        """Pieces k = 0..K on W in [lo_k, hi_k]: Z = alpha_k + beta_k W (0: below the lowest knot, K: above the top)."""
+        w = self.w
+        self.z = z
+        slope_lo, slope_hi = (s / scale for s in self._slopes)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            seg = np.diff(z) / np.diff(w)
+        self.beta = np.concatenate([[slope_lo], seg, [slope_hi]])
+        knots_z = np.concatenate([[z[0]], z[:-1], [z[-1]]])
+        knots_w = np.concatenate([[w[0]], w[:-1], [w[-1]]])
+        self.alpha = knots_z - self.beta * knots_w
+        self.lo = np.concatenate([[-np.inf], w])
+        self.hi = np.concatenate([w, [np.inf]])
+        full = self._piece_moments(self.lo, self.hi, self.alpha, self.beta)
+        self._suffix = np.concatenate([np.cumsum(full[:, ::-1], axis=1)[:, ::-1], np.zeros((3, 1))], axis=1)
+
+    @staticmethod
+    def _piece_moments(lo, hi, alpha, beta) -> np.ndarray:
+        """P(W in piece), E[Z 1{.}], E[Z^2 1{.}] for Z = alpha + beta W over W in [lo, hi]."""
+        m0 = _mass(lo, hi)
+        pl, ph = _phi(lo), _phi(hi)
+        m1 = pl - ph
+        with np.errstate(invalid="ignore"):
+            m2 = m0 + np.where(np.isfinite(lo), lo * pl, 0.0) - np.where(np.isfinite(hi), hi * ph, 0.0)
+        return np.stack([m0, alpha * m0 + beta * m1, alpha * alpha * m0 + 2 * alpha * beta * m1 + beta * beta * m2])
+
+    def locate(self, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For thresholds ``a`` on Z: the piece holding them and the normal score w_a with P(Z > a) = Phi(-w_a)."""
+        k = np.searchsorted(self.z, a, side="right")  # pieces 0..K; a sloped piece (a flat one holds no a)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            wa = (a - self.alpha[k]) / self.beta[k]
+        return k, np.clip(wa, self.lo[k], self.hi[k])
+
+    def moments_above(self, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """P(Z > a), E[Z 1{Z > a}], E[Z^2 1{Z > a}] for each threshold in ``a``."""
+        a = np.asarray(a, dtype=np.float64)
+        k, wa = self.locate(a)
+        part = self._piece_moments(wa, self.hi[k], self.alpha[k], self.beta[k])
+        out = part + self._suffix[:, k + 1]
+        return out[0], out[1], out[2]
+
+    def z_moments_above(self, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """E[Z | Z > a], E[Z^2 | Z > a] (the top piece by the truncated normal's own ratios, exact far out)."""
+        a = np.asarray(a, dtype=np.float64)
+        s, m1, m2 = self.moments_above(a)
+        s = np.maximum(s, 1e-300)
+        e1, e2 = m1 / s, m2 / s
+        k, wa = self.locate(a)
+        top = k == len(self.z)
+        if top.any():
+            al, be, lam = self.alpha[-1], self.beta[-1], _mills(wa[top])
+            e1[top] = al + be * lam
+            e2[top] = al * al + 2 * al * be * lam + be * be * (1 + wa[top] * lam)
+        return e1, e2
+
+
+class _Shaped:
+    """min(L, cap) with log L = mu + sigma Z, Z of a :class:`_Shape`: log L = A_k + B_k W on each piece.
+
+    The top piece is exactly a lognormal's tail, so requests beyond the top knot use :class:`_Lognormal`'s
+    closed forms (exact far out); the rest sums closed-form piece integrals.
+    """
+
+    def __init__(self, mu: float, sigma: float, cap: int, shape: _Shape):
+        self.mu, self.sigma, self.cap, self.shape = mu, sigma, cap, shape
+        self.A, self.B = mu + sigma * shape.alpha, sigma * shape.beta
+        self.q_top = mu + sigma * float(shape.z[-1])
+        self.tail = _Lognormal(float(self.A[-1]), float(self.B[-1]), cap)
+        self.log_cap = math.log(cap)
+        full = self._capped_exp(shape.lo, shape.hi, self.A, self.B)
+        self._suffix = np.concatenate([np.cumsum(full[::-1])[::-1], [0.0]])
+
+    def _capped_exp(self, lo, hi, A, B) -> np.ndarray:
+        """E[min(e^{A + B W}, cap) 1{W in [lo, hi]}] per piece."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            wc = np.where(B > 0, (self.log_cap - A) / B, np.where(A < self.log_cap, np.inf, -np.inf))
+        mid = np.clip(wc, lo, hi)  # below mid: e^y < cap; above: the cap
+        with np.errstate(over="ignore"):
+            below = np.exp(A + B * B / 2) * _mass(lo - B, mid - B)
+        return np.nan_to_num(below) + self.cap * _mass(mid, hi)
+
+    def survival(self, g: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            _, wa = self.shape.locate((np.log(g) - self.mu) / self.sigma)
+        return np.exp(log_ndtr(-wa))
+
+    def remaining(self, g: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            y = np.log(g)
+        in_tail = y >= self.q_top
+        out = np.empty_like(g)
+        if in_tail.any():
+            out[in_tail] = self.tail.remaining(g[in_tail])
+        body = ~in_tail
+        if body.any():
+            gb = g[body]
+            k, wa = self.shape.locate((y[body] - self.mu) / self.sigma)
+            total = self._capped_exp(wa, self.shape.hi[k], self.A[k], self.B[k]) + self._suffix[k + 1]
+            s = np.exp(log_ndtr(-wa))
+            out[body] = np.clip(total / s - gb, 0.0, np.maximum(self.cap - gb, 0.0))
+        return out
+
+    def remaining_quantile(self, g: np.ndarray, q: float) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            _, wa = self.shape.locate((np.log(g) - self.mu) / self.sigma)
+        # P(L > x) = (1 - q) P(L > g): x's normal score, then through the piece that holds it
+        wx = -ndtri_exp(math.log1p(-q) + log_ndtr(-wa))
+        k = np.searchsorted(self.shape.w, wx, side="right")
+        x = np.minimum(np.exp(np.minimum(self.A[k] + self.B[k] * wx, self.log_cap)), self.cap)
+        return np.clip(x - g, 0.0, None)
+
+
+def _standard_shape(min_sigma: float, history: Sequence[StepStats]) -> tuple[float, ...] | None:
+    """The mean standardised log-quantile profile of ``history`` (None when a step has none)."""
+    if not history or any(not h.log_quantiles for h in history):
+        return None
+    z = [(np.asarray(h.log_quantiles) - h.log_mean) / max(h.log_std, min_sigma) for h in history]
+    return tuple(np.mean(z, axis=0).tolist())
+
+
+@dataclass(frozen=True)
+class LengthForecast:
+    """A forecast of one step's response lengths: ``min(L, cap)`` with ``log L = mu + sigma Z``.
+
+    ``Z`` is standard normal (``shape`` None: L is lognormal) or follows ``shape``, the standardised
+    log-quantiles at :data:`emulation.workload.LOG_QUANTILE_LEVELS` (see :class:`_Shape`). ``mu`` and
+    ``sigma`` are the mean and sd of log L. ``mu_se`` is the standard error of ``mu`` (from the ARIMA, or
+    the fallback's own error); ``method`` says what made it (``arima``, ``drift``, ``last``, ``prior``;
+    ``+online`` once updated within the step) and ``note`` why a fallback was used. ``fit_s`` is the wall
+    time of the fit.
+    """
+    step: int
+    mu: float
+    sigma: float
+    cap: int
+    mu_se: float
+    method: str
+    note: str = ""
+    fit_s: float = 0.0
+    shape: tuple[float, ...] | None = None
+    # the step's forecast before any online update (the prior of every update; None: this is it)
+    base: LengthForecast | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        require(math.isfinite(self.mu), "mu", f"must be finite, got {self.mu}")
+        require(math.isfinite(self.sigma) and self.sigma > 0, "sigma", f"must be > 0, got {self.sigma}")
+        require(self.cap >= 1, "cap", f"must be >= 1, got {self.cap}")
+        require(math.isfinite(self.mu_se) and self.mu_se > 0, "mu_se", f"must be > 0, got {self.mu_se}")
+        if self.shape is None:
+            law: _Lognormal | _Shaped = _Lognormal(self.mu, self.sigma, self.cap)
+        else:
+            require(len(self.shape) == len(LOG_QUANTILE_LEVELS) and all(math.isfinite(v) for v in self.shape),
+                    "shape", f"must be {len(LOG_QUANTILE_LEVELS)} finite values, got {len(self.shape)}")
+            law = _Shaped(self.mu, self.sigma, self.cap, _Shape(LOG_QUANTILE_LEVELS, self.shape))
+        object.__setattr__(self, "_law", law)
+
+    @classmethod
+    def from_workload(cls, workload: WorkloadSpec, step: int = 0) -> LengthForecast:
+        """The workload's configured distribution at run step ``step`` (the forecast before any history).
+
+        Lognormal; a mixture or a cap spike (``cap_fraction``) is carried as a shape (its log-quantiles
+        computed on a grid). ``mu_se`` is sigma / sqrt(samples_per_step): the prior counts as one step's
+        worth of observations. Not for a trace (it has no configured law).
+        """
+        if workload.trace is not None:
+            raise ValueError("a trace workload has no configured distribution: give a history instead")
+        shift = math.log(workload.median_factor(step + workload.warmup_steps))
+        comps = workload.mixture or (LengthComponent(1.0, workload.response_median_tokens, workload.response_sigma),)
+        w = np.array([c.weight for c in comps]) / sum(c.weight for c in comps)
+        mus = np.log([c.median_tokens for c in comps]) + shift
+        sig = np.array([c.sigma for c in comps])
+        shape = None
+        if len(comps) == 1 and workload.cap_fraction == 0:
+            mu, sigma = float(mus[0]), float(sig[0])
+        else:
+            log_cap, cf = math.log(workload.max_response_tokens), workload.cap_fraction
+            y = np.linspace(min(mus.min() - 8 * sig.max(), 0.0), max(mus.max() + 8 * sig.max(), log_cap), 20001)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                comp_cdf = np.where(sig[:, None] > 0, np.exp(log_ndtr((y - mus[:, None]) / sig[:, None])),
+                                    (y >= mus[:, None]).astype(np.float64))
+            cdf = (1 - cf) * (w @ comp_cdf) + cf * (y >= log_cap)
+            q = y[np.minimum(np.searchsorted(cdf, LOG_QUANTILE_LEVELS), len(y) - 1)]
+            mu = float((1 - cf) * (w @ mus) + cf * log_cap)
+            m2 = float((1 - cf) * (w @ (sig ** 2 + mus ** 2)) + cf * log_cap ** 2)
+            sigma = math.sqrt(max(m2 - mu * mu, 0.0))
+            if sigma > 0:
+                shape = tuple(((q - mu) / sigma).tolist())
+        sigma = max(sigma, ForecastSettings.min_sigma)
+        return cls(step=step, mu=mu, sigma=sigma, cap=workload.max_response_tokens,
+                   mu_se=sigma / math.sqrt(workload.samples_per_step), method="prior", shape=shape)
+
+    # ---- the distribution -----------------------------------------------------------------------------
+    def mean(self) -> float:
+        """E[min(L, cap)]: the forecast mean response length (what the forecast error compares)."""
+        return float(self._law.remaining(np.zeros(1))[0])
+
+    def quantile(self, q: float) -> float:
+        """The q-quantile of min(L, cap)."""
+        return float(self.remaining_quantile(np.zeros(1), q)[0])
+
+    def survival(self, generated: np.ndarray) -> np.ndarray:
+        """P(L > g) per request: the chance a request at ``g`` tokens is still running."""
+        return self._law.survival(np.asarray(generated, dtype=np.float64))
+
+    def remaining(self, generated: np.ndarray) -> np.ndarray:
+        """E[min(L, cap) - g | L > g] for each request's generated tokens ``g`` >= 0 (float64, same shape).
+
+        ``g = 0`` (not started) gives the forecast mean; ``g >= cap`` gives 0 (the cap ends a response).
+        """
+        g = np.asarray(generated, dtype=np.float64)
+        return self._law.remaining(g.ravel()).reshape(g.shape)
+
+    def remaining_quantile(self, generated: np.ndarray, q: float) -> np.ndarray:
+        """The q-quantile of min(L, cap) - g given L > g, per request (float64)."""
+        if not 0 < q < 1:
+            raise ValueError(f"q must be in (0, 1), got {q}")
+        g = np.asarray(generated, dtype=np.float64)
+        return self._law.remaining_quantile(g.ravel(), q).reshape(g.shape)
+
+    # ---- within a step -----------------------------------------------------------------------------------
+    def updated(self, completed: np.ndarray, running: np.ndarray,
+                settings: ForecastSettings = ForecastSettings()) -> LengthForecast:
+        """This step's forecast re-estimated (mu and sigma; the shape kept) from the step's observations.
+
+        ``completed``: lengths of the responses that finished (a length at the cap is censored there);
+        ``running``: generated tokens of those still running (censored: L > g; g = 0 says nothing). The
+        prior is the step's forecast before any update (``base``), so calling this again with all
+        observations so far never counts one twice.
+        """
+        base = self.base or self
+        done = np.asarray(completed, dtype=np.float64)
+        run = np.asarray(running, dtype=np.float64)
+        if done.ndim != 1 or run.ndim != 1:
+            raise ValueError("completed and running must be 1-d arrays")
+        if done.size and done.min() < 1:
+            raise ValueError("a completed length must be >= 1")
+        exact = np.log(done[done < base.cap])
+        # censoring points, grouped: running requests share few distinct token counts (one EM term each)
+        cens, counts = np.unique(np.concatenate([np.full(int(np.sum(done >= base.cap)), float(base.cap)),
+                                                 run[run > 0]]), return_counts=True)
+        cens = np.log(cens)
+        n_cens = int(counts.sum())
+        if exact.size + n_cens == 0:
+            return base
+        law = base._law
+        z_moments = law.shape.z_moments_above if isinstance(law, _Shaped) else _Lognormal.z_moments_above
+        n0 = min(max((base.sigma / base.mu_se) ** 2, PRIOR_WEIGHT_RANGE[0]), PRIOR_WEIGHT_RANGE[1])
+        s1 = n0 * base.mu + exact.sum()
+        s2 = n0 * (base.mu ** 2 + base.sigma ** 2) + np.dot(exact, exact)
+        n = n0 + exact.size + n_cens
+        mu, sigma = base.mu, base.sigma
+        for _ in range(settings.online_max_iter):
+            # E-step: a censored y > c is replaced by E[y | y > c] (and E[y^2 | y > c]) under (mu, sigma)
+            ez, ez2 = z_moments((cens - mu) / sigma)
+            ey = mu + sigma * ez
+            ey2 = mu * mu + 2 * mu * sigma * ez + sigma * sigma * ez2
+            m1 = (s1 + np.dot(counts, ey)) / n
+            var = (s2 + np.dot(counts, ey2)) / n - m1 * m1
+            new_sigma = math.sqrt(max(var, settings.min_sigma ** 2))
+            done_iter = abs(m1 - mu) < settings.online_tol and abs(new_sigma - sigma) < settings.online_tol
+            mu, sigma = float(m1), new_sigma
+            if done_iter:
+                break
+        info = n0 + exact.size  # censored observations carry less: count only exact ones (conservative)
+        return dataclasses.replace(base, mu=mu, sigma=sigma, mu_se=sigma / math.sqrt(info) if info > 0 else base.mu_se,
+                                   method=f"{base.method}+online", base=base)
+
+
+# ---- across steps ------------------------------------------------------------------------------------
+def _fallback(y: np.ndarray, kind: str) -> tuple[float, float]:
+    """(forecast, standard error) of the next value of series ``y`` by ``kind`` (drift needs >= 3 values)."""
+    if kind == "drift" and len(y) >= 3:
+        d = np.diff(y)
+        sd = float(np.std(d, ddof=1)) if len(d) >= 2 else 0.0
+        return float(y[-1] + d.mean()), sd * math.sqrt(1 + 1 / len(d))
+    # last value: the error of a random walk step (when there are 2+ values), else unknown (sampling only)
+    sd = float(np.std(np.diff(y), ddof=0)) if len(y) >= 2 else 0.0
+    return float(y[-1]), sd
+
+
+def _quiet_statsmodels() -> None:
+    # statsmodels warns about starting parameters and convergence on short series: expected here, and
+    # the forecast is checked by the sanity guard. (A filter, not catch_warnings: that is not thread-safe.)
+    from statsmodels.tools.sm_exceptions import ModelWarning
+    warnings.filterwarnings("ignore", category=ModelWarning)
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"statsmodels(\.|$)")
+
+
+def _arima(y: np.ndarray, settings: ForecastSettings) -> tuple[float, float]:
+    from statsmodels.tsa.arima.model import ARIMA
+    _quiet_statsmodels()
+    res = ARIMA(y, order=settings.order, trend=settings.trend).fit()
+    fc = res.get_forecast(1)
+    return float(np.asarray(fc.predicted_mean)[0]), float(np.asarray(fc.se_mean)[0])
+
+
+def forecast_next(history: Sequence[StepStats], settings: ForecastSettings = ForecastSettings(),
+                  prior: LengthForecast | None = None, use_arima: bool = True) -> LengthForecast:
+    """The forecast of the step after ``history``'s last (steps increasing); runs the ARIMA fits inline.
+
+    Without history: ``prior`` (ValueError when there is none either). ``use_arima=False``: the fallback
+    only (numpy, microseconds). With ARIMA it may take seconds: call it through :class:`ForecastService`,
+    never on the decision path.
+    """
+    if not history:
+        if prior is None:
+            raise ValueError("no history and no prior to forecast from")
+        return prior
+    steps = [h.step for h in history]
+    if any(b <= a for a, b in zip(steps, steps[1:])):
+        raise ValueError(f"history steps must increase, got {steps}")
+    t0 = time.perf_counter()
+    hist = list(history)[-settings.history_steps:]
+    cap = hist[-1].cap
+    n_last = hist[-1].n
+    mus = np.array([h.log_mean for h in hist])
+    sigmas = np.array([h.log_std for h in hist])
+    kind = settings.fallback if len(hist) >= 3 else "last"
+    method, note = kind, ""
+    out = {}
+    if not use_arima:
+        note = f"fallback requested; {kind} used"
+    elif len(hist) >= settings.min_arima_steps:
+        try:
+            for name, y in (("mu", mus), ("sigma", sigmas)):
+                f, se = _arima(y, settings)
+                guard = max(float(np.ptp(y)), GUARD_MIN_LOG)
+                if not (math.isfinite(f) and math.isfinite(se) and abs(f - y[-1]) <= guard):
+                    raise ArithmeticError(f"{name} forecast {f:.4g} is more than {guard:.3g} from the last value "
+                                          f"{y[-1]:.4g}")
+                out[name] = (f, se)
+            method = "arima"
+        except Exception as e:  # noqa: BLE001 - any failed fit falls back; the forecast says why
+            out = {}
+            note = f"arima failed ({type(e).__name__}: {e}); {kind} used"
+            log.debug("forecast for step %d: %s", steps[-1] + 1, note)
+    else:
+        note = f"{len(hist)} steps of history < min_arima_steps ({settings.min_arima_steps}); {kind} used"
+    if not out:
+        out = {"mu": _fallback(mus, kind), "sigma": _fallback(sigmas, kind)}
+    mu, mu_se = out["mu"]
+    sigma = max(out["sigma"][0], settings.min_sigma)
+    # the forecast's error is never below the sampling error of one step's log-mean
+    mu_se = max(mu_se, sigma / math.sqrt(n_last))
+    shape = _standard_shape(settings.min_sigma, hist[-settings.shape_steps:]) if settings.shape == "empirical" else None
+    return LengthForecast(step=steps[-1] + 1, mu=mu, sigma=sigma, cap=cap, mu_se=mu_se, method=method, note=note,
+                          fit_s=time.perf_counter() - t0, shape=shape)
+
+
+# ---- forecast error ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ForecastRecord:
+    step: int  # the realised step
+    forecast_step: int  # the step the forecast was made for (== step unless a stale forecast was used)
+    method: str
+    forecast_mean: float  # E[min(L, cap)] under the forecast
+    realised_mean: float  # the step's mean response length
+    ape: float  # |forecast_mean - realised_mean| / realised_mean
+    forecast_p90: float
+    realised_p90: float
+
+
+class ForecastErrors:
+    """Per-step absolute percentage error of the forecast mean length, and their mean (MAPE, %)."""
+
+    def __init__(self) -> None:
+        self._records: list[ForecastRecord] = []
+
+    def record(self, forecast: LengthForecast, realised: StepStats) -> ForecastRecord:
+        """Record the forecast the planner used for step ``realised.step`` against what that step did."""
+        if self._records and realised.step <= self._records[-1].step:
+            raise ValueError(f"steps must be recorded in order: {realised.step} after {self._records[-1].step}")
+        f = forecast.mean()
+        r = ForecastRecord(step=realised.step, forecast_step=forecast.step, method=forecast.method,
+                           forecast_mean=f, realised_mean=realised.mean,
+                           ape=abs(f - realised.mean) / realised.mean, forecast_p90=forecast.quantile(0.9),
+                           realised_p90=realised.p90)
+        self._records.append(r)
+        return r
+
+    @property
+    def records(self) -> tuple[ForecastRecord, ...]:
+        return tuple(self._records)
+
+    def mape(self) -> float | None:
+        """Mean absolute percentage error (%) over the recorded steps; None before the first."""
+        return 100.0 * float(np.mean([r.ape for r in self._records])) if self._records else None
+
+    def to_json(self) -> dict:
+        return {"mape_pct": self.mape(), "per_step": [dataclasses.asdict(r) for r in self._records]}
+
+
+# ---- the background service ----------------------------------------------------------------------------------
+FitFunction = Callable[[Sequence[StepStats], ForecastSettings, "LengthForecast | None"], LengthForecast]
+
+
+class ForecastService:
+    """Fits forecasts in one background thread so that the planner never waits for statsmodels.
+
+    ``submit(history)`` queues a fit (a newer submission replaces one not yet started) and returns at once;
+    ``latest()`` is the newest finished forecast (before the first fit lands: the forecast of the
+    construction ``history`` by the fallback, or ``prior``; None without either). A fit that raises is
+    logged, counted in ``failures`` and leaves ``latest()`` as it was. A context manager; ``stop()`` is
+    idempotent and joins the thread (a fit in flight is waited for up to ``timeout`` seconds).
+    """
+
+    def __init__(self, settings: ForecastSettings = ForecastSettings(), history: Sequence[StepStats] = (),
+                 prior: LengthForecast | None = None, fit: FitFunction = forecast_next):
+        self.settings = settings
+        self._prior = prior
+        self._fit = fit
+        self._cond = threading.Condition()
+        self._pending: tuple[int, tuple[StepStats, ...]] | None = None
+        self._submitted = 0
+        self._finished = 0  # ticket of the newest finished fit
+        self._busy = False
+        self._stopping = False
+        self.failures = 0
+        self.fit_times_s: list[float] = []
+        self._latest: LengthForecast | None = prior
+        if history:
+            self._latest = forecast_next(history, settings, prior, use_arima=False)
+        self._thread = threading.Thread(target=self._run, name="orl-forecast", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> ForecastService:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def submit(self, history: Sequence[StepStats]) -> int:
+        """Queue a fit of ``history``; returns its ticket (increasing). Never blocks on a fit."""
+        hist = tuple(history)
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the forecast service is stopped")
+            self._submitted += 1
+            self._pending = (self._submitted, hist)
+            self._cond.notify_all()
+            return self._submitted
+
+    def latest(self) -> LengthForecast | None:
+        with self._cond:
+            return self._latest
+
+    @property
+    def busy(self) -> bool:
+        """Whether a fit is running now."""
+        with self._cond:
+            return self._busy
+
+    def wait(self, ticket: int, timeout: float) -> bool:
+        """Block until the fit of ``ticket`` (or a later one) has finished, at most ``timeout`` seconds.
+
+        Not for the decision path: for step boundaries that want the fresh forecast, and for tests.
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._finished < ticket:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopping:
+                    return self._finished >= ticket
+                self._cond.wait(left)
+            return True
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._pending = None
+            self._cond.notify_all()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("forecast thread still fitting after %.0f s; left as a daemon thread", timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                ticket, hist = self._pending
+                self._pending = None
+                self._busy = True
+            result, t0 = None, time.perf_counter()
+            try:
+                result = self._fit(hist, self.settings, self._prior)
+            except Exception:  # noqa: BLE001 - a failed fit must not kill the service
+                log.exception("forecast fit failed (ticket %d)", ticket)
+            with self._cond:
+                self._busy = False
+                self.fit_times_s.append(time.perf_counter() - t0)
+                if result is None:
+                    self.failures += 1
+                elif self._latest is None or result.step >= self._latest.step:
+                    self._latest = result
+                self._finished = ticket
+                self._cond.notify_all()
