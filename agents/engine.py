@@ -651,19 +651,20 @@ class Engine:
         self._base_preemptions += sum(r.preemptions for r in self.replicas)
         self._base_tokens += sum(r.tokens_total for r in self.replicas)
         self._build(sw.new)
-        # running requests keep their KV (relocated), least-loaded replica first; what does not fit waits
+        # running requests keep their KV (relocated) on the replica with the least KV held that has room; what
+        # fits nowhere waits (and recomputes), queued on the replica with the fewest requests, as do the waiting
         running.sort(key=lambda rec: rec[0])
+        reps = self.replicas
         for rec in running:
-            k = min(range(len(self.replicas)), key=lambda i: (self.replicas[i].used_blocks, i))
-            rep = self.replicas[k]
-            need = int(rep._blocks_for(rec[1] + rec[2] + 1))
-            if rep.n < self.settings.max_num_seqs and need <= rep.kv_blocks - rep.used_blocks:
-                rep._admit(rec, rec[5])  # a request caught mid-prefill (no KV record) prefills again
+            need = int(reps[0]._blocks_for(rec[1] + rec[2] + 1))
+            room = [i for i, r in enumerate(reps) if r.n < self.settings.max_num_seqs and need <= r.kv_blocks - r.used_blocks]
+            if room:
+                reps[min(room, key=lambda i: (reps[i].used_blocks, i))]._admit(rec, rec[5])  # mid-prefill: again
             else:
                 rec[5] = 0
-                rep.add_waiting(rec)
-        for j, rec in enumerate(waiting):
-            self.replicas[j % len(self.replicas)].add_waiting(rec)
+                reps[min(range(len(reps)), key=lambda i: (reps[i].n + len(reps[i].waiting), i))].add_waiting(rec)
+        for rec in waiting:
+            reps[min(range(len(reps)), key=lambda i: (reps[i].n + len(reps[i].waiting), i))].add_waiting(rec)
         sw.applied = True
         self.paused_until = sw.end
         self.switches.append({"from": sw.old.name(self.gpus), "to": sw.new.name(self.gpus), "requested": sw.requested,

@@ -297,6 +297,7 @@ class FidelityParams:
 @dataclass(frozen=True)
 class LayoutParams:
     layout: str
+    free: bool = False  # no switch cost: the server starts a run (or a step) in it, its weights loaded that way
 
 
 @dataclass(frozen=True)
@@ -310,6 +311,7 @@ class MigrateParams:
     rid: int
     dst: int
     dst_rpc: Endpoint
+    dst_replica: Optional[int] = None  # None: the destination engine picks its least loaded replica
     mode: str = "multi_stage"
     max_stages: int = 4
     stop_bytes: int = 256 * 1024  # multi-stage: stop-and-copy once the increment is this small (emulated bytes)
@@ -347,6 +349,7 @@ class MigrateCommitParams:
     request: RequestSpec
     kv_tokens: int
     preemptions: int = 0
+    replica: Optional[int] = None
     tags: tuple[int, ...] = ()  # the KV transfers that must have arrived first
 
     def __post_init__(self) -> None:

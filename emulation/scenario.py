@@ -12,7 +12,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import yaml
@@ -48,6 +48,9 @@ class Scenario:
     layout: JobLayout = field(default_factory=JobLayout)
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     controller: ControllerSettings = field(default_factory=ControllerSettings)
+    # the orchestrator's settings: validated by testbed.orchestrator.settings (a floor above this one), which
+    # names the field path (orchestrator.planner.min_gain_s) of anything wrong before a run starts
+    orchestrator: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         require(bool(self.name.strip()), "name", "must not be empty")

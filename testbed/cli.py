@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "testbed.commands.bench",
     "testbed.commands.sim",
     "testbed.commands.demo",
+    "testbed.commands.run",
 )
 
 

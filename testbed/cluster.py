@@ -239,8 +239,10 @@ class AgentPool:
             self.placement[r["rid"]] = s
         return res
 
-    def migrate(self, rid: int, src: int, dst: int, mode: str = "multi_stage", timeout_s: float = 30.0) -> dict:
+    def migrate(self, rid: int, src: int, dst: int, mode: str = "multi_stage", timeout_s: float = 30.0,
+                replica: int | None = None) -> dict:
         res = self.call(src, "migrate", {"rid": rid, "dst": dst, "mode": mode, "timeout_s": timeout_s,
+                                         "dst_replica": replica,
                                          "dst_rpc": {"host": self.fabric.mgmt_ip(dst), "port": RPC_PORT}},
                         timeout_s=timeout_s + 5)
         if res.get("result") == "moved":

@@ -323,7 +323,7 @@ class Agent:
     def rpc_set_layout(self, p) -> dict:
         layout = Layout.parse(p.layout, self.cfg.gpus, "params.layout")
         with self.lock:
-            sw = self.engine.set_layout(layout, self.now())
+            sw = self.engine.set_layout(layout, self.now(), 0.0 if p.free else None)
         self.wake.set()
         return {"from": sw.old.name(self.cfg.gpus), "to": sw.new.name(self.cfg.gpus), "requested": sw.requested,
                 "start": sw.start, "end": sw.end, "switch_s": sw.switch_s, "kv_tokens": sw.kv_tokens}
@@ -441,7 +441,8 @@ class Agent:
                     "generated": st.generated}
             try:
                 res = peer.call("migrate_commit", {"request": spec, "kv_tokens": st.kv_tokens if has_kv else 0,
-                                                   "preemptions": st.preemptions, "tags": tags},
+                                                   "preemptions": st.preemptions, "tags": tags,
+                                                   "replica": p.dst_replica},
                                 timeout_s=p.timeout_s)
             except Exception:
                 # the destination did not take it: keep serving it here (recompute if its KV was lost)
@@ -479,7 +480,8 @@ class Agent:
         if r.dest >= len(self.cfg.collectors):
             raise SpecError("params.request.dest", f"collector {r.dest} does not exist here")
         with self.lock:
-            where = self.engine.add([req], self.now())
+            rep = p.replica if p.replica is not None and p.replica < len(self.engine.replicas) else None
+            where = self.engine.add([req], self.now(), rep)
             resumed = self.now()
         self.wake.set()
         return {"resumed": resumed, "replica": where[0]}

@@ -153,7 +153,7 @@ class _Lognormal:
         with np.errstate(divide="ignore"):
             z = (np.log(g) - self.mu) / self.sigma
         # P(L > x) = (1 - q) P(L > g)  ->  z_x = -ndtri_exp(log(1 - q) + log P(L > g))
-        zx = -ndtri_exp(math.log1p(-q) + log_ndtr(-z))
+        zx = -ndtri_exp(np.log1p(-q) + log_ndtr(-z))
         return np.clip(np.minimum(np.exp(self.mu + self.sigma * zx), self.cap) - g, 0.0, None)
 
     @staticmethod
@@ -302,7 +302,7 @@ class _Shaped:
         with np.errstate(divide="ignore"):
             _, wa = self.shape.locate((np.log(g) - self.mu) / self.sigma)
         # P(L > x) = (1 - q) P(L > g): x's normal score, then through the piece that holds it
-        wx = -ndtri_exp(math.log1p(-q) + log_ndtr(-wa))
+        wx = -ndtri_exp(np.log1p(-q) + log_ndtr(-wa))
         k = np.searchsorted(self.shape.w, wx, side="right")
         x = np.minimum(np.exp(np.minimum(self.A[k] + self.B[k] * wx, self.log_cap)), self.cap)
         return np.clip(x - g, 0.0, None)
@@ -408,12 +408,15 @@ class LengthForecast:
         g = np.asarray(generated, dtype=np.float64)
         return self._law.remaining(g.ravel()).reshape(g.shape)
 
-    def remaining_quantile(self, generated: np.ndarray, q: float) -> np.ndarray:
-        """The q-quantile of min(L, cap) - g given L > g, per request (float64)."""
-        if not 0 < q < 1:
+    def remaining_quantile(self, generated: np.ndarray, q) -> np.ndarray:
+        """The q-quantile of min(L, cap) - g given L > g, per request (float64). ``q``: one level, or one per
+        request (the planner's stratified sample)."""
+        qa = np.asarray(q, dtype=np.float64)
+        if not ((qa > 0) & (qa < 1)).all():
             raise ValueError(f"q must be in (0, 1), got {q}")
         g = np.asarray(generated, dtype=np.float64)
-        return self._law.remaining_quantile(g.ravel(), q).reshape(g.shape)
+        qq = qa.ravel() if qa.ndim else qa
+        return self._law.remaining_quantile(g.ravel(), qq).reshape(g.shape)
 
     # ---- within a step -----------------------------------------------------------------------------------
     def updated(self, completed: np.ndarray, running: np.ndarray,

@@ -1,0 +1,167 @@
+"""What the RL step driver needs from a cluster, behind one interface, so the planner and the balancer run
+unchanged against real agents on the emulated fabric (``emulated``) or the same engine in virtual time with
+RLSim's network (``simulated``).
+
+Times are real-time-equivalent seconds on the backend's own clock (:meth:`Backend.now`): wall time divided by
+the time-dilation factor on the emulator, virtual time in the simulator.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agents.engine import Layout
+
+
+@dataclass(frozen=True)
+class StepRequests:
+    """One RL step's responses: ids, prompt lengths, target lengths (the workload's; hidden from policies),
+    prompt ids, and the trainer collector each streams to."""
+
+    step: int
+    rid: np.ndarray
+    prompt: np.ndarray
+    target: np.ndarray
+    prompt_id: np.ndarray
+    dest: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.rid)
+
+    def specs(self, idx) -> list[dict]:
+        return [{"rid": int(self.rid[i]), "prompt": int(self.prompt[i]), "target": int(self.target[i]),
+                 "dest": int(self.dest[i])} for i in idx]
+
+
+RID_STRIDE = 1 << 24  # request id = step * RID_STRIDE + sample index
+
+
+def step_requests(step: int, lengths: np.ndarray, prompt_ids: np.ndarray, prompt_tokens: int,
+                  n_collectors: int) -> StepRequests:
+    n = len(lengths)
+    idx = np.arange(n, dtype=np.int64)
+    return StepRequests(step, step * RID_STRIDE + idx, np.full(n, prompt_tokens, np.int64),
+                        np.asarray(lengths, np.int64), np.asarray(prompt_ids, np.int64), idx % max(1, n_collectors))
+
+
+DISPATCH = ("contiguous", "random")
+
+
+def deal(n: int, servers: list[int], rng: np.random.Generator, mode: str = "contiguous") -> dict[int, np.ndarray]:
+    """A step's requests dealt to the generator servers, evenly: server -> request indices.
+
+    ``contiguous``: veRL's dispatch: the batch (prompt by prompt, each prompt's samples together) is cut in
+    equal consecutive chunks, one per worker, so a worker gets whole prompt groups; ``random``: every request
+    to a random server (balanced counts)."""
+    if mode == "contiguous":
+        bounds = np.linspace(0, n, len(servers) + 1).round().astype(int)
+        return {s: np.arange(bounds[k], bounds[k + 1]) for k, s in enumerate(servers)}
+    order = rng.permutation(n)
+    return {s: np.sort(order[k::len(servers)]) for k, s in enumerate(servers)}
+
+
+@dataclass
+class ServerState:
+    """A generator server at a planning tick, as every backend reports it."""
+
+    server: int
+    layout: Layout
+    snapshot: dict  # agents.engine.Engine.snapshot() arrays
+    stats: dict  # agents.engine.Engine.stats()
+    busy_until: float = 0.0  # end of a layout switch in progress (0: none)
+
+
+@dataclass
+class PhaseResult:
+    phase: str
+    start: float
+    end: float
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+class Backend(abc.ABC):
+    name = "backend"
+
+    def __init__(self, scenario):
+        self.scenario = scenario
+        spec, layout = scenario.fabric, scenario.layout
+        self.gen_servers = layout.gen_servers(spec)
+        self.train_servers = layout.train_servers(spec)
+        self.gpus = spec.gpus_per_server
+
+    # ---- time ----
+    @abc.abstractmethod
+    def now(self) -> float: ...
+
+    @abc.abstractmethod
+    def wait_until(self, t: float) -> None:
+        """Let generation run until backend time ``t``."""
+
+    # ---- generation ----
+    @abc.abstractmethod
+    def layouts(self) -> dict[int, Layout]: ...
+
+    @abc.abstractmethod
+    def set_layout(self, server: int, layout: Layout, free: bool = False) -> dict:
+        """Start a layout switch; returns {start, end, switch_s, from, to}. ``free``: no switch cost (a step
+        boundary: the new weights are loaded in the new layout anyway)."""
+
+    @abc.abstractmethod
+    def submit(self, server: int, requests: list[dict]) -> None: ...
+
+    @abc.abstractmethod
+    def states(self) -> dict[int, ServerState]: ...
+
+    @abc.abstractmethod
+    def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None) -> dict:
+        """Move request ``rid`` from server ``src`` to ``dst`` (onto its replica ``replica``)."""
+
+    @abc.abstractmethod
+    def finished_count(self) -> int:
+        """Requests of the current step that produced their last token."""
+
+    @abc.abstractmethod
+    def end_generation(self, req: StepRequests) -> dict:
+        """After the last request finished: what was delivered ({rid: tokens}), per-request finish times and
+        ``ended_at``, when the last token was produced (the backend's clock resumes from there)."""
+
+    def in_flight(self) -> int:
+        """Migrations under way (their request is on no server for a moment)."""
+        return 0
+
+    # ---- fabric and the other phases ----
+    @abc.abstractmethod
+    def set_phase(self, phase: str, window_ms: float | None, gain_ms: float | None) -> dict:
+        """Ask for the phase's circuits; the controller's decision (switched/stalled/deferred) and timing."""
+
+    @abc.abstractmethod
+    def sync_weights(self, step: int) -> PhaseResult: ...
+
+    @abc.abstractmethod
+    def train(self, step: int, lengths: np.ndarray) -> PhaseResult: ...
+
+    # ---- health and fidelity ----
+    def failures(self) -> dict[int, str]:
+        return {}
+
+    def lost_requests(self, server: int) -> dict[int, int]:
+        return {}
+
+    def fidelity(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,278 @@
+"""The emulated backend: real agents in Mininet hosts on the real fabric with the real controller.
+
+Generation runs in the agents (their engines in real time, tokens streamed to the trainer-side collectors);
+the driver's planner and balancer act through agent RPCs (layout switches, migrations with their KV over the
+fabric). Weight sync is the agents' chunked pipelined broadcast along ``controller.phases.sync_chains`` of the
+installed circuits (modelled weight bytes x the fabric's scale, in buckets of veRL's 512 MB x scale);
+training is the modelled compute (the cost model's time x TDF, slept in every trainer agent) and a real Gloo
+all-reduce of the scaled gradients among the trainer agents. Phase changes go to the controller's REST API
+with the slack window and predicted gain (benefit-aware switching).
+
+Clock: ``CLOCK_MONOTONIC / time_dilation`` (the agents' engine clock); every duration reported is real-time
+equivalent. The fidelity section gathers every agent's decode-step overshoot and the link utilisation of the
+sync and train phases against their shaped rates, and says when the run was distorted and which TDF would fix it.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+
+import numpy as np
+
+from agents.costmodel import CostModel
+from agents.engine import EngineSettings, Layout
+from agents.protocol import unpack_array
+from controller.ocs import Matching
+from controller.phases import sync_chains
+from emulation.capacity import load_capacity
+
+from .base import Backend, PhaseResult, ServerState, StepRequests
+from .phases import PhaseModel
+
+log = logging.getLogger(__name__)
+
+
+class EmulatedBackend(Backend):
+    name = "emulated"
+
+    def __init__(self, scenario, layouts: dict[int, Layout], engine: EngineSettings = EngineSettings(),
+                 time_dilation: float = 1.0, bucket_mb: float = 512.0, cluster=None):
+        super().__init__(scenario)
+        from testbed.cluster import running_cluster
+
+        self.tdf = time_dilation
+        self.bucket_bytes = max(4096, int(bucket_mb * 1e6 * scenario.fabric.scale))
+        self._stack = contextlib.ExitStack()
+        names = {s: lay.name(self.gpus) for s, lay in layouts.items()}
+        if cluster is None:
+            self.tb, self.pool = self._stack.enter_context(running_cluster(
+                scenario, layouts=names, engine=engine, time_dilation=time_dilation))
+        else:
+            self.tb, self.pool = cluster
+        self.cm = CostModel.for_names(scenario.workload.model, scenario.workload.gpu)
+        self.model = PhaseModel(scenario)
+        self._layouts = dict(layouts)
+        self._tag = 0
+        self._finished_at_start = 0
+        self.phase_util: list[dict] = []
+        self._last: dict = {}
+
+    def close(self) -> None:
+        self._stack.close()
+
+    # ---- time ----
+    def now(self) -> float:
+        return time.monotonic() / self.tdf
+
+    def wait_until(self, t: float) -> None:
+        delay = (t - self.now()) * self.tdf
+        if delay > 0:
+            time.sleep(delay)
+
+    # ---- generation ----
+    def layouts(self) -> dict[int, Layout]:
+        return dict(self._layouts)
+
+    def prepare(self, layouts: dict[int, Layout]) -> None:
+        """A fresh run on a running cluster: no request anywhere, collectors and fidelity records afresh, every
+        generator in its starting layout (free of charge)."""
+        live = [s for s in self.gen_servers if s not in self.pool.failed]
+        self.pool.call_all(live, "reset", lambda s: None, 30.0)
+        self.pool.call_all(live, "fidelity", lambda s: {"clear": True}, 10.0)
+        for s in live:
+            st = self.pool.call(s, "stats")
+            if st["layout"] != layouts[s].name(self.gpus):
+                self.set_layout(s, layouts[s], free=True)
+        self.pool.placement.clear()
+        self.pool.reset_collectors()
+        docs = self.pool.call_all(live, "stats", lambda s: None, 10.0)
+        self._finished_at_start = sum(d["num_requests_finished"] for d in docs.values())
+        self._last = docs
+
+    def set_layout(self, server: int, layout: Layout, free: bool = False) -> dict:
+        res = self.pool.call(server, "set_layout", {"layout": layout.name(self.gpus), "free": free})
+        self._layouts[server] = layout
+        return res
+
+    def submit(self, server: int, requests: list[dict]) -> None:
+        self.pool.submit(server, requests)
+
+    def states(self) -> dict[int, ServerState]:
+        live = [s for s in self.gen_servers if s not in self.pool.failed]
+        try:
+            docs = self.pool.call_all(live, "stats", lambda s: {"snapshot": True}, 10.0)
+        except Exception:  # noqa: BLE001 - someone died: find out who, report the others
+            self.pool.check_health(live)
+            live = [s for s in live if s not in self.pool.failed]
+            docs = self.pool.call_all(live, "stats", lambda s: {"snapshot": True}, 10.0)
+        out = {}
+        for s, st in docs.items():
+            snap = {k: unpack_array(v, f"snapshot.{k}") for k, v in st.pop("snapshot").items()}
+            pu = st.get("paused_until")
+            busy = pu if (pu is not None and pu > st["now"]) else 0.0
+            out[s] = ServerState(s, Layout.parse(st["layout"], self.gpus), snap, st, busy)
+        self._last = docs
+        return out
+
+    def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None) -> dict:
+        return self.pool.migrate(rid, src, dst, mode=mode, replica=replica)
+
+    def finished_count(self) -> int:
+        live = [s for s in self.gen_servers if s not in self.pool.failed]
+        try:
+            docs = self.pool.call_all(live, "stats", lambda s: None, 10.0)
+        except Exception:  # noqa: BLE001 - a dead agent: the planning tick's health check handles it
+            return -1
+        self._last.update(docs)
+        return sum(d["num_requests_finished"] for d in self._last.values()) - self._finished_at_start
+
+    def end_generation(self, req: StepRequests) -> dict:
+        want = set(req.rid.tolist())
+        deadline = time.monotonic() + 30.0
+        col = self.pool.collected()
+        while not want <= col.finished() and time.monotonic() < deadline:
+            time.sleep(0.05)
+            col = self.pool.collected()
+        delivered = col.by_rid()
+        finish = {}
+        # arrival time of each request's last token at its collector (collector clock = engine clock)
+        for d in self.pool.call_all([t for t in self.train_servers if t not in self.pool.failed], "collector_stats",
+                                    lambda s: None, 30.0).values():
+            rid, last, fl = unpack_array(d["rid"]), unpack_array(d["last_t"]), unpack_array(d["final_len"])
+            finish.update({int(r): float(t) for r, t, f in zip(rid, last, fl) if f >= 0})
+        dup = int(col.dups.sum())
+        self.pool.reset_collectors()
+        docs = self.pool.call_all([s for s in self.gen_servers if s not in self.pool.failed], "stats",
+                                  lambda s: None, 10.0)
+        self._finished_at_start = sum(d["num_requests_finished"] for d in docs.values())
+        self._last = docs
+        ended = max(finish.values()) if finish else self.now()
+        return {"delivered": {r: n for r, n in delivered.items() if r in want}, "finish": finish, "duplicates": dup,
+                "ended_at": min(ended, self.now())}
+
+    # ---- fabric and phases ----
+    def set_phase(self, phase: str, window_ms: float | None, gain_ms: float | None) -> dict:
+        gain = None if gain_ms is None else (1e9 if math.isinf(gain_ms) else gain_ms)
+        t0 = self.now()
+        rec = self.tb.client.set_phase(phase, window_ms=window_ms, gain_ms=gain)
+        return {"decision": rec.get("decision", rec.get("status")), "stall_ms": rec.get("stall_ms", 0.0),
+                "window_ms": window_ms, "gain_ms": gain_ms, "reason": rec.get("reason"),
+                "overhead_ms": rec.get("overhead_ms"), "took_ms": (self.now() - t0) * 1e3}
+
+    def _installed_matchings(self) -> dict[int, Matching]:
+        spec = self.scenario.fabric
+        return {int(o): Matching.from_pairs(spec.ports_per_ocs, pairs) for o, pairs in self.tb.client.circuits().items()}
+
+    def sync_weights(self, step: int) -> PhaseResult:
+        spec, layout = self.scenario.fabric, self.scenario.layout
+        chains = sync_chains(spec, layout, self._installed_matchings(),
+                             holders=[t for t in self.train_servers if t not in self.pool.failed])
+        plan: dict[int, dict] = {}
+        for ch in chains:
+            head = ch.members[0]
+            plan.setdefault(head, {"sources": [], "children": []})["sources"] = [[s, float(sh)] for s, sh in ch.sources]
+            for src, _ in ch.sources:
+                plan.setdefault(src, {"sources": [], "children": []})["children"].append(
+                    {"agent": head, "sources": [[s, float(sh)] for s, sh in ch.sources]})
+            for a, b in zip(ch.members, ch.members[1:]):
+                plan.setdefault(b, {"sources": [], "children": []})["sources"] = [[a, 1.0]]
+                plan.setdefault(a, {"sources": [], "children": []})["children"].append({"agent": b, "sources": []})
+        nbytes = max(4, int(self.cm.weight_bytes() * spec.scale))
+        self._tag = (self._tag + 1) % 4096
+        before = self._port_bytes()
+        t0 = self.now()
+        res = self.pool.call_all(list(plan), "broadcast", lambda s: {"nbytes": nbytes, "bucket_bytes": self.bucket_bytes,
+                                                                      "tag": self._tag, "version": step,
+                                                                      "timeout_s": 600, **plan[s]}, 900)
+        t1 = self.now()
+        crcs = {r["crc32"] for r in res.values()}
+        span = (max(r["end_mono"] for r in res.values()) - min(r["start_mono"] for r in res.values())) / self.tdf
+        detail = {"bytes_emulated": nbytes, "chains": len(chains), "consistent": len(crcs) == 1,
+                  "broadcast_s": span, "bucket_bytes": self.bucket_bytes}
+        self._utilisation("sync", before, t1 - t0)
+        return PhaseResult("sync", t0, t1, detail)
+
+    def train(self, step: int, lengths: np.ndarray) -> PhaseResult:
+        spec = self.scenario.fabric
+        _, model = self.model.train_s("train", lengths)
+        compute = float(model.get("compute_s", 0.0))
+        trainers = [t for t in self.train_servers if t not in self.pool.failed]
+        t0 = self.now()
+        self.pool.call_all(trainers, "compute", lambda s: {"seconds": compute}, compute * self.tdf + 60)
+        t_c = self.now()
+        detail = {"compute_s": t_c - t0, "modelled_compute_s": compute}
+        if len(trainers) >= 2:
+            nbytes = max(4, int(self.cm.gradient_bytes() * spec.scale))
+            before = self._port_bytes()
+            res = self.pool.call_all(trainers, "all_reduce", lambda s: {"group": "trainers", "nbytes": nbytes,
+                                                                         "iters": 1, "warmup": 0, "timeout_s": 600}, 900)
+            t1 = self.now()
+            detail.update(allreduce_s=t1 - t_c, allreduce_bytes=nbytes, correct=all(r["correct"] for r in res.values()))
+            self._utilisation("train", before, t1 - t_c)
+        else:
+            t1 = t_c
+        return PhaseResult("train", t0, t1, detail)
+
+    # ---- health and fidelity ----
+    def failures(self) -> dict[int, str]:
+        self.pool.check_health([s for s in self.gen_servers if s not in self.pool.failed])
+        return dict(self.pool.failed)
+
+    def lost_requests(self, server: int) -> dict[int, int]:
+        return self.pool.lost_requests(server)
+
+    def _port_bytes(self) -> dict[str, int]:
+        import subprocess
+
+        out = {}
+        for br in self.tb.fabric.bridge_names():
+            r = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", br], capture_output=True, text=True,
+                               timeout=10)
+            port = None
+            for line in r.stdout.splitlines():
+                line = line.strip()
+                if line.startswith("port"):
+                    port = f"{br}:{line.split(':')[0].split()[-1]}"
+                if port is not None and line.startswith("tx") and "bytes=" in line:
+                    out[port] = int(line.split("bytes=")[1].split(",")[0])
+        return out
+
+    def _utilisation(self, phase: str, before: dict[str, int], wall_equiv_s: float) -> None:
+        after = self._port_bytes()
+        spec = self.scenario.fabric
+        secs = wall_equiv_s * self.tdf  # wall seconds
+        if secs <= 0:
+            return
+        rate = min(spec.server_link_mbps, spec.uplink_mbps) / self.tdf * 1e6 / 8  # bytes/s of the slowest link kind
+        tx = {p: after.get(p, 0) - before.get(p, 0) for p in after}
+        busiest = max(tx.values()) if tx else 0
+        total = sum(tx.values())
+        cap = load_capacity()
+        rec = {"phase": phase, "busiest_port_utilisation": busiest / (rate * secs),
+               "aggregate_gbps": total * 8 / secs / 1e9,
+               "capacity_gbps": cap["capacity_gbps"] if cap else None}
+        if cap:
+            rec["aggregate_vs_capacity"] = rec["aggregate_gbps"] / cap["capacity_gbps"]
+        self.phase_util.append(rec)
+
+    def fidelity(self) -> dict:
+        live = [s for s in self.gen_servers if s not in self.pool.failed]
+        reps = self.pool.call_all(live, "fidelity", lambda s: None, 10.0)
+        worst = max((r.get("overshoot_fraction_p50", 0.0) for r in reps.values()), default=0.0)
+        distorted_cpu = any(r.get("distorted") for r in reps.values())
+        agg = max((u.get("aggregate_vs_capacity") or 0.0 for u in self.phase_util), default=0.0)
+        distorted_net = agg > 1.0
+        need = max([self.tdf] + [r.get("tdf_needed", self.tdf) for r in reps.values()] +
+                   [self.tdf * agg if distorted_net else self.tdf])
+        msg = []
+        if distorted_cpu:
+            msg.append(f"decode steps ran late by {worst:.0%} of their modelled time (p50 of the worst agent)")
+        if distorted_net:
+            msg.append(f"the fabric carried {agg:.0%} of this machine's measured forwarding capacity")
+        return {"time_dilation": self.tdf, "agents": {str(k): v for k, v in reps.items()}, "links": self.phase_util,
+                "distorted": bool(distorted_cpu or distorted_net),
+                "verdict": ("distorted: " + "; ".join(msg) + f"; rerun with time_dilation >= {math.ceil(need * 10) / 10:g}")
+                if msg else "faithful: decode-step overshoot and link load within bounds",
+                "tdf_needed": math.ceil(need * 10) / 10}

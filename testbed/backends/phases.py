@@ -1,0 +1,83 @@
+"""RLSim's model of the non-generation phases and of the fabric's phase changes, shared by both backends:
+the simulated one takes its sync and train times from it; the emulated one asks it for the predicted gain and
+slack window it hands the controller with every phase change (benefit-aware switching), and for the modelled
+training compute.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from agents.costmodel import CostModel
+from controller.phases import PHASES
+from controller.reconfig import decide_switch
+from rlsim.fabrics import CircuitNetwork, Unreachable, rfabric_counts
+from rlsim.sim import SimSettings, sync_phase, train_phase
+
+
+class PhaseModel:
+    def __init__(self, scenario, settings: SimSettings = SimSettings()):
+        self.scn = scenario
+        self.spec, self.layout, self.w = scenario.fabric, scenario.layout, scenario.workload
+        self.cm = CostModel.for_names(self.w.model, self.w.gpu)
+        self.settings = settings
+        self.delay_ms = scenario.controller.effective_delay_ms(self.spec)
+        self.nets = {}
+        for ph in PHASES:
+            counts, m = rfabric_counts(self.spec, self.layout, ph)
+            self.nets[ph] = CircuitNetwork("rfabric", self.spec, counts, settings.fabric.max_two_hop, matchings=m)
+        self.train_servers = self.layout.train_servers(self.spec)
+        self.gen_servers = self.layout.gen_servers(self.spec)
+
+    def sync_s(self, topology: str) -> tuple[float, dict]:
+        try:
+            run = sync_phase(self.w, self.cm, self.spec, self.layout, self.nets[topology], self.train_servers,
+                             self.gen_servers, self.settings)
+        except Unreachable as e:
+            return math.inf, {"unreachable": str(e)}
+        return run.duration, dict(run.detail)
+
+    def train_s(self, topology: str, lengths: np.ndarray) -> tuple[float, dict]:
+        try:
+            run = train_phase(self.w, self.cm, self.spec, self.nets[topology], self.train_servers,
+                              np.asarray(lengths), self.settings)
+        except Unreachable as e:
+            return math.inf, {"unreachable": str(e)}
+        return run.duration, dict(run.detail)
+
+    def predicted_s(self, phase: str, topology: str, lengths: np.ndarray | None = None) -> float:
+        if phase == "sync":
+            return self.sync_s(topology)[0]
+        if phase == "train":
+            return self.train_s(topology, lengths if lengths is not None else np.full(64, 500))[0]
+        return 0.0  # generation's traffic (tokens, KV moves) is tiny on any topology that reaches the trainers
+
+    def gain_ms(self, phase: str, installed: str, lengths: np.ndarray | None = None) -> float:
+        """What ``phase`` saves on its own topology against the installed one (inf: that one cannot carry it)."""
+        if phase == installed:
+            return 0.0
+        here = self.predicted_s(phase, installed, lengths)
+        own = self.predicted_s(phase, phase, lengths)
+        if math.isinf(here):
+            return math.inf
+        return max(0.0, here - own) * 1000.0
+
+    def window_ms(self, phase: str, lengths: np.ndarray | None = None, first_step_s: float = 0.0) -> float:
+        """Idle time on the changing circuits before ``phase``'s traffic starts (its lead-in): the training
+        compute before the gradient all-reduce; the first decode step before generation's first tokens;
+        nothing before a weight sync (it starts sending at once)."""
+        if phase == "train":
+            return self.train_s(phase, lengths if lengths is not None else np.full(64, 500))[1].get("compute_s", 0.0) * 1e3
+        if phase == "gen":
+            return first_step_s * 1e3
+        return 0.0
+
+    def decide(self, installed: str, phase: str, window_ms: float | None, gain_ms: float | None) -> dict:
+        if installed == phase:
+            return {"decision": "unchanged", "stall_ms": 0.0, "window_ms": window_ms, "gain_ms": gain_ms,
+                    "reason": "the phase's circuits are installed"}
+        g = None if gain_ms is None or not math.isfinite(gain_ms) else gain_ms
+        d = decide_switch(window_ms, self.delay_ms, math.inf if gain_ms is not None and math.isinf(gain_ms) else g)
+        return {"decision": d.action, "stall_ms": d.stall_ms, "window_ms": window_ms, "gain_ms": gain_ms,
+                "reason": d.reason, "delay_ms": self.delay_ms}

@@ -1,0 +1,198 @@
+"""The simulated backend: the agents' generation engine (agents.engine, the very same code) in virtual time,
+one engine per generator server, and RLSim's flow-level network for weight sync and training.
+
+* Generation: every engine runs its replicas' steps back to back between planning ticks (``Engine.run_until``,
+  exact). Token streams are not simulated (a few bytes per token: they never load a link).
+* Migration: the KV cache crosses one server link (real rate) at the server's real link rate. ``multi_stage``
+  copies the KV while the request keeps decoding, then the increment, then stops and copies the last
+  increment (Llumnix); ``stop_copy`` stops first. The downtime is the last copy plus ``migration_overhead_s``
+  (the control round trips; the emulator measures it: ``orchestrrl bench generation``).
+* Layout switches: the engine's own (its cost model's reshard + KV relocation time, during which the server
+  does not decode).
+* Sync and train: RLSim's phase models (rlsim.sim) on the RFabric topology installed, with the controller's
+  rule (controller.reconfig.decide_switch) for every phase change.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+
+import numpy as np
+
+from agents.costmodel import CostModel
+from agents.engine import Engine, EngineSettings, Layout, ModelledCost, NewRequest
+from emulation.validation import SpecError
+
+from .base import Backend, PhaseResult, ServerState, StepRequests
+from .phases import PhaseModel
+
+
+class SimulatedBackend(Backend):
+    name = "simulated"
+
+    def __init__(self, scenario, layouts: dict[int, Layout], engine: EngineSettings = EngineSettings(),
+                 migration_overhead_s: float = 0.004):
+        super().__init__(scenario)
+        w = scenario.workload
+        self.cm = CostModel.for_names(w.model, w.gpu)
+        self.cost = ModelledCost(self.cm, self.gpus)
+        self.settings = engine
+        self.engines = {s: Engine(self.cost, self.gpus, layouts[s], engine) for s in self.gen_servers}
+        self.t = 0.0
+        self.events: list[tuple[float, int, str, tuple]] = []
+        self._seq = itertools.count()
+        self.migration_overhead_s = migration_overhead_s
+        self.model = PhaseModel(scenario)
+        self.installed = scenario.controller.initial_phase
+        spec = scenario.fabric
+        self.link_bytes_per_s = spec.server_gbps * 1e9 / 8
+        self.kv_bytes = self.cm.kv_bytes_per_token()
+        self._finished_base = 0
+        self.migrations: list[dict] = []  # completed hand-overs (the driver reads and clears it)
+
+    # ---- time ----
+    def now(self) -> float:
+        return self.t
+
+    def _push(self, t: float, kind: str, payload: tuple) -> None:
+        heapq.heappush(self.events, (t, next(self._seq), kind, payload))
+
+    def wait_until(self, t: float) -> None:
+        while self.events and self.events[0][0] <= t:
+            te, _, kind, payload = heapq.heappop(self.events)
+            for e in self.engines.values():
+                e.run_until(te)
+            self.t = max(self.t, te)
+            getattr(self, f"_on_{kind}")(te, *payload)
+        for e in self.engines.values():
+            e.run_until(t)
+        self.t = max(self.t, t)
+
+    # ---- generation ----
+    def layouts(self) -> dict[int, Layout]:
+        out = {}
+        for s, e in self.engines.items():
+            sw = e.switch
+            out[s] = sw.new if sw is not None else e.layout
+        return out
+
+    def set_layout(self, server: int, layout: Layout, free: bool = False) -> dict:
+        sw = self.engines[server].set_layout(layout, self.t, 0.0 if free else None)
+        return {"from": sw.old.name(self.gpus), "to": sw.new.name(self.gpus), "start": sw.start, "end": sw.end,
+                "switch_s": sw.switch_s, "requested": self.t}
+
+    def submit(self, server: int, requests: list[dict]) -> None:
+        self.engines[server].add([NewRequest(rid=r["rid"], prompt=r["prompt"], target=r["target"], dest=r["dest"],
+                                             generated=r.get("generated", 0)) for r in requests], self.t)
+
+    def states(self) -> dict[int, ServerState]:
+        out = {}
+        for s, e in self.engines.items():
+            st = e.stats(self.t)
+            busy = e.paused_until if e.paused_until > self.t else 0.0
+            if e.switch is not None and not e.switch.applied:
+                busy = e.switch.end
+            out[s] = ServerState(s, self.layouts()[s], e.snapshot(), st, busy)
+        return out
+
+    def _copy_s(self, tokens: float) -> float:
+        return tokens * self.kv_bytes / self.link_bytes_per_s
+
+    def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None) -> dict:
+        e = self.engines[src]
+        if not e.holds(rid):
+            raise SpecError("rid", f"request {rid} is not on server {src}")
+        fp = None
+        for rep in e.replicas:
+            i = rep.slot_of(rid)
+            if i is not None and rep.pre[i] == 0:
+                fp = int(rep.prompt[i] + rep.gen[i])
+        stages = []
+        t_live = 0.0
+        if mode == "multi_stage" and fp:
+            # copy while it decodes: it gains about copy_time / step_time tokens per stage
+            step = max(1e-4, self._step_s(e, rid))
+            left = fp
+            for _ in range(3):
+                c = self._copy_s(left)
+                stages.append({"stage": "live", "tokens": left, "s": c})
+                t_live += c
+                left = max(1, int(math.ceil(c / step)))
+                if left * self.kv_bytes * self.scenario.fabric.scale <= 256 * 1024:
+                    break
+        self._push(self.t + t_live, "detach", (rid, src, dst, mode, tuple(stages), self.t, replica))
+        return {"rid": rid, "result": "scheduled", "mode": mode, "stages": stages, "detach_at": self.t + t_live}
+
+    def _step_s(self, e: Engine, rid: int) -> float:
+        for rep in e.replicas:
+            if rep.slot_of(rid) is not None and rep.step is not None:
+                return rep.step["dur"]
+        return 0.01
+
+    def _on_detach(self, t: float, rid: int, src: int, dst: int, mode: str, stages: tuple, asked: float,
+                   replica: int | None) -> None:
+        e = self.engines[src]
+        if not e.holds(rid):
+            return  # finished meanwhile
+        st = e.detach(rid, t)
+        if st is None:  # at the end of its step in flight
+            ends = [r.busy_until for r in e.replicas if r.busy_until is not None]
+            e.run_until(max(ends))
+            st = e.detached.get(rid)
+            if st is None:
+                return  # it finished in that step
+            t_stop = max(ends)
+        else:
+            t_stop = t
+        e.detached.pop(rid, None)
+        copied = sum(s["tokens"] for s in stages)
+        last = (st.kv_tokens - copied) if (st.kv_tokens and copied) else st.kv_tokens
+        resume = t_stop + self._copy_s(max(0, last)) + self.migration_overhead_s
+        self._push(resume, "arrive", (st, dst, replica))
+        self.migrations.append({"rid": rid, "src": src, "dst": dst, "mode": mode, "asked": asked, "stopped": t_stop,
+                                "resumed": resume, "downtime_s": resume - t_stop,
+                                "kv_bytes": st.kv_tokens * self.kv_bytes * self.scenario.fabric.scale})
+
+    def _on_arrive(self, t: float, st: NewRequest, dst: int, replica: int | None) -> None:
+        e = self.engines[dst]
+        e.add([st], t, replica if replica is not None and replica < len(e.replicas) else None)
+
+    def finished_count(self) -> int:
+        return sum(e.finished_total for e in self.engines.values()) - self._finished_base
+
+    def in_flight(self) -> int:
+        return sum(1 for ev in self.events if ev[2] in ("detach", "arrive"))
+
+    def end_generation(self, req: StepRequests) -> dict:
+        fin = {}
+        for e in self.engines.values():
+            fin.update(dict(e.finished_log))
+            e.finished_log.clear()
+        self._finished_base = sum(e.finished_total for e in self.engines.values())
+        delivered = {int(r): int(n) for r, n in zip(req.rid, req.target) if int(r) in fin}
+        ended = max(fin.values()) if fin else self.t
+        if all(e.idle() for e in self.engines.values()) and not self.events:
+            self.t = ended  # nothing ran after the last token: the next phase starts right there
+        return {"delivered": delivered, "finish": fin, "ended_at": self.t if self.t < ended else ended}
+
+    # ---- other phases ----
+    def set_phase(self, phase: str, window_ms: float | None, gain_ms: float | None) -> dict:
+        d = self.model.decide(self.installed, phase, window_ms, gain_ms)
+        if d["decision"] in ("switched", "stalled"):
+            self.installed = phase
+        if d["stall_ms"]:
+            self.wait_until(self.t + d["stall_ms"] / 1000.0)
+        return d
+
+    def sync_weights(self, step: int) -> PhaseResult:
+        t0 = self.t
+        dur, detail = self.model.sync_s(self.installed)
+        self.wait_until(t0 + dur)
+        return PhaseResult("sync", t0, self.t, {**detail, "topology": self.installed})
+
+    def train(self, step: int, lengths: np.ndarray) -> PhaseResult:
+        t0 = self.t
+        dur, detail = self.model.train_s(self.installed, lengths)
+        self.wait_until(t0 + dur)
+        return PhaseResult("train", t0, self.t, {**detail, "topology": self.installed})

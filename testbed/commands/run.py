@@ -1,0 +1,113 @@
+"""`orchestrrl run` (one policy) and `orchestrrl compare` (every policy and every static layout, same seed).
+
+    orchestrrl run SCENARIO --policy P --backend emulated|simulated --out DIR [--steps N]
+    orchestrrl compare SCENARIO --out DIR [--backend emulated|simulated] [--policies a,b,...] [--steps N]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from testbed.cli import UsageError
+
+BACKENDS = ("emulated", "simulated")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario", help="scenario YAML")
+    p.add_argument("--backend", choices=BACKENDS, default="emulated", help="emulated (real agents and fabric; root) "
+                                                                           "or simulated (virtual time)")
+    p.add_argument("--steps", type=int, default=None, help="RL steps (default: the scenario's)")
+    p.add_argument("--out", default=None, help="output folder (default runs/<command>-<time>)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def register(sub) -> None:
+    from testbed.orchestrator.settings import POLICIES
+
+    r = sub.add_parser("run", help="run a scenario's RL steps under one policy (planner/balancer in the loop)")
+    _common(r)
+    r.add_argument("--policy", default="orchestrrl", help=f"one of {', '.join(POLICIES)} or static-TP<t>x<r>")
+    r.set_defaults(func=_run)
+    c = sub.add_parser("compare", help="run every policy and every static layout on the same seed; report + plots")
+    _common(c)
+    c.add_argument("--policies", default=None, help=f"comma-separated (default: every static layout and {', '.join(POLICIES[2:])})")
+    c.set_defaults(func=_compare)
+
+
+def _prepare(args):
+    from emulation.scenario import load_scenario
+    from testbed.experiment import Experiment
+
+    scn = load_scenario(args.scenario)
+    steps = args.steps if args.steps is not None else scn.workload.steps
+    if steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {steps}")
+    if args.backend == "emulated":
+        import os
+
+        if os.geteuid() != 0:
+            raise UsageError("--backend emulated builds a fabric and needs root (or use --backend simulated)")
+    return Experiment(scn, args.backend), steps
+
+
+def _bar(args, total: int, desc: str):
+    return tqdm(total=total, desc=desc, file=sys.stderr, disable=args.quiet, unit="step")
+
+
+def _run(args) -> int:
+    exp, steps = _prepare(args)
+    policy = exp.policy(args.policy)  # SpecError (exit 2) before anything starts
+    out = Path(args.out or f"runs/run-{policy.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    with _bar(args, steps, policy.name) as bar, exp:
+        res, files = exp.run(policy, steps, out, progress=lambda msg, frac: (bar.set_postfix_str(msg), bar.update(
+            round(frac * steps) - bar.n)))
+        bar.update(steps - bar.n)
+    print(f"{policy.name} on {exp.backend_name}: step makespans " + ", ".join(f"{x:.2f}" for x in res["step_makespan_s"])
+          + f" s; {res['throughput_tokens_per_s']:.0f} tokens/s; {res['layout_switches']} layout switches, "
+          f"{res['migrations']} migrations, {res['lost_requests']} lost")
+    if res.get("fidelity", {}).get("verdict"):
+        print(f"fidelity: {res['fidelity']['verdict']}")
+    for k, v in files.items():
+        print(f"{k}: {v}")
+    return 0
+
+
+def _compare(args) -> int:
+    exp, steps = _prepare(args)
+    names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else exp.default_policies()
+    policies = [exp.policy(n) for n in names]
+    out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    with _bar(args, steps * len(policies), "compare") as bar, exp:
+        done = {"n": 0}
+
+        def progress(msg, frac, name=None):
+            bar.set_postfix_str(msg)
+            bar.update(done["n"] + round(frac * steps) - bar.n)
+
+        def next_policy(name):
+            done["n"] = policies.index(next(p for p in policies if p.name == name)) * steps
+            bar.set_description(f"compare: {name}")
+
+        report, files = exp.compare(policies, steps, out, progress=progress, on_policy=next_policy)
+        bar.update(bar.total - bar.n)
+    print(format_table(report))
+    for k, v in files.items():
+        print(f"{k}: {v}")
+    return 0
+
+
+def format_table(report: dict) -> str:
+    rows = [f"{'policy':<16} {'makespan s (per step)':<28} {'tokens/s':>10} {'speedup':>8} {'switches':>8} "
+            f"{'migr.':>6} {'lost':>5} {'MAPE':>6}"]
+    for name, p in report["policies"].items():
+        ms = ", ".join(f"{x:.1f}" for x in p["step_makespan_s"])
+        mape = "-" if p.get("forecast_mape") is None else f"{p['forecast_mape']:.1f}%"
+        rows.append(f"{name:<16} {ms:<28} {p['throughput_tokens_per_s']:>10.0f} {p['speedup_vs_best_static']:>7.3f}x "
+                    f"{p['layout_switches']:>8} {p['migrations']:>6} {p['lost_requests']:>5} {mape:>6}")
+    rows.append(f"best static layout: {report['best_static']} ({report['backend']} backend, scenario {report['scenario']})")
+    return "\n".join(rows)

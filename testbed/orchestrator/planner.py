@@ -1,0 +1,168 @@
+"""The proactive planner (pure): every planning interval, for every generator server, the candidate layouts
+(TP/DP splits; EP for MoE) are compared by predicted remaining makespan under the cost model, and the server
+switches only when the predicted gain exceeds the switch cost (weight reshard plus KV moves) by a margin.
+
+Remaining lengths come from the length forecast (testbed.orchestrator.forecast): inside every replica the
+requests get stratified quantiles of their own conditional remaining length given the tokens they already have
+(testbed.orchestrator.estimate.Estimator), so a server holding many requests is predicted with a realistic
+long tail rather than with every request at its mean, and the comparison of two layouts carries no sampling
+noise. Using each request's conditional *mean* instead would predict no tail at all for a fresh batch (every
+request the same length), which is exactly the case the planner exists for.
+
+Attention-FFN disaggregation (running attention and the FFN/experts on different GPUs) is not among the
+candidates: the cost model has no term for its activation traffic between the two halves; it is documented
+as an option to add (docs/orchestrator.md), not implemented.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agents.engine import Layout, dense_layouts
+from emulation.validation import require
+
+from .estimate import Estimator, ServerLoad
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    """``orchestrator.planner`` in a scenario.
+
+    layouts: candidate layout names ([] = every TP split of a server: TP1x8, TP2x4, TP4x2, TP8x1 for 8 GPUs;
+      MoE models add the EP layouts).
+    min_gain_s: a switch must save at least this much (seconds of remaining makespan) beyond its cost.
+    gain_margin: ... and at least this fraction of the server's remaining makespan (hysteresis: a switch
+      that only breaks even on a noisy forecast is not made).
+    cooldown_s: no second switch of a server within this time after the first one ended.
+    lookahead: before switching, predict the server one planning interval later (estimate.Estimator.advance)
+      and wait if switching then (to the then-best layout) is predicted to finish sooner: the best layout
+      drifts towards larger TP as the batch drains, and a switch made too early pays its cost again later.
+    """
+
+    layouts: tuple[str, ...] = ()
+    min_gain_s: float = 0.5
+    gain_margin: float = 0.05
+    cooldown_s: float = 2.0
+    lookahead: bool = True
+
+    def __post_init__(self) -> None:
+        for n in ("min_gain_s", "gain_margin", "cooldown_s"):
+            v = getattr(self, n)
+            require(math.isfinite(v) and v >= 0, n, f"must be a finite number >= 0, got {v}")
+        require(self.gain_margin < 1, "gain_margin", f"must be < 1, got {self.gain_margin}")
+
+
+def request_levels(rids: np.ndarray) -> np.ndarray:
+    """A fixed level in (0, 1) per request id (splitmix64 hash): the stratified sample's quantile level."""
+    x = np.asarray(rids, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x = x ^ (x >> np.uint64(31))
+    return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+
+
+def candidate_layouts(settings: PlannerSettings, gpus: int, moe: bool) -> list[Layout]:
+    if settings.layouts:
+        return [Layout.parse(name, gpus, f"orchestrator.planner.layouts[{i}]") for i, name in enumerate(settings.layouts)]
+    out = dense_layouts(gpus)
+    if moe:
+        out += [Layout(tp=lay.tp, ep=lay.tp) for lay in out if lay.tp > 1]
+    return out
+
+
+@dataclass
+class ServerView:
+    """One generator server at a planning tick."""
+
+    server: int
+    layout: Layout
+    load: ServerLoad
+    busy_until: float = 0.0  # a layout switch in progress ends then (engine time)
+    last_switch_end: float = -math.inf
+
+
+@dataclass
+class Decision:
+    server: int
+    current: str
+    best: str
+    predicted_s: dict  # layout name -> predicted remaining makespan (incl. switch cost)
+    switch: bool
+    gain_s: float
+    switch_cost_s: float
+    reason: str
+
+
+@dataclass
+class Planner:
+    estimator: Estimator
+    switch_cost: object  # agents.engine.StepCost (its switch_s)
+    settings: PlannerSettings = field(default_factory=PlannerSettings)
+    moe: bool = False
+
+    def __post_init__(self) -> None:
+        self.candidates = candidate_layouts(self.settings, self.estimator.gpus, self.moe)
+        for lay in self.candidates:
+            lay.check(self.estimator.gpus, "orchestrator.planner.layouts")
+
+    def _best(self, cur: Layout, load: ServerLoad, busy: float) -> tuple[Layout, float, float, dict]:
+        """(best layout, its predicted remaining time incl. switch cost, the cost, every layout's time)."""
+        gpus = self.estimator.gpus
+        base = self.estimator.server_s(cur, load, current=cur) + busy
+        kv = float(np.sum(load.ctx0[load.running])) if load.n else 0.0
+        pred = {cur.name(gpus): base}
+        best, best_t, best_cost = cur, base, 0.0
+        for lay in self.candidates:
+            if lay == cur:
+                continue
+            cost = float(self.switch_cost.switch_s(cur, lay, kv))
+            t = self.estimator.server_s(lay, load) + cost + busy
+            pred[lay.name(gpus)] = t
+            if t < best_t:
+                best, best_t, best_cost = lay, t, cost
+        return best, best_t, best_cost, pred
+
+    def evaluate(self, view: ServerView, now: float, interval: float | None = None) -> Decision:
+        gpus = self.estimator.gpus
+        cur = view.layout
+        busy = max(0.0, view.busy_until - now)
+        best, best_t, best_cost, pred = self._best(cur, view.load, busy)
+        base = pred[cur.name(gpus)]
+        gain = base - best_t
+        need = max(self.settings.min_gain_s, self.settings.gain_margin * base)
+        if best == cur:
+            reason, switch = "current layout is predicted fastest", False
+        elif view.busy_until > now:
+            reason, switch = "a switch is in progress", False
+        elif now - view.last_switch_end < self.settings.cooldown_s:
+            reason, switch = "cooldown after the last switch", False
+        elif gain <= need:
+            reason, switch = f"gain {gain:.2f} s does not exceed {need:.2f} s", False
+        else:
+            reason, switch = f"gain {gain:.2f} s beyond the switch cost {best_cost:.2f} s", True
+            if self.settings.lookahead and interval and busy == 0.0:
+                later = self.estimator.advance(cur, view.load, interval)
+                l2, t2, _, _ = self._best(cur, later, 0.0)
+                if interval + t2 < best_t:
+                    reason, switch = (f"gain {gain:.2f} s now, but {interval:g} s later {l2.name(gpus)} is predicted to "
+                                      f"finish {best_t - interval - t2:.2f} s sooner: waiting"), False
+        return Decision(view.server, cur.name(gpus), best.name(gpus), pred, switch, gain, best_cost, reason)
+
+    def initial(self, view: ServerView) -> Decision:
+        """At a step's start (the requests have not started, the weights are being loaded anyway): the layout
+        with the smallest predicted makespan, its reshard cost included."""
+        d = self.evaluate(ServerView(view.server, view.layout, view.load), now=0.0)
+        switch = d.best != d.current and d.gain_s > 0
+        return Decision(d.server, d.current, d.best, d.predicted_s, switch, d.gain_s, d.switch_cost_s,
+                        "initial layout for the step" if switch else "keep the layout")
+
+
+def loads_from_snapshot(snap: dict, forecast) -> ServerLoad:
+    """A server's :class:`ServerLoad` from an engine snapshot (agents.engine.Engine.snapshot) and a forecast:
+    expected remaining tokens (conditional mean), plus what the estimator's stratified quantiles need."""
+    g = snap["generated"].astype(np.float64)
+    return ServerLoad(ctx0=(snap["prompt"] + snap["generated"]).astype(np.float64),
+                      rem=np.maximum(forecast.remaining(g), 1.0), running=snap["running"].astype(bool),
+                      replica=snap["replica"].astype(np.int64), gen=g, key=request_levels(snap["rid"]))

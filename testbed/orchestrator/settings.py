@@ -1,0 +1,107 @@
+"""The orchestrator's settings (``orchestrator:`` in a scenario) and the policies (pure).
+
+A scenario keeps its ``orchestrator`` section as a plain mapping (emulation/ is below this floor and cannot
+name these types); :func:`orchestrator_settings` validates it, and an unknown key, a wrong type or an
+impossible value is a SpecError naming the path (``orchestrator.planner.min_gain_s: must be ...``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+from agents.engine import EngineSettings, Layout, dense_layouts
+from emulation.validation import SpecError, from_dict, require
+
+from .balancer import BalancerSettings
+from .forecast import ForecastSettings
+from .planner import PlannerSettings
+
+STEP_MODES = ("sync", "async")
+POLICIES = ("static-low", "static-high", "planner", "balancer", "orchestrrl")
+
+
+@dataclass(frozen=True)
+class OrchestratorSettings:
+    """planning_interval_s: how often the planner and the balancer look (backend seconds).
+    step_mode: ``sync`` (generate -> train -> sync weights, one after the other: on-policy) or ``async``
+      (one step off policy: generation of step k+1 overlaps training of step k; the weights of step k go
+      out when its training ends, and step k+2's generation waits for them).
+    engine: the generation engines' vLLM-style knobs (max_num_seqs, max_num_batched_tokens, ...).
+    time_dilation: modelled compute runs ``time_dilation`` times slower in wall time and links run that
+      much slower (Etalon's TDF); every reported time is divided by it.
+    dispatch: ``contiguous`` (veRL: equal consecutive chunks of the batch, whole prompt groups per server)
+      or ``random``.
+    """
+
+    planning_interval_s: float = 1.0
+    step_mode: Literal["sync", "async"] = "sync"
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    planner: PlannerSettings = field(default_factory=PlannerSettings)
+    balancer: BalancerSettings = field(default_factory=BalancerSettings)
+    forecast: ForecastSettings = field(default_factory=ForecastSettings)
+    time_dilation: float = 1.0
+    sync_bucket_mb: float = 512.0  # veRL's update_weights_bucket_megabytes (real MB; scaled on the fabric)
+    dispatch: Literal["contiguous", "random"] = "contiguous"  # how a step's batch is dealt to the servers
+
+    def __post_init__(self) -> None:
+        require(math.isfinite(self.planning_interval_s) and 0.01 <= self.planning_interval_s <= 600,
+                "planning_interval_s", f"must be in [0.01, 600], got {self.planning_interval_s}")
+        require(math.isfinite(self.time_dilation) and 1 <= self.time_dilation <= 100, "time_dilation",
+                f"must be in [1, 100], got {self.time_dilation}")
+        require(math.isfinite(self.sync_bucket_mb) and 0 < self.sync_bucket_mb <= 65536, "sync_bucket_mb",
+                f"must be in (0, 65536], got {self.sync_bucket_mb}")
+
+
+def orchestrator_settings(data: Mapping[str, Any] | None) -> OrchestratorSettings:
+    return from_dict(OrchestratorSettings, dict(data or {}), "orchestrator")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """``name``; ``layout``: a fixed starting layout (None: the planner picks it); whether the planner and the
+    balancer run."""
+
+    name: str
+    layout: Layout | None
+    planner: bool
+    balancer: bool
+
+    @property
+    def static(self) -> bool:
+        return not (self.planner or self.balancer)
+
+
+def feasible_layouts(cm, gpus: int, engine: EngineSettings, prompt: int, cap: int) -> list[Layout]:
+    """Dense layouts whose replicas hold the weights and at least one request of the longest length."""
+    out = []
+    for lay in dense_layouts(gpus):
+        kv = cm.kv_capacity_tokens(lay.tp, reserve=1.0 - engine.gpu_memory_utilization)
+        if kv >= prompt + cap + engine.block_size:
+            out.append(lay)
+    return out
+
+
+def make_policy(name: str, layouts: list[Layout], gpus: int) -> Policy:
+    """``static-low`` (the smallest TP that fits: many replicas, veRL's throughput set-up), ``static-high``
+    (the largest TP: the latency set-up), ``static-TP<t>x<r>`` (any layout), ``planner``, ``balancer``
+    (static-low's layout plus migrations), ``orchestrrl`` (both)."""
+    if not layouts:
+        raise SpecError("workload", "no layout of a server holds the model and one longest response")
+    low, high = layouts[0], layouts[-1]
+    if name == "static-low":
+        return Policy(name, low, False, False)
+    if name == "static-high":
+        return Policy(name, high, False, False)
+    if name.startswith("static-"):
+        lay = Layout.parse(name[len("static-"):], gpus, "policy")
+        if lay not in layouts:
+            raise SpecError("policy", f"{name}: that layout does not hold the model and the longest response")
+        return Policy(name, lay, False, False)
+    if name == "planner":
+        return Policy(name, None, True, False)
+    if name == "balancer":
+        return Policy(name, low, False, True)
+    if name == "orchestrrl":
+        return Policy(name, None, True, True)
+    raise SpecError("policy", f"unknown policy {name!r} (known: {', '.join(POLICIES)}, or static-TP<t>x<r>)")
