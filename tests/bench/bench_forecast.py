@@ -10,8 +10,9 @@ Prints one JSON document:
   with its default thread count (a child process without the limit): on a busy 2-core machine BLAS
   threads spinning against other work are what makes a fit take seconds;
 * ``remaining``: per-call p50/p99 (us) of ``remaining`` and ``remaining_quantile(q=0.9)`` for 1,024 and
-  8,192 in-flight requests (token counts spread over 0 .. 4x the median), and of ``updated`` (the online
-  update) on a step of that many requests half finished, the rest running at spread token counts;
+  8,192 in-flight requests (token counts spread over 0 .. 4x the median), with the forecast's empirical
+  shape and as a plain lognormal (``*_lognormal``), and of ``updated`` (the online update) on a step of that
+  many requests half finished, the rest running at spread token counts;
 * ``mape``: walk-forward one-step-ahead MAPE (%) of the step's mean response length, per workload case and
   method, median over ``--seeds`` seeds, with each seed's value: ``arima`` (the forecaster, default
   ForecastSettings), ``drift`` and ``last`` (its fallbacks alone), ``last_value`` (the previous step's
@@ -39,7 +40,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+BLAS_VARS = ("OPENBLAS_NUM_THREADS",)
 if "--fit-only" not in sys.argv:  # before numpy loads OpenBLAS; the --fit-only child keeps the default
     for var in BLAS_VARS:
         os.environ.setdefault(var, "1")
@@ -157,9 +158,12 @@ def main(argv=None) -> int:
         done, running = L[L <= t], rng.uniform(0, t, int((L > t).sum())).round()
         reps = 2000 if m <= 1024 else 500
         row = {}
+        plain = dataclasses.replace(f, shape=None)  # the same forecast as a lognormal (closed forms only)
         for name, fn in (("remaining", lambda: f.remaining(g)),
                          ("remaining_quantile", lambda: f.remaining_quantile(g, 0.9)),
-                         ("updated", lambda: f.updated(done, running))):
+                         ("updated", lambda: f.updated(done, running)),
+                         ("remaining_lognormal", lambda: plain.remaining(g)),
+                         ("remaining_quantile_lognormal", lambda: plain.remaining_quantile(g, 0.9))):
             fn()
             ts = timed(fn, reps if name != "updated" else reps // 10)
             row[name] = {"p50_us": round(1e6 * pct(ts, 50), 1), "p99_us": round(1e6 * pct(ts, 99), 1)}

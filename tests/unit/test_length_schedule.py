@@ -96,7 +96,8 @@ def test_step_sigma_jitters_each_steps_median():
 
 
 def test_mixture_draws_each_component_in_its_share():
-    comps = (LengthComponent(weight=3, median_tokens=200, sigma=0.1), LengthComponent(weight=1, median_tokens=8000, sigma=0.1))
+    comps = (LengthComponent(weight=3, median_tokens=200, sigma=0.1),
+             LengthComponent(weight=1, median_tokens=8000, sigma=0.1))
     w = WorkloadSpec(mixture=comps, max_response_tokens=16384)
     x = w.sample_lengths(rng(0), 40_000)
     long = x > 1500
@@ -238,8 +239,12 @@ def test_steps_are_taken_in_order_with_gaps(tmp_path):
     assert s.lengths_for_step(0, rng()).tolist() == [113, 112, 111, 110]
 
 
+HEADER = "step,prompt_id,response_length\n"
+ROW = '{"step": 0, "prompt_id": 0, "response_length": %s}\n'
+
+
 @pytest.mark.parametrize("kind, body, text", [
-    ("csv", "step,prompt_id,response_length\n0,0,100\n0,0,abc\n", "line 3: response_length must be an integer >= 1, got 'abc'"),
+    ("csv", HEADER + "0,0,100\n0,0,abc\n", "line 3: response_length must be an integer >= 1, got 'abc'"),
     ("csv", "# c\nstep,prompt_id,response_length\n0,0,0\n", "line 3: response_length must be an integer >= 1, got '0'"),
     ("csv", "step,prompt_id,response_length\n0,0,1.5\n", "line 2: response_length must be an integer >= 1, got '1.5'"),
     ("csv", "step,prompt_id,response_length\n-1,0,5\n", "line 2: step must be an integer >= 0, got '-1'"),
@@ -248,12 +253,12 @@ def test_steps_are_taken_in_order_with_gaps(tmp_path):
     ("csv", "step,prompt,response_length\n0,0,5\n", "line 1: the header must name each of the columns"),
     ("csv", "step,step,prompt_id,response_length\n0,0,0,5\n", "line 1: the header must name each"),
     ("csv", "# nothing\nstep,prompt_id,response_length\n", "has no data rows"),
-    ("jsonl", '{"step": 0, "prompt_id": 0, "response_length": 5}\n{"step": 0,\n', "line 2: not valid JSON"),
+    ("jsonl", ROW % 5 + '{"step": 0,\n', "line 2: not valid JSON"),
     ("jsonl", "[0, 0, 5]\n", "line 1: must be a JSON object, got list"),
     ("jsonl", '{"step": 0, "prompt_id": 0}\n', "line 1: missing key 'response_length'"),
-    ("jsonl", '{"step": 0, "prompt_id": 0, "response_length": 5.0}\n', "line 1: response_length must be an integer >= 1, got 5.0"),
-    ("jsonl", '{"step": 0, "prompt_id": 0, "response_length": "5"}\n', "response_length must be an integer >= 1, got '5'"),
-    ("jsonl", '{"step": true, "prompt_id": 0, "response_length": 5}\n', "line 1: step must be an integer >= 0, got True"),
+    ("jsonl", ROW % "5.0", "line 1: response_length must be an integer >= 1, got 5.0"),
+    ("jsonl", ROW % '"5"', "line 1: response_length must be an integer >= 1, got '5'"),
+    ("jsonl", ROW.replace('"step": 0', '"step": true') % 5, "line 1: step must be an integer >= 0, got True"),
     ("txt", "step,prompt_id,response_length\n", "must be a .csv or .jsonl file"),
 ])
 def test_bad_trace_lines_name_the_field_and_line(tmp_path, kind, body, text):
