@@ -480,9 +480,11 @@ class Engine:
         return self.replicas[0].kv_blocks
 
     # ---- requests ----
-    def add(self, reqs: Iterable[NewRequest], now: float, replica: int | None = None) -> list[int]:
-        """Queue requests (round robin over replicas from the least loaded, or on ``replica``); returns the
-        replica of each. Idle replicas start a step at ``now``."""
+    def add(self, reqs: Iterable[NewRequest], now: float, replica: int | None = None,
+            chunked: bool = False) -> list[int]:
+        """Queue requests: each on the least loaded replica (by requests held), or all on ``replica``, or
+        (``chunked``) cut in equal consecutive chunks, one per replica, in the order given (veRL's dispatch of a
+        worker's share to its DP ranks). Returns the replica of each. Idle replicas start a step at ``now``."""
         reqs = list(reqs)
         if replica is not None and not (isinstance(replica, int) and 0 <= replica < len(self.replicas)):
             raise SpecError("replica", f"must be in 0..{len(self.replicas) - 1}, got {replica!r}")
@@ -494,9 +496,14 @@ class Engine:
             if self.holds(r.rid):
                 raise SpecError(f"requests[{j}].rid", f"request {r.rid} is already on this server")
         out = []
-        for r in reqs:
-            k = replica if replica is not None else \
-                min(range(len(self.replicas)), key=lambda i: (self.replicas[i].n + len(self.replicas[i].waiting), i))
+        nr = len(self.replicas)
+        for j, r in enumerate(reqs):
+            if replica is not None:
+                k = replica
+            elif chunked:
+                k = j * nr // len(reqs)
+            else:
+                k = min(range(nr), key=lambda i: (self.replicas[i].n + len(self.replicas[i].waiting), i))
             self.replicas[k].add_waiting([r.rid, r.prompt, r.generated, r.target, r.dest, r.kv_tokens, r.preemptions])
             self.held.add(r.rid)
             out.append(k)

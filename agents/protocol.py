@@ -276,6 +276,7 @@ class RequestSpec:
 class SubmitParams:
     requests: tuple[RequestSpec, ...]
     replica: Optional[int] = None
+    chunked: bool = False  # equal consecutive chunks per replica (veRL's dispatch), else least loaded each
 
     def __post_init__(self) -> None:
         require(len(self.requests) <= 1_000_000, "requests", "at most 1,000,000 per call")

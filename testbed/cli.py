@@ -6,6 +6,9 @@ Each module in COMMAND_MODULES exposes ``register(subparsers)`` which adds its p
 from __future__ import annotations
 
 import argparse
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy here does small vector work: a BLAS thread pool only fights the agents and OVS for 2 cores (fits 0.05-0.1 s instead of 0.2-10 s, docs/forecast.md)
 import importlib
 import logging
 import sys

@@ -128,7 +128,7 @@ class AgentPool:
         for s in range(self.n):
             cfg = self._dir / f"agent{s}.json"
             cfg.write_text(json.dumps(self.config(s)))
-            env = dict(os.environ, GLOO_SOCKET_IFNAME=self.fabric.intf_of(s), OMP_NUM_THREADS="1",
+            env = dict(os.environ, GLOO_SOCKET_IFNAME=self.fabric.intf_of(s), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                        MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
             self.procs[s] = self.fabric.popen(
                 s, [sys.executable, "-m", "agents.node", "--config", str(cfg), "--log", str(self._dir / f"agent{s}.log")],
@@ -233,8 +233,8 @@ class AgentPool:
         return new
 
     # ---- requests ----
-    def submit(self, s: int, requests: list[dict], replica: int | None = None) -> dict:
-        res = self.call(s, "submit", {"requests": requests, "replica": replica})
+    def submit(self, s: int, requests: list[dict], replica: int | None = None, chunked: bool = False) -> dict:
+        res = self.call(s, "submit", {"requests": requests, "replica": replica, "chunked": chunked})
         for r in requests:
             self.placement[r["rid"]] = s
         return res

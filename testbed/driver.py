@@ -106,8 +106,10 @@ class Driver:
                             reason=d.get("reason"), took_s=self.backend.now() - t0)
         return d
 
-    # ---- one step ----
-    def run_step(self, step: int, forecast: LengthForecast, on_generated: Callable | None = None) -> dict:
+    # ---- generation of one step ----
+    def generate(self, step: int, forecast: LengthForecast, on_tick: Callable[[float], None] | None = None) -> dict:
+        """One step's generation phase with the planner and the balancer in the loop; ``on_tick(now)`` is called
+        at every poll (the asynchronous mode runs training and weight sync beside it)."""
         b = self.backend
         lengths, prompt_ids = self.lengths(step)
         req = step_requests(step, lengths, prompt_ids, self.w.prompt_tokens, len(b.train_servers))
@@ -116,11 +118,11 @@ class Driver:
         t_start = b.now()
         self.timeline.event(t_start, "step", step=step, requests=req.n, tokens=int(lengths.sum()))
         self._initial_layouts(placed, req, forecast)
-        first = self.cm.prefill_s(1, self.w.prompt_tokens, 1)
-        self.phase("gen", first_step_s=first)
+        if self.settings.step_mode == "sync" or self.installed not in ("gen", "sync"):
+            self.phase("gen", first_step_s=self.cm.prefill_s(1, self.w.prompt_tokens, 1))
         t_gen = b.now()
         for s, idx in placed.items():
-            b.submit(s, req.specs(idx))
+            b.submit(s, req.specs(idx), chunked=self.settings.dispatch == "contiguous")
         self.timeline.event(t_gen, "phase_start", phase="gen", step=step)
         switches = migrations = 0
         fc = forecast
@@ -129,6 +131,8 @@ class Driver:
         next_tick = t_gen + interval
         while True:
             b.wait_until(min(next_tick, b.now() + poll))
+            if on_tick is not None:
+                on_tick(b.now())
             if b.finished_count() >= req.n and not b.in_flight():
                 break
             if b.now() + 1e-9 < next_tick:
@@ -152,17 +156,22 @@ class Driver:
                 for s, v in views.items():
                     d = self.planner.evaluate(v, now, interval)
                     if d.switch:
-                        sw = b.set_layout(s, Layout.parse(d.best, self.gpus))
+                        lay = Layout.parse(d.best, self.gpus)
+                        sw = b.set_layout(s, lay)
                         self.last_switch_end[s] = sw["end"]
                         switches += 1
-                        views[s] = ServerView(s, Layout.parse(d.best, self.gpus), v.load.__class__(
-                            v.load.ctx0, v.load.rem, v.load.running, np.full(v.load.n, -1)), sw["end"], sw["end"])
+                        views[s] = ServerView(s, lay, ServerLoad(v.load.ctx0, v.load.rem, v.load.running,
+                                                                 np.full(v.load.n, -1), v.load.gen, v.load.key),
+                                              sw["end"], sw["end"])
                         self.timeline.event(now, "layout_switch", server=s, step=step, frm=d.current, to=d.best,
                                             gain_s=round(d.gain_s, 3), cost_s=round(d.switch_cost_s, 3),
-                                            start=sw["start"], end=sw["end"], predicted=d.predicted_s)
+                                            start=sw["start"], end=sw["end"], predicted=d.predicted_s,
+                                            reason=d.reason)
             if self.balancer is not None:
-                rids = {s: states[s].snapshot["rid"] for s in views}
-                moves, loads = self.balancer.decide(views, rids, now)
+                # a server in a layout switch neither gives nor takes requests: its replicas are being rebuilt
+                steady = {s: v for s, v in views.items() if v.busy_until <= now}
+                rids = {s: states[s].snapshot["rid"] for s in steady}
+                moves, loads = self.balancer.decide(steady, rids, now)
                 for m in moves:
                     try:
                         res = b.migrate(m.rid, m.src, m.dst, self.settings.balancer.mode, m.dst_replica)
@@ -170,10 +179,10 @@ class Driver:
                         self.timeline.event(now, "migration_failed", rid=m.rid, src=m.src, dst=m.dst, error=str(e))
                         continue
                     migrations += 1
-                    self.timeline.event(now, "migration", rid=m.rid, src=m.src, dst=m.dst, step=step,
-                                        before=[round(x, 3) for x in m.before], after=[round(x, 3) for x in m.after],
-                                        downtime_s=res.get("downtime_s"), kv_bytes=res.get("kv_bytes"),
-                                        result=res.get("result"))
+                    self.timeline.event(now, "migration", rid=m.rid, src=m.src, dst=m.dst, dst_replica=m.dst_replica,
+                                        step=step, before=[round(x, 3) for x in m.before],
+                                        after=[round(x, 3) for x in m.after], downtime_s=res.get("downtime_s"),
+                                        kv_bytes=res.get("kv_bytes"), result=res.get("result"))
             self.decision_ms.append((time.perf_counter() - t_dec) * 1e3)
         out = b.end_generation(req)
         t_gen_end = out["ended_at"]  # the last token, not the tick that noticed it
@@ -182,33 +191,45 @@ class Driver:
         if hasattr(b, "migrations"):
             b.migrations.clear()
         self.timeline.event(t_gen_end, "phase_end", phase="gen", step=step)
-        if on_generated is not None:  # the next forecast is fitted while this step trains and syncs
-            on_generated(lengths)
-        # train on the step's responses, then push the new weights
-        self.phase("train", lengths)
-        tr = b.train(step, lengths)
-        self._phase_event(tr, step)
-        self.phase("sync", lengths)
-        sy = b.sync_weights(step)
-        self._phase_event(sy, step)
-        t_end = b.now()
         delivered = out["delivered"]
         lost = sum(1 for r, n in zip(req.rid.tolist(), req.target.tolist()) if delivered.get(r, 0) != n)
         self.lost_total += lost
+        return {"step": step, "req": req, "lengths": lengths, "start": t_start, "gen_start": t_gen,
+                "gen_end": t_gen_end, "out": out, "switches": switches, "migrations": migrations, "lost": lost}
+
+    def _record(self, g: dict, forecast: LengthForecast, tr: PhaseResult, sy: PhaseResult, period_end: float,
+                extra: dict | None = None) -> dict:
+        step, lengths, out = g["step"], g["lengths"], g["out"]
         realised = step_stats(lengths, step, self.w.max_response_tokens)
         rec = self.errors.record(forecast, realised)
-        res = {"step": step, "start": t_start, "end": t_end, "makespan_s": t_end - t_start,
-               "phases": {"gen_s": t_gen_end - t_start, "train_s": tr.duration, "sync_s": sy.duration},
-               "generation_s": t_gen_end - t_gen, "requests": req.n, "tokens": int(lengths.sum()),
-               "lost_requests": lost, "layout_switches": switches, "migrations": migrations,
+        fin = out["finish"]
+        res = {"step": step, "start": g["start"], "end": period_end, "makespan_s": period_end - g["start"],
+               "phases": {"gen_s": g["gen_end"] - g["start"], "train_s": tr.duration, "sync_s": sy.duration},
+               "generation_s": g["gen_end"] - g["gen_start"], "requests": g["req"].n, "tokens": int(lengths.sum()),
+               "lost_requests": g["lost"], "layout_switches": g["switches"], "migrations": g["migrations"],
                "forecast": {"method": forecast.method, "mean": forecast.mean(), "realised_mean": realised.mean,
-                            "ape": rec.ape if hasattr(rec, "ape") else None},
-               "finish_times": {"p50": float(np.median(list(out["finish"].values()))) - t_gen if out["finish"] else None,
-                                "max": float(max(out["finish"].values())) - t_gen if out["finish"] else None},
-               "train": tr.detail, "sync": sy.detail}
+                            "ape": rec.ape},
+               "finish_times": {"p50": float(np.median(list(fin.values()))) - g["gen_start"] if fin else None,
+                                "max": float(max(fin.values())) - g["gen_start"] if fin else None},
+               "train": tr.detail, "sync": sy.detail, **(extra or {})}
         self.steps.append(res)
-        self.timeline.event(t_end, "step_end", step=step, makespan_s=res["makespan_s"])
+        self.timeline.event(period_end, "step_end", step=step, makespan_s=res["makespan_s"])
         return res
+
+    # ---- synchronous on-policy steps ----
+    def run_step(self, step: int, forecast: LengthForecast, on_generated: Callable | None = None) -> dict:
+        b = self.backend
+        g = self.generate(step, forecast)
+        if on_generated is not None:  # the next forecast is fitted while this step trains and syncs
+            on_generated(g["lengths"])
+        # train on the step's responses, then push the new weights
+        self.phase("train", g["lengths"])
+        tr = b.train(step, g["lengths"])
+        self._phase_event(tr, step)
+        self.phase("sync", g["lengths"])
+        sy = b.sync_weights(step)
+        self._phase_event(sy, step)
+        return self._record(g, forecast, tr, sy, b.now())
 
     def _phase_event(self, r: PhaseResult, step: int) -> None:
         self.timeline.event(r.start, "phase_start", phase=r.phase, step=step)
@@ -297,18 +318,82 @@ class Driver:
         history = self.schedule.history(self.rng_history)
         prior = None if self.schedule.is_trace else LengthForecast.from_workload(self.w, 0)
         with ForecastService(self.settings.forecast, history, prior=prior) as svc:
-            ticket = 0
-            for step in range(steps):
-                if ticket:
-                    svc.wait(ticket, timeout=FIT_WAIT_S)
-                fc = svc.latest() or forecast_next(history, self.settings.forecast, prior, use_arima=False)
-                if self.progress:
-                    self.progress(f"step {step}/{steps}", step / steps)
-                self.run_step(step, fc, on_generated=lambda lengths, st=step: self._observe(svc, history, lengths, st))
-                ticket = self._ticket
+            def forecast_for(step: int) -> LengthForecast:
+                if self._ticket:
+                    svc.wait(self._ticket, timeout=FIT_WAIT_S)
+                return svc.latest() or forecast_next(history, self.settings.forecast, prior, use_arima=False)
+
+            if self.settings.step_mode == "async":
+                self._run_async(steps, forecast_for, lambda lengths, st: self._observe(svc, history, lengths, st))
+            else:
+                for step in range(steps):
+                    fc = forecast_for(step)
+                    if self.progress:
+                        self.progress(f"step {step}/{steps}", step / steps)
+                    self.run_step(step, fc, on_generated=lambda lengths, st=step: self._observe(svc, history, lengths, st))
         return self.result()
 
+    def _run_async(self, steps: int, forecast_for, observe) -> None:
+        """One step off policy: generation of step k+1 runs while step k trains; step k's weights go out when
+        its training ends (the broadcast overlaps generation on the fabric) and step k+2's generation waits for
+        them. A step's period runs from its generation start to the next one's."""
+        b = self.backend
+        st = {"train_q": [], "train_job": None, "train_step": None, "sync_q": [], "sync_job": None, "sync_step": None}
+        trains: dict[int, PhaseResult] = {}
+        syncs: dict[int, PhaseResult] = {}
+
+        def service(now: float) -> None:
+            if st["train_job"] is not None and st["train_job"].done():
+                r = st["train_job"].wait()
+                trains[st["train_step"]] = r
+                self._phase_event(r, st["train_step"])
+                st["sync_q"].append(st["train_step"])
+                st["train_job"] = None
+            if st["train_job"] is None and st["train_q"]:
+                k, lengths = st["train_q"].pop(0)
+                st["train_job"], st["train_step"] = b.start_train(k, lengths), k
+            if st["sync_job"] is not None and st["sync_job"].done():
+                r = st["sync_job"].wait()
+                syncs[st["sync_step"]] = r
+                self._phase_event(r, st["sync_step"])
+                st["sync_job"] = None
+                self.phase("gen")
+            if st["sync_job"] is None and st["sync_q"]:
+                k = st["sync_q"].pop(0)
+                self.phase("sync")
+                st["sync_job"], st["sync_step"] = b.start_sync(k), k
+
+        def wait_for(cond) -> None:
+            while not cond():
+                b.wait_until(b.now() + POLL_S)
+                service(b.now())
+
+        gens, fcs = [], []
+        for k in range(steps):
+            if k >= 2:
+                wait_for(lambda k=k: (k - 2) in syncs)  # staleness 1: step k uses the weights of step k-2
+            fc = forecast_for(k)
+            if self.progress:
+                self.progress(f"step {k}/{steps}", k / steps)
+            g = self.generate(k, fc, on_tick=service)
+            observe(g["lengths"], k)
+            st["train_q"].append((k, g["lengths"]))
+            service(b.now())
+            gens.append(g)
+            fcs.append(fc)
+        wait_for(lambda: len(syncs) == steps and st["sync_job"] is None and st["train_job"] is None)
+        for k, g in enumerate(gens):
+            # the period: until the next step's generation could start (its own done, and step k-1's weights in)
+            nxt = max(g["gen_end"], syncs[k - 1].end) if k >= 1 else g["gen_end"]
+            period_end = gens[k + 1]["start"] if k + 1 < len(gens) else nxt
+            gen_idle = (gens[k + 1]["start"] - g["gen_end"]) if k + 1 < len(gens) else 0.0
+            train_idle = trains[k].start - trains[k - 1].end if k >= 1 else trains[k].start - g["gen_end"]
+            self._record(g, fcs[k], trains[k], syncs[k], period_end,
+                         {"async": {"generator_idle_s": gen_idle, "trainer_idle_s": train_idle,
+                                    "train_start": trains[k].start, "sync_end": syncs[k].end}})
+
     def _observe(self, svc: ForecastService, history: list, lengths: np.ndarray, step: int) -> None:
+        """A step's lengths are known: the next forecast's fit starts now, beside the step's train and sync."""
         history.append(step_stats(lengths, step, self.w.max_response_tokens))
         self._ticket = svc.submit(history)
 
@@ -324,6 +409,10 @@ class Driver:
                 "migrations": sum(s["migrations"] for s in st), "layout_switches": sum(s["layout_switches"] for s in st),
                 "forecast_mape": self.errors.mape(), "forecast": self.errors.to_json(), "lost_requests": self.lost_total,
                 "failures": self.failed, "steps": st,
+                "step_mode": self.settings.step_mode,
+                "idle_s": {"generators": sum(s.get("async", {}).get("generator_idle_s", 0.0) for s in st),
+                           "trainers": sum(s.get("async", {}).get("trainer_idle_s", 0.0) for s in st)}
+                if self.settings.step_mode == "async" else None,
                 "decision_ms_p50": float(np.percentile(self.decision_ms, 50)) if self.decision_ms else None,
                 "decision_ms_p99": float(np.percentile(self.decision_ms, 99)) if self.decision_ms else None,
                 "fidelity": self.backend.fidelity()}

@@ -303,7 +303,7 @@ class Agent:
                 for r in p.requests]
         with self.lock:
             try:
-                where = self.engine.add(reqs, self.now(), p.replica)
+                where = self.engine.add(reqs, self.now(), p.replica, p.chunked)
             except SpecError as e:
                 raise SpecError(f"params.{e.field}", e.message) from None
         self.wake.set()

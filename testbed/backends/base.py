@@ -86,6 +86,44 @@ class PhaseResult:
         return self.end - self.start
 
 
+class Job:
+    """A phase running beside generation (the asynchronous mode): ``done()`` never blocks; ``wait()`` returns
+    its PhaseResult once it is over."""
+
+    def done(self) -> bool:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def wait(self) -> PhaseResult:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class ThreadJob(Job):
+    """A phase run on a thread (the emulated backend: its RPCs wait on real agents)."""
+
+    def __init__(self, fn, *args):
+        import threading
+
+        self._res = None
+        self._err = None
+        self._t = threading.Thread(target=self._run, args=(fn, args), daemon=True, name="phase-job")
+        self._t.start()
+
+    def _run(self, fn, args) -> None:
+        try:
+            self._res = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - re-raised in wait()
+            self._err = e
+
+    def done(self) -> bool:
+        return not self._t.is_alive()
+
+    def wait(self) -> PhaseResult:
+        self._t.join()
+        if self._err is not None:
+            raise self._err
+        return self._res
+
+
 class Backend(abc.ABC):
     name = "backend"
 
@@ -114,7 +152,8 @@ class Backend(abc.ABC):
         boundary: the new weights are loaded in the new layout anyway)."""
 
     @abc.abstractmethod
-    def submit(self, server: int, requests: list[dict]) -> None: ...
+    def submit(self, server: int, requests: list[dict], chunked: bool = False) -> None:
+        """Queue requests on a server (``chunked``: consecutive chunks per replica, veRL's dispatch)."""
 
     @abc.abstractmethod
     def states(self) -> dict[int, ServerState]: ...
@@ -146,6 +185,14 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def train(self, step: int, lengths: np.ndarray) -> PhaseResult: ...
+
+    def start_train(self, step: int, lengths: np.ndarray) -> Job:
+        """Training beside generation (asynchronous mode)."""
+        return ThreadJob(self.train, step, lengths)
+
+    def start_sync(self, step: int) -> Job:
+        """Weight sync beside generation (asynchronous mode)."""
+        return ThreadJob(self.sync_weights, step)
 
     # ---- health and fidelity ----
     def failures(self) -> dict[int, str]:

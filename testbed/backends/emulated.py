@@ -96,8 +96,8 @@ class EmulatedBackend(Backend):
         self._layouts[server] = layout
         return res
 
-    def submit(self, server: int, requests: list[dict]) -> None:
-        self.pool.submit(server, requests)
+    def submit(self, server: int, requests: list[dict], chunked: bool = False) -> None:
+        self.pool.submit(server, requests, chunked=chunked)
 
     def states(self) -> dict[int, ServerState]:
         live = [s for s in self.gen_servers if s not in self.pool.failed]

@@ -24,7 +24,7 @@ from agents.costmodel import CostModel
 from agents.engine import Engine, EngineSettings, Layout, ModelledCost, NewRequest
 from emulation.validation import SpecError
 
-from .base import Backend, PhaseResult, ServerState, StepRequests
+from .base import Backend, Job, PhaseResult, ServerState, StepRequests
 from .phases import PhaseModel
 
 
@@ -82,9 +82,10 @@ class SimulatedBackend(Backend):
         return {"from": sw.old.name(self.gpus), "to": sw.new.name(self.gpus), "start": sw.start, "end": sw.end,
                 "switch_s": sw.switch_s, "requested": self.t}
 
-    def submit(self, server: int, requests: list[dict]) -> None:
+    def submit(self, server: int, requests: list[dict], chunked: bool = False) -> None:
         self.engines[server].add([NewRequest(rid=r["rid"], prompt=r["prompt"], target=r["target"], dest=r["dest"],
-                                             generated=r.get("generated", 0)) for r in requests], self.t)
+                                             generated=r.get("generated", 0)) for r in requests], self.t,
+                                 chunked=chunked)
 
     def states(self) -> dict[int, ServerState]:
         out = {}
@@ -96,8 +97,10 @@ class SimulatedBackend(Backend):
             out[s] = ServerState(s, self.layouts()[s], e.snapshot(), st, busy)
         return out
 
-    def _copy_s(self, tokens: float) -> float:
-        return tokens * self.kv_bytes / self.link_bytes_per_s
+    def _copy_s(self, tokens: float, local: bool = False) -> float:
+        """KV of ``tokens`` over a server link, or over NVLink inside a server (``local``)."""
+        rate = self.cm.gpu.nvlink_bytes_per_s * self.cm.eff.nvlink if local else self.link_bytes_per_s
+        return tokens * self.kv_bytes / rate
 
     def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None) -> dict:
         e = self.engines[src]
@@ -115,7 +118,7 @@ class SimulatedBackend(Backend):
             step = max(1e-4, self._step_s(e, rid))
             left = fp
             for _ in range(3):
-                c = self._copy_s(left)
+                c = self._copy_s(left, src == dst)
                 stages.append({"stage": "live", "tokens": left, "s": c})
                 t_live += c
                 left = max(1, int(math.ceil(c / step)))
@@ -148,7 +151,7 @@ class SimulatedBackend(Backend):
         e.detached.pop(rid, None)
         copied = sum(s["tokens"] for s in stages)
         last = (st.kv_tokens - copied) if (st.kv_tokens and copied) else st.kv_tokens
-        resume = t_stop + self._copy_s(max(0, last)) + self.migration_overhead_s
+        resume = t_stop + self._copy_s(max(0, last), src == dst) + self.migration_overhead_s
         self._push(resume, "arrive", (st, dst, replica))
         self.migrations.append({"rid": rid, "src": src, "dst": dst, "mode": mode, "asked": asked, "stopped": t_stop,
                                 "resumed": resume, "downtime_s": resume - t_stop,
@@ -196,3 +199,25 @@ class SimulatedBackend(Backend):
         dur, detail = self.model.train_s(self.installed, lengths)
         self.wait_until(t0 + dur)
         return PhaseResult("train", t0, self.t, {**detail, "topology": self.installed})
+
+    # asynchronous mode: a phase beside generation ends at a virtual time known when it starts
+    def start_train(self, step: int, lengths: np.ndarray) -> Job:
+        dur, detail = self.model.train_s(self.installed, lengths)
+        return _VirtualJob(self, PhaseResult("train", self.t, self.t + dur, {**detail, "topology": self.installed}))
+
+    def start_sync(self, step: int) -> Job:
+        dur, detail = self.model.sync_s(self.installed)
+        return _VirtualJob(self, PhaseResult("sync", self.t, self.t + dur, {**detail, "topology": self.installed}))
+
+
+class _VirtualJob(Job):
+    def __init__(self, backend: SimulatedBackend, result: PhaseResult):
+        self.b, self.r = backend, result
+
+    def done(self) -> bool:
+        return self.b.now() >= self.r.end - 1e-12
+
+    def wait(self) -> PhaseResult:
+        if self.b.now() < self.r.end:
+            self.b.wait_until(self.r.end)
+        return self.r

@@ -96,8 +96,8 @@ def _compare(args) -> int:
         report, files = exp.compare(policies, steps, out, progress=progress, on_policy=next_policy)
         bar.update(bar.total - bar.n)
     print(format_table(report))
-    for k, v in files.items():
-        print(f"{k}: {v}")
+    print(f"report: {files['report']}  plot: {files['makespan_png']}  (per policy: {out}/<policy>/: run.json, "
+          f"timeline.json, trace-<policy>.json for chrome://tracing or ui.perfetto.dev, timeline and load plots)")
     return 0
 
 

@@ -108,42 +108,74 @@ class Balancer:
             return moves, first
         for _ in range(s.max_migrations):
             a = max(loads, key=lambda k: (loads[k], -k))
-            b = min(loads, key=lambda k: (loads[k], k))
-            gap = loads[a] - loads[b]
-            A, B = ags[a], ags[b]
+            A = ags[a]
             la = A.view.load
-            if gap <= max(s.min_gap_s, s.threshold * loads[a]) or la.n == 0:
+            if la.n == 0:
                 break
             ja = int(np.argmax(A.times))
-            jb = int(np.argmin(B.times)) if len(B.times) else 0
+            # targets: the least loaded replica of the least loaded other agent, and this agent's own least
+            # loaded replica (a move inside a server: its KV crosses NVLink, not the fabric)
+            others = [k for k in loads if k != a]
+            targets = []
+            if others:
+                b = min(others, key=lambda k: (loads[k], k))
+                if loads[a] - loads[b] > max(s.min_gap_s, s.threshold * loads[a]):
+                    targets.append((b, int(np.argmin(ags[b].times)) if len(ags[b].times) else 0))
+            if len(A.times) > 1:
+                jo = int(np.argmin(np.where(np.arange(len(A.times)) == ja, np.inf, A.times)))
+                if A.times[ja] - A.times[jo] > max(s.min_gap_s, s.threshold * A.times[ja]):
+                    targets.append((a, jo))
+            if not targets:
+                break
             on = np.nonzero(A.rep == ja)[0]
             order = on[np.argsort(-la.rem[on], kind="stable")]
             cands = list(order[: s.candidates]) + [int(i) for i in on[~la.running[on]][: s.candidates]]
             best = None
-            for i in dict.fromkeys(int(c) for c in cands):
-                na_load = la.without(i)
-                na_rep = np.delete(A.rep, i)
-                ta = self._times_of(A, ja, na_load, na_rep)
-                nb_load = B.view.load.plus_from(la, i, jb)
-                nb_rep = np.r_[B.rep, jb]
-                tb = self._times_of(B, jb, nb_load, nb_rep)
-                busy_a = max(0.0, A.view.busy_until - now)
-                busy_b = max(0.0, B.view.busy_until - now)
-                na = (float(ta.max()) if na_load.n else 0.0) + busy_a
-                nb = float(tb.max()) + busy_b
-                if abs(na - nb) < gap and max(na, nb) < loads[a] - 1e-9:
-                    key = (max(na, nb), abs(na - nb))
-                    if best is None or key < best[0]:
-                        best = (key, i, na_load, na_rep, ta, nb_load, nb_rep, tb, na, nb)
+            for b, jb in targets:
+                B = ags[b]
+                for i in dict.fromkeys(int(c) for c in cands):
+                    na_load = la.without(i)
+                    na_rep = np.delete(A.rep, i)
+                    if b == a:
+                        nl = na_load.plus_from(la, i, jb)
+                        nrep = np.r_[na_rep, jb]
+                        t2 = self._times_of(A, ja, nl, nrep)
+                        t2[jb] = self._times_of(A, jb, nl, nrep)[jb]
+                        na = nb = float(t2.max()) + max(0.0, A.view.busy_until - now)
+                        gap_before = A.times[ja] - A.times[jb]
+                        ok = max(t2[ja], t2[jb]) < A.times[ja] - 1e-9 and abs(t2[ja] - t2[jb]) < gap_before
+                        cand = (nl, nrep, t2, None, None, None)
+                    else:
+                        ta = self._times_of(A, ja, na_load, na_rep)
+                        nb_load = B.view.load.plus_from(la, i, jb)
+                        nb_rep = np.r_[B.rep, jb]
+                        tb = self._times_of(B, jb, nb_load, nb_rep)
+                        na = (float(ta.max()) if na_load.n else 0.0) + max(0.0, A.view.busy_until - now)
+                        nb = float(tb.max()) + max(0.0, B.view.busy_until - now)
+                        ok = abs(na - nb) < loads[a] - loads[b] and max(na, nb) < loads[a] - 1e-9
+                        cand = (na_load, na_rep, ta, nb_load, nb_rep, tb)
+                    if ok:
+                        key = (max(na, nb), abs(na - nb))
+                        if best is None or key < best[0]:
+                            best = (key, i, b, jb, cand, na, nb)
             if best is None:
                 break
-            _, i, na_load, na_rep, ta, nb_load, nb_rep, tb, na, nb = best
+            _, i, b, jb, cand, na, nb = best
+            B = ags[b]
             moves.append(Move(int(A.rids[i]), a, b, jb, (loads[a], loads[b]), (na, nb)))
-            ags[b] = _Agent(ServerView(b, B.view.layout, nb_load, B.view.busy_until, B.view.last_switch_end),
-                            np.r_[B.rids, A.rids[i]], nb_rep, tb)
-            ags[a] = _Agent(ServerView(a, A.view.layout, na_load, A.view.busy_until, A.view.last_switch_end),
-                            np.delete(A.rids, i), na_rep, ta)
-            loads[a], loads[b] = na, nb
+            if b == a:
+                nl, nrep, t2, _, _, _ = cand
+                rid_new = np.r_[np.delete(A.rids, i), A.rids[i]]
+                ags[a] = _Agent(ServerView(a, A.view.layout, nl, A.view.busy_until, A.view.last_switch_end),
+                                rid_new, nrep, t2)
+                loads[a] = na
+            else:
+                na_load, na_rep, ta, nb_load, nb_rep, tb = cand
+                ags[b] = _Agent(ServerView(b, B.view.layout, nb_load, B.view.busy_until, B.view.last_switch_end),
+                                np.r_[B.rids, A.rids[i]], nb_rep, tb)
+                ags[a] = _Agent(ServerView(a, A.view.layout, na_load, A.view.busy_until, A.view.last_switch_end),
+                                np.delete(A.rids, i), na_rep, ta)
+                loads[a], loads[b] = na, nb
         return moves, first
 
 

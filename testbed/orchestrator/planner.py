@@ -39,6 +39,9 @@ class PlannerSettings:
     lookahead: before switching, predict the server one planning interval later (estimate.Estimator.advance)
       and wait if switching then (to the then-best layout) is predicted to finish sooner: the best layout
       drifts towards larger TP as the batch drains, and a switch made too early pays its cost again later.
+    initial_margin: at a step's start another layout than the throughput one (smallest TP) is taken only when
+      predicted faster by this fraction: nothing of the step is known yet but its forecast, so the estimates
+      are at their least certain, and a wrong start is paid over the whole bulk of the step.
     """
 
     layouts: tuple[str, ...] = ()
@@ -46,12 +49,15 @@ class PlannerSettings:
     gain_margin: float = 0.05
     cooldown_s: float = 2.0
     lookahead: bool = True
+    initial_margin: float = 0.10
 
     def __post_init__(self) -> None:
         for n in ("min_gain_s", "gain_margin", "cooldown_s"):
             v = getattr(self, n)
             require(math.isfinite(v) and v >= 0, n, f"must be a finite number >= 0, got {v}")
         require(self.gain_margin < 1, "gain_margin", f"must be < 1, got {self.gain_margin}")
+        require(math.isfinite(self.initial_margin) and 0 <= self.initial_margin < 1, "initial_margin",
+                f"must be in [0, 1), got {self.initial_margin}")
 
 
 def request_levels(rids: np.ndarray) -> np.ndarray:
@@ -151,12 +157,23 @@ class Planner:
         return Decision(view.server, cur.name(gpus), best.name(gpus), pred, switch, gain, best_cost, reason)
 
     def initial(self, view: ServerView) -> Decision:
-        """At a step's start (the requests have not started, the weights are being loaded anyway): the layout
-        with the smallest predicted makespan, its reshard cost included."""
-        d = self.evaluate(ServerView(view.server, view.layout, view.load), now=0.0)
-        switch = d.best != d.current and d.gain_s > 0
-        return Decision(d.server, d.current, d.best, d.predicted_s, switch, d.gain_s, d.switch_cost_s,
-                        "initial layout for the step" if switch else "keep the layout")
+        """At a step's start (the requests have not started; the new weights are being loaded anyway, so a
+        layout change costs nothing): the smallest-TP candidate (the throughput layout) unless another is
+        predicted faster by more than the hysteresis margin. The margin matters most here: at a full batch
+        the layouts' predictions are close, the forecast knows nothing of this step's requests yet, and a
+        wrong start is paid for the whole bulk of the step (the tail is the planner's job later)."""
+        gpus = self.estimator.gpus
+        default = self.candidates[0]
+        times = {lay: self.estimator.server_s(lay, view.load) for lay in self.candidates}
+        base = times[default]
+        best = min(times, key=lambda lay: (times[lay], lay.tp))
+        gain = base - times[best]
+        need = max(self.settings.min_gain_s, self.settings.initial_margin * base)
+        pick = best if gain > need else default
+        return Decision(view.server, view.layout.name(gpus), pick.name(gpus),
+                        {lay.name(gpus): t for lay, t in times.items()}, pick != view.layout, gain, 0.0,
+                        f"initial layout for the step ({'predicted fastest' if pick == best else 'the throughput layout'}"
+                        f"; best {best.name(gpus)} gains {gain:.2f} s, margin {need:.2f} s)")
 
 
 def loads_from_snapshot(snap: dict, forecast) -> ServerLoad:
