@@ -25,12 +25,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socketserver
 import threading
 import time
 import warnings
 from typing import Any, Sequence
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 with warnings.catch_warnings():  # eventlet 0.41 (imported by os-ken) warns that it is deprecated
     warnings.simplefilter("ignore")
@@ -42,7 +40,7 @@ with warnings.catch_warnings():  # eventlet 0.41 (imported by os-ken) warns that
 
 from .ocs import COOKIE_MASK, OCS_COOKIE, OCS_PRIORITY, TOR_COOKIE, FlowSpec
 from .reconfig import PreciseClock
-from .rest import RestApp
+from .rest import RestApp, make_server
 from .runtime import ControllerConfig, FabricController
 
 log = logging.getLogger(__name__)
@@ -422,7 +420,7 @@ def run_controller(cfg: ControllerConfig) -> int:
     oscfg.CONF(args=["--ofp-tcp-listen-port", str(cfg.of_port), "--ofp-listen-host", cfg.of_host],
                project="os_ken")
     try:
-        server = _RestServer((cfg.rest_host, cfg.rest_port), _QuietHandler)
+        server = make_server(cfg.rest_host, cfg.rest_port)
     except OSError as e:
         log.error("cannot listen for REST on %s:%d: %s", cfg.rest_host, cfg.rest_port, e)
         return 1
@@ -446,16 +444,6 @@ def run_controller(cfg: ControllerConfig) -> int:
     finally:
         mgr.close()
     return 0
-
-
-class _RestServer(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a request in flight never blocks the process from exiting
-    allow_reuse_address = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # access log through logging, not stderr
-        logging.getLogger("controller.rest.access").debug("%s " + format, self.address_string(), *args)
 
 
 def _dump_stacks(signum, frame) -> None:

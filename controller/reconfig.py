@@ -18,19 +18,17 @@ a fake flow table in unit tests) and reads time from an injected :class:`Clock`.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
-from emulation.spec import FabricSpec, JobLayout
-from emulation.validation import SpecError, from_dict, require
+from emulation.spec import FabricSpec, JobLayout, check_delay_ms, check_phase
+from emulation.validation import BRIEF_CHARS, SpecError, brief, finite_float, from_dict, require
 
 from .ocs import OCS_COOKIE, OCS_PRIORITY, FlowSpec, Matching, MatchingDiff, circuit_flow_changes, diff
 
 log = logging.getLogger(__name__)
 
-MAX_DELAY_MS = 60000.0
 MAX_WINDOW_MS = 3600_000.0
 SPIN_MARGIN_S = 0.001  # sleep until this long before a deadline, then spin on the clock
 
@@ -48,20 +46,11 @@ def fits_slack(window_ms: float | None, delay_ms: float) -> bool:
 
 
 # ---- requests ------------------------------------------------------------------------------------
-def _check_delay(value: float | None, name: str) -> None:
-    if value is None:
-        return
-    require(math.isfinite(value), name, f"must be a finite number, got {value!r}")
-    require(value >= 0, name, f"must be >= 0, got {value}")
-    require(value <= MAX_DELAY_MS, name, f"must be <= {MAX_DELAY_MS:g} ms, got {value}")
-
-
 def _check_window(value: float | None) -> None:
     if value is None:
         return
-    require(math.isfinite(value), "window_ms", f"must be a finite number, got {value!r}")
-    require(value >= 0, "window_ms", f"must be >= 0, got {value}")
-    require(value <= MAX_WINDOW_MS, "window_ms", f"must be <= {MAX_WINDOW_MS:g} ms, got {value}")
+    v = finite_float(value, "window_ms")
+    require(0 <= v <= MAX_WINDOW_MS, "window_ms", f"must be in 0..{MAX_WINDOW_MS:g} ms, got {v:g}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +61,7 @@ class _TimingBody:
     window_ms: Optional[float] = None
 
     def __post_init__(self) -> None:
-        _check_delay(self.delay_ms, "delay_ms")
+        check_delay_ms(self.delay_ms, "delay_ms")
         _check_window(self.window_ms)
 
 
@@ -105,17 +94,15 @@ class ReconfigRequest:
     source: str = "rest"
 
     def __post_init__(self) -> None:
-        _check_delay(self.delay_ms, "delay_ms")
+        check_delay_ms(self.delay_ms, "delay_ms")
         _check_window(self.window_ms)
-
-    def effective_delay_ms(self, spec: FabricSpec) -> float:
-        return spec.reconfig_delay_ms if self.delay_ms is None else float(self.delay_ms)
 
 
 def _ocs_index(spec: FabricSpec, key: object) -> int:
-    f = f"circuits.{key}"
-    if not isinstance(key, str) or not key.isdigit() or (len(key) > 1 and key.startswith("0")):
-        raise SpecError(f, f"OCS must be a decimal index 0..{spec.ocs_count - 1}, got {key!r}")
+    f = f"circuits.{str(key)[:BRIEF_CHARS]}"
+    # ASCII digits only: str.isdigit() also takes "\u0660" (int() reads it as 0) and "\u00b2" (int() fails)
+    if not isinstance(key, str) or not (key.isascii() and key.isdigit()) or (len(key) > 1 and key.startswith("0")):
+        raise SpecError(f, f"OCS must be a decimal index 0..{spec.ocs_count - 1}, got {brief(key)}")
     o = int(key)
     require(o < spec.ocs_count, f, f"unknown OCS {o} (fabric has OCSes 0..{spec.ocs_count - 1})")
     return o
@@ -137,8 +124,7 @@ def phase_request(spec: FabricSpec, layout: JobLayout, data: Any) -> ReconfigReq
     from . import phases
 
     body = from_dict(PhaseBody, data)
-    require(body.phase in phases.PHASES, "phase",
-            f"unknown phase {body.phase!r} (known: {', '.join(phases.PHASES)})")
+    check_phase(body.phase)
     target = phases.phase_matchings(spec, layout, body.phase)
     return ReconfigRequest(target=dict(target), phase=body.phase, delay_ms=body.delay_ms,
                            window_ms=body.window_ms)

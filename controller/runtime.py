@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from emulation.spec import FabricSpec, JobLayout
+from emulation.spec import FabricSpec, JobLayout, check_delay_ms, check_phase, pick_delay_ms
 from emulation.validation import SpecError, from_dict, require, to_dict
 
 from .ocs import Matching, split_flows
@@ -113,7 +113,7 @@ class FabricController:
         self.clock = clock
         self._lock = lock
         self.initial_phase = initial_phase
-        self.default_delay_ms = spec.reconfig_delay_ms if delay_ms is None else float(delay_ms)
+        self.default_delay_ms = pick_delay_ms(check_delay_ms(delay_ms, "delay_ms"), spec.reconfig_delay_ms)
         self.state_path = Path(state_path) if state_path else None
         self._wall = wall
         self.expected = sorted([spec.tor_dpid(t) for t in range(spec.n_tors)] +
@@ -326,7 +326,7 @@ class FabricController:
 
     def _run(self, req: ReconfigRequest, kind: str, received: float, received_at: float,
              plan: ReconfigPlan | None = None) -> dict:
-        delay = req.effective_delay_ms(self.spec) if req.delay_ms is not None else self.default_delay_ms
+        delay = pick_delay_ms(req.delay_ms, self.default_delay_ms)
         # received_mono: the controller's monotonic clock (CLOCK_MONOTONIC, shared by every namespace), so a
         # probe stream's send times can be lined up with the reconfiguration's t_ms offsets
         rec: dict = {"kind": kind, "source": req.source, "phase": req.phase, "delay_ms": delay,
@@ -409,8 +409,7 @@ class ControllerConfig:
             v = getattr(self, name)
             require(isinstance(v, int) and 1 <= v <= 65535, name, f"must be a TCP port 1..65535, got {v!r}")
         require(self.of_port != self.rest_port, "rest_port", f"must differ from of_port ({self.of_port})")
-        if self.delay_ms is not None:
-            require(0 <= self.delay_ms <= 60000, "delay_ms", f"must be in 0..60000 ms, got {self.delay_ms}")
+        check_delay_ms(self.delay_ms, "delay_ms")
 
 
 def read_or_create_token(path: str) -> str:
@@ -504,11 +503,7 @@ def check_config(args: argparse.Namespace) -> ControllerConfig:
         sj = from_dict(SpecJson, data, "spec_json")
         spec, layout = sj.fabric, sj.layout
     layout.check(spec)
-    initial_phase = initial_phase or "train"
-    from . import phases
-
-    require(initial_phase in phases.PHASES, "initial_phase",
-            f"unknown phase {initial_phase!r} (known: {', '.join(phases.PHASES)})")
+    initial_phase = check_phase(initial_phase or "train", "initial_phase")
     if args.state_file:
         load_state(Path(args.state_file), spec)  # a broken state file stops the start (exit 2), not later
     token_file = None

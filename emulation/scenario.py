@@ -6,7 +6,6 @@ SpecError naming the path. The layout is checked against the fabric (every pod h
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Literal
@@ -14,11 +13,11 @@ from typing import Literal
 import numpy as np
 import yaml
 
-from .spec import FabricSpec, JobLayout
+from .spec import PHASES, FabricSpec, JobLayout, check_delay_ms, pick_delay_ms
 from .validation import SpecError, from_dict, require
 from .workload import WorkloadSpec
 
-Phase = Literal["train", "gen", "sync"]
+Phase = Literal[PHASES]  # type: ignore[valid-type]  # one of spec.PHASES
 
 
 @dataclass(frozen=True)
@@ -29,12 +28,10 @@ class ControllerSettings:
     initial_phase: Phase = "train"
 
     def __post_init__(self) -> None:
-        if self.delay_ms is not None:
-            require(math.isfinite(self.delay_ms) and self.delay_ms >= 0, "delay_ms",
-                    f"must be >= 0, got {self.delay_ms}")
+        check_delay_ms(self.delay_ms, "delay_ms")
 
     def effective_delay_ms(self, fabric: FabricSpec) -> float:
-        return fabric.reconfig_delay_ms if self.delay_ms is None else self.delay_ms
+        return pick_delay_ms(self.delay_ms, fabric.reconfig_delay_ms)
 
 
 @dataclass(frozen=True)

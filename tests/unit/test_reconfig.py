@@ -12,7 +12,7 @@ from controller.ocs import FlowSpec, Matching
 from controller.reconfig import (FakeClock, FakeDriver, PreciseClock, ReconfigRequest, circuits_request,
                                  execute_plan, fits_slack, phase_request, plan_reconfig)
 from controller.runtime import FabricController, NotReady, load_state, save_state
-from emulation.spec import FabricSpec, JobLayout
+from emulation.spec import FabricSpec, JobLayout, pick_delay_ms
 from emulation.validation import SpecError
 
 SPEC = FabricSpec()  # 2 pods x 2 ToRs, 2 uplinks, 1 OCS with 8 ports
@@ -35,8 +35,8 @@ def test_fits_slack_only_when_window_longer_than_delay(window, delay, fits):
 def test_circuits_request_valid_and_defaults():
     req = circuits_request(SPEC, {"circuits": {"0": [[3, 1], [2, 4]]}})
     assert req.target == {0: m((1, 3), (2, 4))}
-    assert req.delay_ms is None and req.effective_delay_ms(SPEC) == SPEC.reconfig_delay_ms
-    assert circuits_request(SPEC, {"circuits": {"0": []}, "delay_ms": 0}).effective_delay_ms(SPEC) == 0.0
+    assert req.delay_ms is None and pick_delay_ms(req.delay_ms, SPEC.reconfig_delay_ms) == SPEC.reconfig_delay_ms
+    assert pick_delay_ms(circuits_request(SPEC, {"circuits": {"0": []}, "delay_ms": 0}).delay_ms, 10.0) == 0.0
 
 
 @pytest.mark.parametrize("body,field", [
