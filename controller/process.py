@@ -25,6 +25,7 @@ from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, to_dict
 
 from .client import ControllerClient
+from .config import ControllerOptions, to_argv
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +71,14 @@ class ControllerProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def argv(self) -> list[str]:
+    def options(self) -> ControllerOptions:
         spec_json = json.dumps({"fabric": to_dict(self.spec), "layout": to_dict(self.layout)})
-        argv = [sys.executable, "-m", "controller", "--spec-json", spec_json, "--of-port", str(self.of_port),
-                "--rest-port", str(self.rest_port), "--token-file", str(self.token_file),
-                "--state-file", str(self.state_file), "--initial-phase", self.initial_phase]
-        if self.delay_ms is not None:
-            argv += ["--delay-ms", str(self.delay_ms)]
-        if self.verbose:
-            argv.append("-v")
-        return argv
+        return ControllerOptions(spec_json=spec_json, of_port=self.of_port, rest_port=self.rest_port,
+                                 token_file=str(self.token_file), state_file=str(self.state_file),
+                                 initial_phase=self.initial_phase, delay_ms=self.delay_ms, verbose=int(self.verbose))
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "controller"] + to_argv(self.options())
 
     # ---- life cycle -----------------------------------------------------------------------------------
     def start(self) -> "ControllerProcess":

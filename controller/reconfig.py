@@ -218,6 +218,8 @@ def plan_reconfig(spec: FabricSpec, current: Mapping[int, Matching], current_rou
     else:
         stable = {o: Matching(m.n_ports, diff(m, full[o]).unchanged) for o, m in current.items()}
         transition = routing.transition_routes(spec, current_routes, phases.circuit_graph(spec, stable))
+        # installed while every current circuit is lit, then while the changed ones are dark (a subset)
+        routing.check_loop_free(transition, phases.circuit_graph(spec, current), "the transition routes")
         move = routing.route_flow_changes(spec, current_routes, transition)
         final_changes = routing.route_flow_changes(spec, transition, final_routes)
     return ReconfigPlan(dict(current), full, tuple(steps), transition, final_routes, move, final_changes,

@@ -49,6 +49,12 @@ class ControllerAPI(Protocol):
     def record_rejected(self, kind: str, error: str) -> dict: ...
 
 
+class Unavailable(Exception):
+    """The fabric cannot serve the request now (not ready, a switch did not confirm): HTTP 503.
+
+    The controller core's errors derive from it, so this module needs nothing from the core."""
+
+
 class HttpError(Exception):
     def __init__(self, status: int, message: str, field: str | None = None):
         super().__init__(message)
@@ -171,15 +177,13 @@ class RestApp:
         raise HttpError(405, f"method: {method} not allowed (GET or POST)", "method")
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        from .runtime import NotReady, ReconfigFailed
-
         try:
             status, body = self.handle(environ)
         except HttpError as e:
             status, body = e.status, {"error": e.message, "field": e.field}
         except SpecError as e:
             status, body = 400, {"error": str(e), "field": e.field}
-        except (NotReady, ReconfigFailed) as e:
+        except Unavailable as e:
             status, body = 503, {"error": str(e), "field": None}
         except Exception as e:  # noqa: BLE001 - the API must answer, and log the bug
             log.exception("REST handler failed")

@@ -103,6 +103,28 @@ def transition_routes(spec: FabricSpec, old: Routes, stable_graph: CircuitGraph)
     return Routes(hops)
 
 
+class RouteLoop(RuntimeError):
+    """A planned route state would forward packets in a circle (a bug in the planner, never user input)."""
+
+
+def port_peers(*graphs: CircuitGraph) -> Callable[[int, int], int | None]:
+    """``port_peer`` for :func:`find_loop`: the ToR at the far end of ``(tor, tor_port)``'s circuit in the
+    first of ``graphs`` that has one (None: dark)."""
+    table: dict[tuple[int, int], int] = {}
+    for g in reversed(graphs):  # earlier graphs win
+        for t in range(g.n_tors):
+            for p, peer, _ in g.edges(t):
+                table[(t, p)] = peer
+    return lambda t, p: table.get((t, p))
+
+
+def check_loop_free(routes: Routes, graph: CircuitGraph, what: str) -> None:
+    """Raise RouteLoop when ``routes`` loop on the circuits of ``graph``."""
+    loop = find_loop(routes, port_peers(graph), graph.n_tors)
+    if loop is not None:
+        raise RouteLoop(f"{what} would loop through ToRs {loop}")
+
+
 def find_loop(routes: Routes, port_peer: Callable[[int, int], int | None], n_tors: int) -> list[int] | None:
     """A forwarding loop (list of ToRs, first == last) following any next-hop port, or None.
 
@@ -180,9 +202,6 @@ class RouteChanges:
     @property
     def is_empty(self) -> bool:
         return not self.per_tor
-
-    def n_group_changes(self) -> int:
-        return sum(len(c.add_groups) + len(c.modify_groups) + len(c.delete_groups) for c in self.per_tor.values())
 
 
 def _ip_flow(ip: str, priority: int, action: tuple[str, object]) -> FlowSpec:

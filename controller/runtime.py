@@ -1,33 +1,28 @@
-"""The controller's state machine (no os-ken here) and its runtime configuration.
+"""The controller's state machine (no os-ken here) and its state file.
 
 :class:`FabricController` is what the REST API talks to and what the os-ken app feeds with switch events.
 It owns the intended circuits, the current routes, the phase, the connected switches and the history, and it
 serialises reconfigurations (one at a time; a second waits its turn). It reaches the switches only through a
-:class:`controller.reconfig.Driver`, so unit tests run it against fake datapaths.
-
-:class:`ControllerConfig` is the validated command line of ``python -m controller``; :func:`main` parses it
-and runs the os-ken app (imported only there).
+:class:`controller.reconfig.Driver`, so unit tests run it against fake datapaths. The command line lives in
+controller/config.py.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
-import secrets
-import sys
 import threading
 import time
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from emulation.spec import FabricSpec, JobLayout, check_delay_ms, check_phase, pick_delay_ms
-from emulation.validation import SpecError, from_dict, require, to_dict
+from emulation.files import write_json_atomic
+from emulation.spec import FabricSpec, JobLayout, check_delay_ms, pick_delay_ms
+from emulation.validation import SpecError, require, to_dict
 
 from .ocs import Matching, split_flows
 from .reconfig import (Clock, Driver, ReconfigPlan, ReconfigRequest, circuits_request, execute_plan, fits_slack,
                        phase_request, plan_reconfig)
+from .rest import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -35,26 +30,19 @@ STATE_VERSION = 1
 HISTORY_LIMIT = 10000
 
 
-class NotReady(Exception):
+class NotReady(Unavailable):
     """The fabric is not fully connected/initialised yet (HTTP 503)."""
 
 
-class ReconfigFailed(Exception):
+class ReconfigFailed(Unavailable):
     """A switch did not confirm in time or disconnected during a reconfiguration (HTTP 503)."""
 
 
 # ---- state file ------------------------------------------------------------------------------------
 def save_state(path: Path, circuits: Mapping[int, Matching], phase: str | None) -> None:
     """Atomically write the intended circuits (temporary file + fsync + rename)."""
-    data = {"version": STATE_VERSION, "phase": phase,
-            "circuits": {str(o): m.to_json() for o, m in sorted(circuits.items())}}
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_json_atomic(path, {"version": STATE_VERSION, "phase": phase,
+                             "circuits": {str(o): m.to_json() for o, m in sorted(circuits.items())}})
 
 
 def load_state(path: Path, spec: FabricSpec) -> tuple[dict[int, Matching], str | None] | None:
@@ -379,154 +367,3 @@ class FabricController:
             if len(self._history) > HISTORY_LIMIT:
                 del self._history[: len(self._history) - HISTORY_LIMIT]
         return rec
-
-
-# ---- runtime configuration --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SpecJson:
-    """``--spec-json``: a FabricSpec plus an optional layout (and nothing else)."""
-
-    fabric: FabricSpec = FabricSpec()
-    layout: JobLayout = JobLayout()
-
-
-@dataclass(frozen=True)
-class ControllerConfig:
-    spec: FabricSpec
-    layout: JobLayout
-    of_port: int
-    rest_port: int
-    rest_host: str = "127.0.0.1"
-    of_host: str = "127.0.0.1"
-    token: str | None = None  # None: no auth (--no-auth), or not read yet (check_config)
-    token_file: str | None = None  # None: no auth
-    state_file: str | None = None
-    initial_phase: str = "train"
-    delay_ms: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("of_port", "rest_port"):
-            v = getattr(self, name)
-            require(isinstance(v, int) and 1 <= v <= 65535, name, f"must be a TCP port 1..65535, got {v!r}")
-        require(self.of_port != self.rest_port, "rest_port", f"must differ from of_port ({self.of_port})")
-        check_delay_ms(self.delay_ms, "delay_ms")
-
-
-def read_or_create_token(path: str) -> str:
-    """The token in ``path``; when the file does not exist, a new random token written there (mode 0600).
-
-    Raises SpecError("token_file", ...) when the file cannot be read or created (a directory, a missing
-    parent folder, no permission, not text) or holds too short a token.
-    """
-    p = Path(path)
-    try:
-        if p.exists() or p.is_symlink():
-            tok = p.read_text().strip()
-            require(len(tok) >= 16, "token_file", f"{path}: token must be at least 16 characters")
-            return tok
-        tok = secrets.token_urlsafe(32)
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(tok + "\n")
-        return tok
-    except IsADirectoryError:
-        raise SpecError("token_file", f"{path}: is a directory, not a token file") from None
-    except FileNotFoundError:
-        raise SpecError("token_file", f"{path}: cannot create it (folder {str(p.parent)!r} does not exist)") from None
-    except PermissionError as e:
-        raise SpecError("token_file", f"{path}: permission denied ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise SpecError("token_file", f"{path}: not a text token file") from None
-    except OSError as e:
-        raise SpecError("token_file", f"{path}: {e.strerror or e}") from None
-
-
-def build_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m controller", description="OrchestrRL SDN controller (os-ken)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--scenario", help="scenario YAML (fabric, layout, controller settings)")
-    src.add_argument("--spec-json", help='JSON: {"fabric": {FabricSpec fields}, "layout": {JobLayout fields}}')
-    p.add_argument("--of-port", type=int, required=True, help="OpenFlow listen port")
-    p.add_argument("--of-host", default="127.0.0.1", help="OpenFlow listen address (default 127.0.0.1)")
-    p.add_argument("--rest-port", type=int, required=True, help="REST API port")
-    p.add_argument("--rest-host", default="127.0.0.1", help="REST API address (default 127.0.0.1)")
-    auth = p.add_mutually_exclusive_group()
-    auth.add_argument("--token-file", help="bearer token file (created with a random token, mode 0600, if absent)")
-    auth.add_argument("--no-auth", action="store_true", help="serve the REST API without a token")
-    p.add_argument("--state-file", help="JSON file holding the intended circuits (reconciled after a restart)")
-    p.add_argument("--initial-phase", default=None, help="phase installed on a fresh fabric (default train)")
-    p.add_argument("--delay-ms", type=float, default=None, help="default OCS switching delay (ms)")
-    p.add_argument("-v", "--verbose", action="count", default=0)
-    return p
-
-
-def config_from_args(args: argparse.Namespace) -> ControllerConfig:
-    """Validated config from parsed arguments, with its token (SpecError names the field).
-
-    Everything is checked before any file is created: a bad port leaves no token file behind.
-    """
-    return with_token(check_config(args))
-
-
-def with_token(cfg: ControllerConfig) -> ControllerConfig:
-    """``cfg`` with the token read from (or created in) its token file; unchanged without auth."""
-    if cfg.token_file is None:
-        return cfg
-    return replace(cfg, token=read_or_create_token(cfg.token_file))
-
-
-def check_config(args: argparse.Namespace) -> ControllerConfig:
-    """The validated config from parsed arguments, without its token yet (see :func:`with_token`).
-
-    Reads the scenario and state file but creates nothing. SpecError names the field.
-    """
-    initial_phase = args.initial_phase
-    delay_ms = args.delay_ms
-    if args.scenario:
-        try:
-            from emulation.scenario import load_scenario
-        except ModuleNotFoundError as e:
-            raise SpecError("scenario", f"scenarios are not supported yet ({e}); use --spec-json") from None
-        sc = load_scenario(args.scenario)
-        spec, layout = sc.fabric, sc.layout
-        ctl = getattr(sc, "controller", None)
-        if ctl is not None:
-            if initial_phase is None and getattr(ctl, "initial_phase", None):
-                initial_phase = ctl.initial_phase
-            if delay_ms is None and getattr(ctl, "delay_ms", None) is not None:
-                delay_ms = ctl.delay_ms
-    else:
-        try:
-            data = json.loads(args.spec_json)
-        except ValueError as e:
-            raise SpecError("spec_json", f"not valid JSON: {e}") from None
-        sj = from_dict(SpecJson, data, "spec_json")
-        spec, layout = sj.fabric, sj.layout
-    layout.check(spec)
-    initial_phase = check_phase(initial_phase or "train", "initial_phase")
-    if args.state_file:
-        load_state(Path(args.state_file), spec)  # a broken state file stops the start (exit 2), not later
-    token_file = None
-    if not args.no_auth:
-        require(bool(args.token_file), "token_file", "give --token-file FILE (or --no-auth explicitly)")
-        token_file = str(args.token_file)
-    return ControllerConfig(spec=spec, layout=layout, of_port=args.of_port, rest_port=args.rest_port,
-                            rest_host=args.rest_host, of_host=args.of_host, token=None,
-                            token_file=token_file, state_file=args.state_file,
-                            initial_phase=initial_phase, delay_ms=delay_ms)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_arg_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose == 0 else logging.DEBUG,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = config_from_args(args)
-    except SpecError as e:
-        parser.print_usage(sys.stderr)
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
-    from .app import run_controller  # os-ken only from here on
-
-    return run_controller(cfg)

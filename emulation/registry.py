@@ -18,11 +18,11 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .files import write_json_atomic
 from .spec import NAME_PREFIX
 from .validation import SpecError
 
@@ -104,16 +104,6 @@ def _check_name(kind: str, name: str) -> None:
         raise SpecError("name", f"interface names have at most 15 characters, got {name!r}")
 
 
-def _write_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _unlink(path: Path) -> None:
     try:
         path.unlink()
@@ -135,7 +125,7 @@ def record_process(pid: int, role: str, group: bool = False, stop_signal: int = 
         raise SpecError("pid", f"no process {pid}")
     rec = ProcessRecord(pid=pid, role=str(role), start_time=st, cmdline=proc_cmdline(pid), group=bool(group),
                         stop_signal=int(stop_signal), recorded_at=time.time())
-    _write_atomic(state_dir() / f"{_PROC_PREFIX}{pid}.json", asdict(rec))
+    write_json_atomic(state_dir() / f"{_PROC_PREFIX}{pid}.json", asdict(rec), mkdir=True)
     return rec
 
 
@@ -145,8 +135,8 @@ def forget_process(pid: int) -> None:
 
 def record_resource(kind: str, name: str) -> None:
     _check_name(kind, name)
-    _write_atomic(state_dir() / f"{_RES_PREFIX}{kind}-{name}.json",
-                  {"kind": kind, "name": name, "recorded_at": time.time()})
+    write_json_atomic(state_dir() / f"{_RES_PREFIX}{kind}-{name}.json",
+                  {"kind": kind, "name": name, "recorded_at": time.time()}, mkdir=True)
 
 
 def forget_resource(kind: str, name: str) -> None:

@@ -53,13 +53,6 @@ class Scenario:
         return np.random.default_rng(self.seed)
 
 
-def scenario_from_dict(data: object, source: str = "scenario") -> Scenario:
-    """Validate a parsed scenario (a mapping) into a :class:`Scenario`."""
-    if data is None:
-        raise SpecError("", f"{source}: empty scenario")
-    return from_dict(Scenario, data, "")
-
-
 def load_scenario(path: str | os.PathLike) -> Scenario:
     """Read and validate the scenario YAML file at ``path``."""
     p = os.fspath(path)

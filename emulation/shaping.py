@@ -93,11 +93,6 @@ def _tc(args: list[str], netns_pid: int | None, ok_errors: tuple[str, ...] = ())
     return r.stdout
 
 
-def shape(intf_name: str, rate_mbps: float, netns_pid: int | None = None) -> None:
-    """Shape egress of ``intf_name`` to ``rate_mbps`` (in the netns of process ``netns_pid`` if given)."""
-    shape_many([(intf_name, rate_mbps)], netns_pid)
-
-
 def shape_many(items: Sequence[tuple[str, float]], netns_pid: int | None = None) -> None:
     """Shape several interfaces of one namespace with a single ``tc -batch`` call."""
     lines = []
@@ -116,14 +111,6 @@ def change_rate(intf_name: str, rate_mbps: float, netns_pid: int | None = None) 
     """Change the rate of an already shaped interface, live."""
     _check_intf(intf_name)
     _tc(class_args("change", intf_name, _check_rate(rate_mbps)), netns_pid)
-
-
-def unshape(intf_name: str, netns_pid: int | None = None) -> None:
-    """Remove shaping (idempotent: an unshaped or vanished interface is fine)."""
-    _check_intf(intf_name)
-    _tc(["qdisc", "del", "dev", intf_name, "root"], netns_pid,
-        ok_errors=("Cannot find device", "No such file", "Cannot delete qdisc with handle of zero",
-                   "Invalid handle"))
 
 
 _UNITS = {"bit": 1e-6, "kbit": 1e-3, "mbit": 1.0, "gbit": 1e3, "tbit": 1e6}

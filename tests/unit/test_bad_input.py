@@ -97,7 +97,7 @@ def test_bad_flag_exits_2_naming_the_field(tmp_path, capsys, nothing_starts, arg
 
 
 def test_python_m_controller_rejects_a_delay_above_the_limit(tmp_path, capsys):
-    from controller.runtime import main
+    from controller.__main__ import main
 
     assert main(["--spec-json", "{}", "--of-port", "6653", "--rest-port", "8080", "--no-auth",
                  "--delay-ms", "70000"]) == 2

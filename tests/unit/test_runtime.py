@@ -2,7 +2,6 @@
 (token file, ports) before any file is created; controller.process's registry bookkeeping."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import threading
@@ -12,8 +11,10 @@ import pytest
 from controller import process as ctl_process
 from controller.ocs import Matching
 from controller.reconfig import FakeClock, FakeDriver
-from controller.runtime import (FabricController, NotReady, ReconfigFailed, check_config, config_from_args, main,
-                                read_or_create_token)
+from controller.__main__ import main
+from controller.config import (ControllerOptions, build_arg_parser, check_config, config_from_options,
+                               options_from_args, read_or_create_token, to_argv)
+from controller.runtime import FabricController, NotReady, ReconfigFailed
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, to_dict
 
@@ -187,11 +188,10 @@ def test_history_ids_unique_with_concurrent_rejections_and_reconfigurations():
 
 # ---- 4. configuration: token file errors, nothing created before the input is valid ----------------------
 def args(tmp_path, **over):
-    ns = dict(scenario=None, spec_json=json.dumps({"fabric": to_dict(SPEC)}), of_port=6653, of_host="127.0.0.1",
-              rest_port=8080, rest_host="127.0.0.1", token_file=str(tmp_path / "token"), no_auth=False,
-              state_file=None, initial_phase=None, delay_ms=None)
+    ns = dict(spec_json=json.dumps({"fabric": to_dict(SPEC)}), of_port=6653, rest_port=8080,
+              token_file=str(tmp_path / "token"))
     ns.update(over)
-    return argparse.Namespace(**ns)
+    return ControllerOptions(**ns)
 
 
 def test_token_file_created_0600_and_reread(tmp_path):
@@ -238,17 +238,17 @@ def test_main_exits_2_on_a_token_file_that_is_a_directory(tmp_path, capsys):
     ({"initial_phase": "bogus"}, "initial_phase")])
 def test_bad_config_creates_no_token_file(tmp_path, over, field):
     with pytest.raises(SpecError) as ei:
-        config_from_args(args(tmp_path, **over))
+        config_from_options(args(tmp_path, **over))
     assert ei.value.field == field
     assert list(tmp_path.iterdir()) == []
 
 
-def test_check_config_creates_nothing_and_config_from_args_adds_the_token(tmp_path):
+def test_check_config_creates_nothing_and_config_from_options_adds_the_token(tmp_path):
     cfg = check_config(args(tmp_path))
     assert cfg.token is None and cfg.token_file == str(tmp_path / "token") and list(tmp_path.iterdir()) == []
-    cfg = config_from_args(args(tmp_path))
+    cfg = config_from_options(args(tmp_path))
     assert cfg.token == (tmp_path / "token").read_text().strip()
-    assert config_from_args(args(tmp_path, no_auth=True, token_file=None)).token is None
+    assert config_from_options(args(tmp_path, no_auth=True, token_file=None)).token is None
 
 
 def test_cli_bad_rest_port_leaves_no_home_and_no_token(tmp_path, monkeypatch, capsys):
@@ -283,3 +283,45 @@ def test_forget_keeps_the_record_of_a_process_still_running(monkeypatch, alive):
     cp._proc, cp._log_file = _Proc(alive), None
     cp._forget()
     assert forgotten == ([] if alive else [424242])
+
+
+# ---- 5. one place for a controller option: parser, CLI command and ControllerProcess argv agree ---------------
+def test_options_round_trip_through_argv(tmp_path):
+    import dataclasses
+
+    opts = ControllerOptions(spec_json='{"fabric": {}}', of_port=1234, of_host="127.0.0.2", rest_port=4321,
+                             rest_host="127.0.0.3", token_file=str(tmp_path / "t"), state_file=str(tmp_path / "s"),
+                             initial_phase="gen", delay_ms=2.5, verbose=2)
+    assert all(getattr(opts, f.name) != f.default for f in dataclasses.fields(ControllerOptions)
+               if f.name not in ("scenario", "no_auth"))  # every option is exercised
+    assert options_from_args(build_arg_parser().parse_args(to_argv(opts))) == opts
+    no_auth = ControllerOptions(scenario="x.yaml", of_port=1, rest_port=2, no_auth=True)
+    assert options_from_args(build_arg_parser().parse_args(to_argv(no_auth))) == no_auth
+
+
+def test_every_option_reaches_the_cli_command_and_the_process_argv(tmp_path):
+    import dataclasses
+
+    from testbed.cli import build_parser
+
+    ns = build_parser().parse_args(["controller", "x.yaml", "--delay-ms", "3", "--initial-phase", "sync",
+                                    "--of-host", "127.0.0.9"])
+    opts = options_from_args(ns, scenario=ns.scenario)
+    assert (opts.delay_ms, opts.initial_phase, opts.of_host, opts.of_port, opts.rest_port) == \
+        (3.0, "sync", "127.0.0.9", 6653, 8080)
+    names = {f.name for f in dataclasses.fields(ControllerOptions)} - {"scenario", "spec_json", "verbose"}
+    assert names <= set(vars(ns))  # the CLI command got every option from add_arguments
+    proc = ctl_process.ControllerProcess(SPEC, LAYOUT, of_port=7001, rest_port=7002, initial_phase="gen",
+                                         delay_ms=4.0, state_file=tmp_path / "state.json", token="x" * 20)
+    try:
+        argv = proc.argv()
+        assert argv[1:3] == ["-m", "controller"]
+        back = options_from_args(build_arg_parser().parse_args(argv[3:]))
+        assert back == proc.options()
+        cfg = check_config(back)
+        assert (cfg.of_port, cfg.rest_port, cfg.initial_phase, cfg.delay_ms, cfg.spec) == (7001, 7002, "gen", 4.0, SPEC)
+    finally:
+        import shutil
+
+        proc.stop()
+        shutil.rmtree(proc._dir, ignore_errors=True)
