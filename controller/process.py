@@ -5,6 +5,10 @@ file (mode 0600) unless a token is given, records the PID in ``emulation.registr
 can stop a leftover), waits until the REST API answers, and stops the process by its PID on exit.
 ``kill()`` sends SIGKILL (crash tests); ``restart()`` starts a new process on the same ports, token and
 state file.
+
+Its files (token, state, log) live in ``workdir`` when one is given (the run's own folder: kept), otherwise
+in a ``/tmp/orlctl-*`` folder that :meth:`stop` removes, unless the controller failed (exited by itself,
+or a start failed) or ``keep_files`` was set: then the folder stays for its log, and the log says where.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,7 +45,8 @@ class ControllerProcess:
     def __init__(self, spec: FabricSpec, layout: JobLayout, of_port: int | None = None,
                  rest_port: int | None = None, initial_phase: str = "train", delay_ms: float | None = None,
                  state_file: str | os.PathLike | None = None, token: str | None = None,
-                 start_timeout_s: float = 30.0, stop_timeout_s: float = 5.0, verbose: bool = False):
+                 start_timeout_s: float = 30.0, stop_timeout_s: float = 5.0, verbose: bool = False,
+                 workdir: str | os.PathLike | None = None):
         self.spec = spec
         self.layout = layout
         self.of_port = of_port or free_port()
@@ -50,7 +56,15 @@ class ControllerProcess:
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.verbose = verbose
-        self._dir = Path(tempfile.mkdtemp(prefix="orlctl-"))
+        self._own_dir = workdir is None
+        if workdir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="orlctl-"))
+        else:
+            self._dir = Path(workdir)
+            self._dir.mkdir(parents=True, exist_ok=True)
+        self._expected_exit = False
+        self.keep_files = False  # set to keep the temporary folder after stop (its log: e.g. thread stacks)
+        self._failed = False  # a start failed or the process exited by itself: keep the folder for its log
         self.state_file = Path(state_file) if state_file else self._dir / "state.json"
         self.token = token or secrets.token_urlsafe(32)
         self.token_file = self._dir / "token"
@@ -84,6 +98,7 @@ class ControllerProcess:
     def start(self) -> "ControllerProcess":
         if self.running:
             raise RuntimeError(f"controller already running (pid {self.pid})")
+        self._expected_exit = False
         self._log_file = open(self.log_path, "ab")
         self._log_file.write(f"==== start {self.starts}: {' '.join(self.argv()[:3])} ...\n".encode())
         self._log_file.flush()
@@ -99,6 +114,7 @@ class ControllerProcess:
                 # it already exited (bad arguments): _wait_answering reports its exit code and log
             self._wait_answering()
         except BaseException:
+            self._failed = True
             self.stop()
             raise
         log.info("controller pid %d: OpenFlow :%d, REST :%d, log %s", self.pid, self.of_port, self.rest_port,
@@ -148,16 +164,24 @@ class ControllerProcess:
             self._log_file.close()
             self._log_file = None
 
+    def _note_own_exit(self) -> None:
+        """A process that is gone though nobody stopped it crashed: keep its files."""
+        if self._proc is not None and self._proc.poll() is not None and not self._expected_exit:
+            self._failed = True
+
     def kill(self) -> None:
         """SIGKILL (a crash: the switches keep their flows)."""
+        self._note_own_exit()
         if self.running:
+            self._expected_exit = True
             self._proc.send_signal(signal.SIGKILL)
             self._reap(self.stop_timeout_s)
         self._forget()
 
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after the deadline. Idempotent."""
+    def _stop_process(self) -> None:
+        self._note_own_exit()
         if self.running:
+            self._expected_exit = True
             self._proc.send_signal(signal.SIGTERM)
             if not self._reap(self.stop_timeout_s):
                 log.warning("controller pid %d ignored SIGTERM; killing it", self._proc.pid)
@@ -165,9 +189,20 @@ class ControllerProcess:
                 self._reap(self.stop_timeout_s)
         self._forget()
 
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after the deadline; then remove the temporary folder (see the module
+        docstring for when it stays). Idempotent."""
+        self._stop_process()
+        if not self._own_dir or not self._dir.exists():
+            return
+        if self._failed or self.keep_files:
+            log.warning("controller files kept in %s (log: %s)", self._dir, self.log_path)
+            return
+        shutil.rmtree(self._dir, ignore_errors=True)
+
     def restart(self) -> "ControllerProcess":
         """Stop (if running) and start a new process on the same ports, token and state file."""
-        self.stop()
+        self._stop_process()
         return self.start()
 
     def __enter__(self) -> "ControllerProcess":

@@ -291,10 +291,11 @@ class FabricController:
         plan = plan_reconfig(self.spec, current, None, target, stray=stray)
         delay = self.default_delay_ms if any(s.diff.removed for s in plan.ocs_steps) else 0.0
         req = ReconfigRequest(target=target, phase=phase, delay_ms=delay, source=source)
-        self.matchings = current
         self.routes = None
-        self.initialised = True
-        self._run(req, "initial", self.clock.now(), self._wall(), plan=plan)
+        try:  # not ready (and no circuits reported) until the intended state is installed
+            self._run(req, "initial", self.clock.now(), self._wall(), plan=plan)
+        finally:
+            self.initialised = True  # also after a failure: the stale switches are read back and reconciled
         log.info("fabric initialised (%s): phase %s", source, phase)
 
     def _reconcile_ocs(self, ocs: int) -> None:
@@ -309,7 +310,6 @@ class FabricController:
             return
         delay = self.default_delay_ms if any(s.diff.removed for s in plan.ocs_steps) else 0.0
         req = ReconfigRequest(target={ocs: intended}, phase=self.phase, delay_ms=delay, source="reconcile")
-        self.matchings = current
         self._run(req, "reconcile", self.clock.now(), self._wall(), plan=plan)
 
     def _run(self, req: ReconfigRequest, kind: str, received: float, received_at: float,
@@ -324,7 +324,7 @@ class FabricController:
                        reason=f"window_ms {req.window_ms:g} is not longer than the switching delay "
                               f"{delay:g} ms: the current circuits stay")
             return self._record(rec)
-        assert self.matchings is not None
+        assert plan is not None or self.matchings is not None
         if plan is None:
             plan = plan_reconfig(self.spec, self.matchings, self.routes, req.target)
         rec["changes"] = plan.summary()

@@ -205,12 +205,27 @@ class EmulatedFabric:
         return self._capacity
 
     # ---- start ----
+    def names_in_use(self) -> list[str]:
+        """This fabric's bridge and interface names that already exist on the machine."""
+        try:
+            bridges = set(registry.ovs_bridges())
+        except (OSError, RuntimeError, subprocess.SubprocessError):  # OVS down: the build says so itself
+            bridges = set()
+        return ([f"bridge {b}" for b in self.bridge_names() if b in bridges]
+                + [f"interface {n}" for n in self.plan.interfaces() if _link_exists(n)])
+
     def start(self) -> "EmulatedFabric":
         if self._started:
             return self
         self.spec.check_emulatable()
         if os.geteuid() != 0:
             raise PermissionError("building the emulated fabric needs root")
+        clash = self.names_in_use()
+        if clash:  # before anything is built: stop() must never delete what another fabric made
+            raise registry.NameInUse(
+                f"{', '.join(clash[:5])}{' ...' if len(clash) > 5 else ''} already exist(s): another fabric is "
+                "running on this machine, or a crashed run left them (`orchestrrl clean` removes what this "
+                "installation recorded; `orchestrrl clean --all --dry-run` lists every orl* name)")
         self._started = True
         self._stopped = False
         cap = self.capacity_check()

@@ -7,8 +7,10 @@ the PIDs it names). Files are written atomically (temporary file + rename): a ``
 leaves only complete records.
 
 ``clean()`` (what ``orchestrrl clean`` runs) stops recorded processes whose start time still matches
-(so a recycled PID is never killed), deletes every OVS bridge, root-namespace interface and named
-network namespace whose name starts with ``orl``, and removes the records. It never kills by name.
+(so a recycled PID is never killed), deletes the bridges, root-namespace interfaces and named network
+namespaces this registry recorded, and removes the records; other ``orl*`` names (another checkout's
+running fabric) are only reported, and deleted only with ``sweep`` (``orchestrrl clean --all``). It never
+kills by name.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from .validation import SpecError
 log = logging.getLogger(__name__)
 
 RESOURCE_KINDS = ("bridge", "interface", "netns")
+_PLURAL = {"bridge": "bridges", "interface": "interfaces", "netns": "netns"}  # CleanReport's field names
 DEFAULT_STATE_DIR = "/run/orchestrrl"
 _PROC_PREFIX = "proc-"
 _RES_PREFIX = "res-"
@@ -36,6 +39,11 @@ _RES_PREFIX = "res-"
 
 def state_dir() -> Path:
     return Path(os.environ.get("ORCHESTRRL_STATE_DIR", DEFAULT_STATE_DIR))
+
+
+class NameInUse(RuntimeError):
+    """A bridge or interface the testbed is about to create already exists (another fabric is running on
+    this machine, or a crashed run left it): nothing was built, nothing was touched."""
 
 
 # ---- /proc helpers ------------------------------------------------------------------------------
@@ -290,11 +298,15 @@ def named_netns() -> list[str]:
 @dataclass
 class CleanReport:
     dry_run: bool = False
+    sweep: bool = False  # --all: every orl* name on the machine, not only this registry's records
     processes: list[dict] = field(default_factory=list)  # {pid, role, cmdline, result}
     bridges: list[str] = field(default_factory=list)
     interfaces: list[str] = field(default_factory=list)
     netns: list[str] = field(default_factory=list)
     records_removed: int = 0
+    # orl* names that exist but this registry did not record (another checkout's fabric?): left alone
+    # unless sweep; {"bridges": [...], "interfaces": [...], "netns": [...]}
+    not_recorded: dict[str, list[str]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -326,11 +338,26 @@ def _delete_each(names: list[str], argv_of: Callable[[str], list[str]], done: li
             errors.append(f"{' '.join(argv)}: {r.stderr.strip()}")
 
 
-def clean(dry_run: bool = False, process_timeout_s: float = 2.0,
+def _listing(fn: Callable[[], list[str]], what: str, errors: list[str]) -> list[str] | None:
+    """``fn()``'s orl* names; None (and an error) when the listing failed."""
+    try:
+        return sorted(n for n in fn() if n.startswith(NAME_PREFIX))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        errors.append(f"cannot list {what} ({e})")
+        return None
+
+
+def clean(dry_run: bool = False, sweep: bool = False, process_timeout_s: float = 2.0,
           run: Callable[[list[str]], subprocess.CompletedProcess] | None = None) -> CleanReport:
-    """Stop recorded processes, delete every ``orl*`` bridge / interface / netns, remove the records."""
+    """Undo what this registry recorded: stop its live processes, delete its bridges, interfaces and
+    namespaces (those that exist), remove its records.
+
+    ``sweep`` (``orchestrrl clean --all``): also delete every other ``orl*`` bridge, root-namespace
+    interface and named network namespace on the machine, whoever made it (another checkout's running
+    fabric too). Without it, such names are only reported (``not_recorded``). Never kills by name.
+    """
     run = run or _run
-    rep = CleanReport(dry_run=dry_run)
+    rep = CleanReport(dry_run=dry_run, sweep=sweep)
     procs = list_processes()
     resources = list_resources()
     live = [p for p in procs if process_alive(p.pid, p.start_time)]
@@ -344,14 +371,24 @@ def clean(dry_run: bool = False, process_timeout_s: float = 2.0,
         rep.processes = [{"pid": p.pid, "role": p.role, "cmdline": cmdlines[p.pid], "result": results[p.pid]}
                          for p in live]
 
-    # bridges: every orl* bridge OVS knows plus the recorded ones
-    recorded_bridges = {n for k, n in resources if k == "bridge"}
-    try:
-        existing = set(ovs_bridges())
-        bridges = sorted(b for b in existing if b.startswith(NAME_PREFIX))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        rep.errors.append(f"cannot list OVS bridges ({e}); trying recorded bridges only")
-        bridges = sorted(recorded_bridges)
+    recorded = {k: {n for kind, n in resources if kind == k} for k in RESOURCE_KINDS}
+    # a userspace bridge leaves a tap named like the bridge: the bridge's record covers it
+    recorded["interface"] |= recorded["bridge"]
+    existing = {"bridge": _listing(ovs_bridges, "OVS bridges", rep.errors),
+                "interface": _listing(root_interfaces, "interfaces", rep.errors),
+                "netns": _listing(named_netns, "network namespaces", rep.errors)}
+    todo: dict[str, list[str]] = {}
+    for kind in RESOURCE_KINDS:
+        have = existing[kind]
+        if have is None:  # cannot tell what exists: try the recorded ones (deleting a gone one is harmless)
+            todo[kind] = sorted(recorded[kind]) if kind != "interface" else []
+            continue
+        others = [n for n in have if n not in recorded[kind]]
+        if others:
+            rep.not_recorded[_PLURAL[kind]] = others
+        todo[kind] = [n for n in have if n in recorded[kind] or sweep]
+
+    bridges = todo["bridge"]
     if bridges and not dry_run:
         argv = ["ovs-vsctl", "--timeout=10"]
         for b in bridges:
@@ -363,17 +400,10 @@ def clean(dry_run: bool = False, process_timeout_s: float = 2.0,
         except (OSError, subprocess.SubprocessError) as e:
             rep.errors.append(f"ovs-vsctl del-br failed: {e}")
     rep.bridges = bridges
-
-    # interfaces in the root namespace (userspace bridges leave a tap named like the bridge)
-    try:
-        intfs = sorted(i for i in root_interfaces() if i.startswith(NAME_PREFIX))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        rep.errors.append(f"cannot list interfaces: {e}")
-        intfs = []
-    _delete_each(intfs, lambda n: ["ip", "link", "del", n], rep.interfaces, rep.errors, run, dry_run,
-                 gone_marker="Cannot find device")  # deleted with its veth peer: fine
-    _delete_each(sorted(n for n in named_netns() if n.startswith(NAME_PREFIX)), lambda n: ["ip", "netns", "del", n],
-                 rep.netns, rep.errors, run, dry_run)
+    # interfaces in the root namespace (a bridge's tap usually goes with the bridge: "Cannot find device")
+    _delete_each(todo["interface"], lambda n: ["ip", "link", "del", n], rep.interfaces, rep.errors, run, dry_run,
+                 gone_marker="Cannot find device")  # deleted with its veth peer or its bridge: fine
+    _delete_each(todo["netns"], lambda n: ["ip", "netns", "del", n], rep.netns, rep.errors, run, dry_run)
 
     if not dry_run:
         # forget only what is really gone: a survivor stays recorded (clean never kills by name, so a forgotten
@@ -385,17 +415,11 @@ def clean(dry_run: bool = False, process_timeout_s: float = 2.0,
             else:
                 forget_process(p.pid)
                 removed += 1
-        left_bridges = set()
-        try:
-            left_bridges = {b for b in ovs_bridges() if b.startswith(NAME_PREFIX)}
-        except (OSError, RuntimeError, subprocess.SubprocessError):
-            pass
-        try:
-            left_intfs = set(root_interfaces())
-        except (OSError, RuntimeError, subprocess.SubprocessError):
-            left_intfs = set()
+        left = {"bridge": _listing(ovs_bridges, "OVS bridges", []) or [],
+                "interface": _listing(root_interfaces, "interfaces", []) or [],
+                "netns": _listing(named_netns, "network namespaces", []) or []}
         for kind, name in resources:
-            if (kind == "bridge" and name in left_bridges) or (kind == "interface" and name in left_intfs):
+            if name in left[kind]:
                 rep.errors.append(f"{kind} {name} still exists; its record is kept")
                 continue
             forget_resource(kind, name)

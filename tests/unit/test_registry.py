@@ -96,43 +96,61 @@ def test_stop_escalates_to_sigkill():
             p.wait()
 
 
-def test_clean_dry_run_changes_nothing(state_dir, monkeypatch):
+@pytest.mark.parametrize("sweep", [False, True])
+def test_clean_dry_run_changes_nothing(state_dir, monkeypatch, sweep):
     calls = []
-    monkeypatch.setattr(registry, "ovs_bridges", lambda: ["orlt0", "br-other"])
-    monkeypatch.setattr(registry, "root_interfaces", lambda: ["lo", "orlt0-eth1", "eth0"])
+    monkeypatch.setattr(registry, "ovs_bridges", lambda: ["orlt0", "orlo9", "br-other"])
+    monkeypatch.setattr(registry, "root_interfaces", lambda: ["lo", "orlt0-eth1", "orlx-eth0", "eth0"])
     monkeypatch.setattr(registry, "named_netns", lambda: ["orlns", "other"])
     registry.record_resource("bridge", "orlt0")
-    rep = registry.clean(dry_run=True, run=lambda argv: calls.append(argv))
+    registry.record_resource("interface", "orlt0-eth1")
+    rep = registry.clean(dry_run=True, sweep=sweep, run=lambda argv: calls.append(argv))
     assert calls == []
-    assert (rep.bridges, rep.interfaces, rep.netns) == (["orlt0"], ["orlt0-eth1"], ["orlns"])
-    assert registry.list_resources() == [("bridge", "orlt0")]
+    if sweep:  # --all --dry-run says what the sweep would remove, whoever made it
+        assert (rep.bridges, rep.interfaces, rep.netns) == (["orlo9", "orlt0"], ["orlt0-eth1", "orlx-eth0"],
+                                                           ["orlns"])
+    else:
+        assert (rep.bridges, rep.interfaces, rep.netns) == (["orlt0"], ["orlt0-eth1"], [])
+    assert rep.not_recorded == {"bridges": ["orlo9"], "interfaces": ["orlx-eth0"], "netns": ["orlns"]}
+    assert registry.list_resources() == [("bridge", "orlt0"), ("interface", "orlt0-eth1")]
 
 
-def test_clean_deletes_only_orl_names_and_records(state_dir, monkeypatch):
-    calls = []
-    bridges = ["orlt0", "orlo0", "br-other"]
-    intfs = ["lo", "orlt0-eth1", "eth0"]
+class FakeSystem:
+    """Bridges and interfaces that deletions really remove (what ovs-vsctl / ip would do)."""
 
-    def run(argv):  # a fake system: deletions take effect
-        calls.append(argv)
+    def __init__(self, bridges, intfs):
+        self.bridges, self.intfs, self.calls = list(bridges), list(intfs), []
+
+    def run(self, argv):
+        self.calls.append(argv)
         if argv[0] == "ovs-vsctl":
             for i, a in enumerate(argv):
-                if a == "del-br" and argv[i + 1] in bridges:
-                    bridges.remove(argv[i + 1])
-        elif argv[:3] == ["ip", "link", "del"] and argv[3] in intfs:
-            intfs.remove(argv[3])
+                if a == "del-br" and argv[i + 1] in self.bridges:
+                    self.bridges.remove(argv[i + 1])
+        elif argv[:3] == ["ip", "link", "del"] and argv[3] in self.intfs:
+            self.intfs.remove(argv[3])
         return subprocess.CompletedProcess(argv, 0, "", "")
 
-    monkeypatch.setattr(registry, "ovs_bridges", lambda: list(bridges))
-    monkeypatch.setattr(registry, "root_interfaces", lambda: list(intfs))
+
+def test_clean_deletes_only_what_this_registry_recorded_and_all_sweeps_the_prefix(state_dir, monkeypatch):
+    sysm = FakeSystem(["orlt0", "orlo0", "br-other"], ["lo", "orlt0-eth1", "orlo0-eth1", "eth0"])
+    monkeypatch.setattr(registry, "ovs_bridges", lambda: list(sysm.bridges))
+    monkeypatch.setattr(registry, "root_interfaces", lambda: list(sysm.intfs))
     monkeypatch.setattr(registry, "named_netns", lambda: [])
     registry.record_resource("bridge", "orlt0")
-    rep = registry.clean(run=run)
-    assert calls[0] == ["ovs-vsctl", "--timeout=10", "--", "--if-exists", "del-br", "orlo0",
-                        "--", "--if-exists", "del-br", "orlt0"]
-    assert calls[1] == ["ip", "link", "del", "orlt0-eth1"]
-    assert len(calls) == 2
-    assert rep.records_removed == 1 and registry.list_resources() == []
+    registry.record_resource("interface", "orlt0-eth1")
+    registry.record_resource("interface", "orlt9-eth1")  # recorded, already gone: just forgotten
+    rep = registry.clean(run=sysm.run)
+    assert sysm.calls == [["ovs-vsctl", "--timeout=10", "--", "--if-exists", "del-br", "orlt0"],
+                          ["ip", "link", "del", "orlt0-eth1"]]
+    assert rep.not_recorded == {"bridges": ["orlo0"], "interfaces": ["orlo0-eth1"]}
+    assert sysm.bridges == ["orlo0", "br-other"] and sysm.intfs == ["lo", "orlo0-eth1", "eth0"]
+    assert rep.records_removed == 3 and registry.list_resources() == [] and rep.errors == []
+    sysm.calls.clear()
+    rep = registry.clean(sweep=True, run=sysm.run)  # --all: every orl* name, never another prefix
+    assert sysm.calls == [["ovs-vsctl", "--timeout=10", "--", "--if-exists", "del-br", "orlo0"],
+                          ["ip", "link", "del", "orlo0-eth1"]]
+    assert sysm.bridges == ["br-other"] and sysm.intfs == ["lo", "eth0"]
 
 
 def test_clean_keeps_the_record_of_what_survives_and_reports_it(state_dir, monkeypatch):

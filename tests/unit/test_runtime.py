@@ -325,3 +325,27 @@ def test_every_option_reaches_the_cli_command_and_the_process_argv(tmp_path):
 
         proc.stop()
         shutil.rmtree(proc._dir, ignore_errors=True)
+
+
+# ---- 7. not ready, and no half-installed circuits reported, while the initial state is being installed ------
+def test_not_ready_until_the_initial_reconcile_is_done(tmp_path):
+    from controller.runtime import save_state
+
+    state = tmp_path / "state.json"
+    gen = {0: Matching.from_pairs(8, [[1, 3], [2, 4], [5, 7], [6, 8]])}
+    save_state(state, gen, "gen")
+    core, drv, clock = make_core(state_path=state)
+    seen = []
+    orig = drv.send_ocs_flows
+
+    def spy(ocs, deletes, adds):
+        seen.append((core.ready, core.circuits()))
+        orig(ocs, deletes, adds)
+
+    drv.send_ocs_flows = spy
+    for d in core.expected:
+        core.switch_connected(d)
+    for d in core.expected:  # the OCS holds other circuits (e.g. the train mesh) after a restart
+        core.switch_synced(d, [(1, 7), (7, 1), (2, 6), (6, 2)] if d == OCS else None)
+    assert seen and all(ready is False and circ == {} for ready, circ in seen)
+    assert core.ready and core.circuits() == {"0": gen[0].to_json()} and core.phase == "gen"
