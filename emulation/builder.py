@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import IO, Callable, Sequence
 
 from . import capacity, registry, shaping
+from .netlink import Netlink, NetlinkFailed
 from .spec import NAME_PREFIX, FabricSpec
 from .validation import SpecError
 
@@ -318,7 +319,7 @@ class EmulatedFabric:
         _run(["sysctl", "-q", "-w"] + sysctls)
         items = [(link.intf2, link.rate_mbps) for link in plan.links]
         items += [(link.intf1, link.rate_mbps) for link in plan.links if link.kind == "uplink"]
-        shaping.shape_many(items)
+        shaping.shape_many(items)  # netlink, one socket: no tc spawned
         pids = {s: node.pid for s, node in self._hosts.items()}
         _run(["ip", "-batch", "-"], input_text="\n".join(mgmt_root_batch(plan, pids)) + "\n")
         _run(["sysctl", "-q", "-w", f"net.ipv6.conf.{plan.mgmt_bridge}.disable_ipv6=1"])
@@ -329,16 +330,13 @@ class EmulatedFabric:
         for h in plan.hosts:
             node = self._hosts[h.server]
             ipf = os.path.join(self._tmpdir, f"{h.name}.ip")
-            tcf = os.path.join(self._tmpdir, f"{h.name}.tc")
             with open(ipf, "w") as f:
                 f.write("\n".join(host_batch(plan, h.server)) + "\n")
-            with open(tcf, "w") as f:
-                f.write("\n".join(" ".join(a) for a in shaping.shape_commands(h.intf, self.spec.server_link_mbps))
-                        + "\n")
             out = node.cmd(f"sysctl -q -w net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1"
-                           f" >/dev/null; ip -batch {ipf} && tc -batch {tcf} && echo ORL_OK")
+                           f" >/dev/null; ip -batch {ipf} && echo ORL_OK")
             if "ORL_OK" not in out:
                 raise RuntimeError(f"configuring host {h.name} failed: {out.strip()[:500]}")
+            shaping.shape_many([(h.intf, self.spec.server_link_mbps)], netns_pid=node.pid)  # in its namespace
 
     # ---- accessors ----
     def _plan_host(self, server: int) -> HostPlan:
@@ -428,12 +426,16 @@ class EmulatedFabric:
         except Exception:
             log.exception("deleting bridges failed")
         names = self.plan.interfaces()
-        for name in names:
-            if _link_exists(name):
-                try:
-                    subprocess.run(["ip", "link", "del", name], capture_output=True, timeout=10)
-                except (OSError, subprocess.SubprocessError) as e:  # stop() never raises for cleanup trouble
-                    log.error("ip link del %s: %s", name, e)
+        try:
+            with Netlink() as nl:  # in-process: no `ip link del` spawned per interface
+                for name in names:
+                    if _link_exists(name):
+                        try:
+                            nl.delete_link(name)  # a veth goes with its peer: the peer is then gone
+                        except NetlinkFailed as e:  # stop() never raises for cleanup trouble
+                            log.error("deleting interface %s: %s", name, e)
+        except NetlinkFailed as e:
+            log.error("cannot open a netlink socket to delete interfaces: %s", e)
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline and any(_link_exists(n) for n in names):
             time.sleep(0.02)

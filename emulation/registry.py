@@ -262,7 +262,7 @@ def stop_processes(recs: list[ProcessRecord], timeout_s: float = 2.0, poll_s: fl
     return result
 
 
-# ---- system listings ----------------------------------------------------------------------------
+# ---- the machine: OVS bridges (ovs-vsctl), interfaces and named namespaces (netlink, in-process) ---------------
 def _run(argv: list[str], timeout_s: float = 10.0) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
 
@@ -276,22 +276,58 @@ def ovs_bridges() -> list[str]:
 
 
 def root_interfaces() -> list[str]:
-    r = _run(["ip", "-o", "link", "show"])
-    if r.returncode != 0:
-        raise RuntimeError(f"ip link show failed: {r.stderr.strip()}")
-    names = []
-    for line in r.stdout.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) >= 2:
-            names.append(parts[1].strip().split("@", 1)[0])
-    return names
+    """Every interface in the root network namespace."""
+    from .netlink import Netlink
+
+    with Netlink() as nl:
+        return nl.link_names()
 
 
 def named_netns() -> list[str]:
-    r = _run(["ip", "netns", "list"])
-    if r.returncode != 0:
+    """Named network namespaces (``ip netns``'s, under /run/netns)."""
+    from pyroute2 import netns
+
+    try:
+        return sorted(netns.listnetns())
+    except OSError:
         return []
-    return [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+
+
+class System:
+    """What ``clean`` reads and deletes on the machine (unit tests pass a fake)."""
+
+    def bridges(self) -> list[str]:
+        return ovs_bridges()
+
+    def interfaces(self) -> list[str]:
+        return root_interfaces()
+
+    def netns(self) -> list[str]:
+        return named_netns()
+
+    def delete_bridges(self, names: list[str]) -> None:
+        """Delete OVS bridges (one ovs-vsctl transaction); RuntimeError saying why on failure."""
+        argv = ["ovs-vsctl", "--timeout=10"]
+        for b in names:
+            argv += ["--", "--if-exists", "del-br", b]
+        try:
+            r = _run(argv)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise RuntimeError(f"ovs-vsctl del-br failed: {e}") from None
+        if r.returncode != 0:
+            raise RuntimeError(f"ovs-vsctl del-br failed: {r.stderr.strip()}")
+
+    def delete_interface(self, name: str) -> bool:
+        """Delete a root-namespace interface; False when it was already gone (e.g. with its veth peer)."""
+        from .netlink import Netlink
+
+        with Netlink() as nl:
+            return nl.delete_link(name)
+
+    def delete_netns(self, name: str) -> None:
+        from pyroute2 import netns
+
+        netns.remove(name)
 
 
 # ---- clean --------------------------------------------------------------------------------------
@@ -317,38 +353,20 @@ class CleanReport:
         return not (self.processes or self.bridges or self.interfaces or self.netns or self.records_removed)
 
 
-def _delete_each(names: list[str], argv_of: Callable[[str], list[str]], done: list[str], errors: list[str],
-                 run: Callable[[list[str]], subprocess.CompletedProcess], dry_run: bool,
-                 gone_marker: str | None = None) -> None:
-    """Run ``argv_of(name)`` for each name, recording successes in ``done`` and failures in ``errors``
-    (a failure whose stderr holds ``gone_marker`` means the thing was already gone)."""
-    for name in names:
-        if dry_run:
-            done.append(name)
-            continue
-        argv = argv_of(name)
-        try:
-            r = run(argv)
-        except (OSError, subprocess.SubprocessError) as e:
-            errors.append(f"{' '.join(argv)}: {e}")
-            continue
-        if r.returncode == 0:
-            done.append(name)
-        elif gone_marker is None or gone_marker not in r.stderr:
-            errors.append(f"{' '.join(argv)}: {r.stderr.strip()}")
+_CLEAN_ERRORS = (OSError, RuntimeError, subprocess.SubprocessError)  # NetlinkFailed is a RuntimeError
 
 
 def _listing(fn: Callable[[], list[str]], what: str, errors: list[str]) -> list[str] | None:
     """``fn()``'s orl* names; None (and an error) when the listing failed."""
     try:
         return sorted(n for n in fn() if n.startswith(NAME_PREFIX))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+    except _CLEAN_ERRORS as e:
         errors.append(f"cannot list {what} ({e})")
         return None
 
 
 def clean(dry_run: bool = False, sweep: bool = False, process_timeout_s: float = 2.0,
-          run: Callable[[list[str]], subprocess.CompletedProcess] | None = None) -> CleanReport:
+          system: System | None = None) -> CleanReport:
     """Undo what this registry recorded: stop its live processes, delete its bridges, interfaces and
     namespaces (those that exist), remove its records.
 
@@ -356,7 +374,7 @@ def clean(dry_run: bool = False, sweep: bool = False, process_timeout_s: float =
     interface and named network namespace on the machine, whoever made it (another checkout's running
     fabric too). Without it, such names are only reported (``not_recorded``). Never kills by name.
     """
-    run = run or _run
+    system = system or System()
     rep = CleanReport(dry_run=dry_run, sweep=sweep)
     procs = list_processes()
     resources = list_resources()
@@ -374,12 +392,11 @@ def clean(dry_run: bool = False, sweep: bool = False, process_timeout_s: float =
     recorded = {k: {n for kind, n in resources if kind == k} for k in RESOURCE_KINDS}
     # a userspace bridge leaves a tap named like the bridge: the bridge's record covers it
     recorded["interface"] |= recorded["bridge"]
-    existing = {"bridge": _listing(ovs_bridges, "OVS bridges", rep.errors),
-                "interface": _listing(root_interfaces, "interfaces", rep.errors),
-                "netns": _listing(named_netns, "network namespaces", rep.errors)}
+    listers = {"bridge": (system.bridges, "OVS bridges"), "interface": (system.interfaces, "interfaces"),
+               "netns": (system.netns, "network namespaces")}
     todo: dict[str, list[str]] = {}
     for kind in RESOURCE_KINDS:
-        have = existing[kind]
+        have = _listing(*listers[kind], rep.errors)
         if have is None:  # cannot tell what exists: try the recorded ones (deleting a gone one is harmless)
             todo[kind] = sorted(recorded[kind]) if kind != "interface" else []
             continue
@@ -388,22 +405,25 @@ def clean(dry_run: bool = False, sweep: bool = False, process_timeout_s: float =
             rep.not_recorded[_PLURAL[kind]] = others
         todo[kind] = [n for n in have if n in recorded[kind] or sweep]
 
-    bridges = todo["bridge"]
-    if bridges and not dry_run:
-        argv = ["ovs-vsctl", "--timeout=10"]
-        for b in bridges:
-            argv += ["--", "--if-exists", "del-br", b]
+    rep.bridges = todo["bridge"]
+    if rep.bridges and not dry_run:
         try:
-            r = run(argv)
-            if r.returncode != 0:
-                rep.errors.append(f"ovs-vsctl del-br failed: {r.stderr.strip()}")
-        except (OSError, subprocess.SubprocessError) as e:
-            rep.errors.append(f"ovs-vsctl del-br failed: {e}")
-    rep.bridges = bridges
-    # interfaces in the root namespace (a bridge's tap usually goes with the bridge: "Cannot find device")
-    _delete_each(todo["interface"], lambda n: ["ip", "link", "del", n], rep.interfaces, rep.errors, run, dry_run,
-                 gone_marker="Cannot find device")  # deleted with its veth peer or its bridge: fine
-    _delete_each(todo["netns"], lambda n: ["ip", "netns", "del", n], rep.netns, rep.errors, run, dry_run)
+            system.delete_bridges(rep.bridges)
+        except _CLEAN_ERRORS as e:
+            rep.errors.append(str(e))
+    for name in todo["interface"]:  # root namespace; a bridge's tap usually went with its bridge
+        try:
+            if dry_run or system.delete_interface(name):
+                rep.interfaces.append(name)
+        except _CLEAN_ERRORS as e:
+            rep.errors.append(f"deleting interface {name}: {e}")
+    for name in todo["netns"]:
+        try:
+            if not dry_run:
+                system.delete_netns(name)
+            rep.netns.append(name)
+        except _CLEAN_ERRORS as e:
+            rep.errors.append(f"deleting netns {name}: {e}")
 
     if not dry_run:
         # forget only what is really gone: a survivor stays recorded (clean never kills by name, so a forgotten
@@ -415,9 +435,7 @@ def clean(dry_run: bool = False, sweep: bool = False, process_timeout_s: float =
             else:
                 forget_process(p.pid)
                 removed += 1
-        left = {"bridge": _listing(ovs_bridges, "OVS bridges", []) or [],
-                "interface": _listing(root_interfaces, "interfaces", []) or [],
-                "netns": _listing(named_netns, "network namespaces", []) or []}
+        left = {kind: _listing(fn, what, []) or [] for kind, (fn, what) in listers.items()}
         for kind, name in resources:
             if name in left[kind]:
                 rep.errors.append(f"{kind} {name} still exists; its record is kept")
