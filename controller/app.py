@@ -437,10 +437,12 @@ def _dump_stacks(signum, frame) -> None:
     import sys
     import traceback
 
-    import greenlet
-
     stacks = []
-    for obj in gc.get_objects():
+    try:  # eventlet's (os-ken imports it); without it there are only native threads
+        import greenlet
+    except ImportError:
+        greenlet = None
+    for obj in gc.get_objects() if greenlet is not None else ():
         if isinstance(obj, greenlet.greenlet) and obj.gr_frame is not None:
             stacks.append("green:\n" + "".join(traceback.format_stack(obj.gr_frame)))
     for tid, f in sys._current_frames().items():
