@@ -380,15 +380,15 @@ def send_route_changes(app: OrlControllerApp, changes: Any, full: bool) -> list[
             app.fresh_tors.discard(ops.tor)
         for key in ops.delete_held:
             app._delete_stats_flow(dp, app.tor_stats[ops.tor][key])
-        for g in ops.add_groups:
+        for g in ops.changes.add_groups:
             app.send(dp, group_mod(dp, g.group_id, g.ports, "add"))
-        for g in ops.modify_groups:
+        for g in ops.changes.modify_groups:
             app.send(dp, group_mod(dp, g.group_id, g.ports, "modify"))
-        for f in ops.add_flows:
+        for f in ops.changes.add_flows:
             app.send(dp, flow_add(dp, f))
-        for f in ops.delete_flows:
+        for f in ops.changes.delete_flows:
             app.send(dp, flow_delete(dp, f))
-        for gid in ops.delete_groups:
+        for gid in ops.changes.delete_groups:
             app.send(dp, group_mod(dp, gid, (), "delete"))
         touched.append(dpid)
     return touched
@@ -419,8 +419,8 @@ def run_controller(cfg: ControllerConfig) -> int:
     services.append(hub.spawn(server.serve_forever, 0.2))
     log.info("OpenFlow on %s:%d; REST API on http://%s:%d/api/v1/ (%s)", cfg.of_host, cfg.of_port,
              cfg.rest_host, cfg.rest_port, "no auth" if cfg.token is None else f"token in {cfg.token_file}")
-    # SIGTERM / Ctrl-C: leave at once. Nothing is lost: the state file is written atomically before every
-    # change, and the fail-secure switches keep their flows (a restart reconciles).
+    # SIGTERM / Ctrl-C: leave at once. Nothing answered is lost: the state file is written atomically before a
+    # change is reported done, and the fail-secure switches keep their flows (a restart reconciles).
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGINT, _exit_on_signal)
     signal.signal(signal.SIGUSR1, _dump_stacks)  # `kill -USR1 PID`: every thread's stack to the log

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .ocs import FlowSpec
-from .routing import GroupSpec, RouteChanges
+from .routing import RouteChanges, TorChanges
 
 FlowKey = tuple[int, tuple[tuple[str, object], ...]]  # (priority, match items sorted by name)
 Actions = tuple[tuple[str, object], ...]
@@ -33,22 +33,16 @@ class TorTables:
 
 @dataclass(frozen=True)
 class TorOps:
-    """Operations for one ToR, to send in field order: ``delete_held`` (held flows that are not wanted, by
-    key), then add_groups, modify_groups, add_flows, delete_flows, delete_groups (a flow never points to a
-    missing group)."""
+    """Operations for one ToR: first ``delete_held`` (held flows that are not wanted, by key), then
+    ``changes`` (a routing.TorChanges, in its own order: a flow never points to a missing group)."""
 
     tor: int
+    changes: TorChanges
     delete_held: tuple[FlowKey, ...] = ()
-    add_groups: tuple[GroupSpec, ...] = ()
-    modify_groups: tuple[GroupSpec, ...] = ()
-    add_flows: tuple[FlowSpec, ...] = ()
-    delete_flows: tuple[FlowSpec, ...] = ()
-    delete_groups: tuple[int, ...] = ()
 
     @property
     def is_empty(self) -> bool:
-        return not (self.delete_held or self.add_groups or self.modify_groups or self.add_flows
-                    or self.delete_flows or self.delete_groups)
+        return not self.delete_held and self.changes.is_empty
 
 
 def tor_ops(changes: RouteChanges, full: bool, held: Mapping[int, TorTables]) -> list[TorOps]:
@@ -61,22 +55,21 @@ def tor_ops(changes: RouteChanges, full: bool, held: Mapping[int, TorTables]) ->
     without a read-back are assumed to be in step and get nothing.
     """
     if not full:
-        return [TorOps(t, (), ch.add_groups, ch.modify_groups, ch.add_flows, ch.delete_flows, ch.delete_groups)
-                for t, ch in sorted(changes.per_tor.items()) if not ch.is_empty]
+        return [TorOps(t, ch) for t, ch in sorted(changes.per_tor.items()) if not ch.is_empty]
     out = []
     for t in sorted(held):
         have = held[t]
         ch = changes.per_tor.get(t)
         want_g = {g.group_id: g for g in (ch.add_groups + ch.modify_groups if ch else ())}
         want_f = {flow_key(f): f for f in (ch.add_flows if ch else ())}
-        out.append(TorOps(
-            t,
-            delete_held=tuple(k for k in sorted(have.flows, key=repr) if k not in want_f),
-            add_groups=tuple(g for gid, g in sorted(want_g.items()) if gid not in have.groups),
-            modify_groups=tuple(g for gid, g in sorted(want_g.items())
-                                if gid in have.groups and tuple(have.groups[gid]) != tuple(g.ports)),
-            add_flows=tuple(f for k, f in want_f.items() if have.flows.get(k) != tuple(f.actions)),
-            delete_groups=tuple(sorted(gid for gid in have.groups if gid not in want_g))))
+        out.append(TorOps(t, delete_held=tuple(k for k in sorted(have.flows, key=repr) if k not in want_f),
+                          changes=TorChanges(
+                              t,
+                              add_groups=tuple(g for gid, g in sorted(want_g.items()) if gid not in have.groups),
+                              modify_groups=tuple(g for gid, g in sorted(want_g.items()) if gid in have.groups
+                                                  and tuple(have.groups[gid]) != tuple(g.ports)),
+                              add_flows=tuple(f for k, f in want_f.items() if have.flows.get(k) != tuple(f.actions)),
+                              delete_groups=tuple(sorted(gid for gid in have.groups if gid not in want_g)))))
     return out
 
 
@@ -97,26 +90,27 @@ class FakeTorTable:
         for k in ops.delete_held:
             self.flows.pop(k, None)
             self.touched.append(("delete_flow", k))
-        for g in ops.add_groups:
+        ch = ops.changes
+        for g in ch.add_groups:
             if g.group_id in self.groups:
                 raise ValueError(f"group {g.group_id} exists (OFPGMFC_GROUP_EXISTS)")
             self.groups[g.group_id] = tuple(g.ports)
             self.touched.append(("add_group", g.group_id))
-        for g in ops.modify_groups:
+        for g in ch.modify_groups:
             if g.group_id not in self.groups:
                 raise ValueError(f"group {g.group_id} unknown (OFPGMFC_UNKNOWN_GROUP)")
             self.groups[g.group_id] = tuple(g.ports)
             self.touched.append(("modify_group", g.group_id))
-        for f in ops.add_flows:
+        for f in ch.add_flows:
             for kind, arg in f.actions:
                 if kind == "group" and arg not in self.groups:
                     raise ValueError(f"flow {f} points to missing group {arg}")
             self.flows[flow_key(f)] = tuple(f.actions)
             self.touched.append(("add_flow", flow_key(f)))
-        for f in ops.delete_flows:
+        for f in ch.delete_flows:
             self.flows.pop(flow_key(f), None)
             self.touched.append(("delete_flow", flow_key(f)))
-        for gid in ops.delete_groups:
+        for gid in ch.delete_groups:
             if any(a == ("group", gid) for acts in self.flows.values() for a in acts):
                 raise ValueError(f"group {gid} deleted while a flow points to it")
             self.groups.pop(gid, None)

@@ -59,32 +59,20 @@ def class_params(rate_mbps: float) -> dict:
     return {"rate": rate, "ceil": rate, "burst": b, "cburst": b, "quantum": QUANTUM_BYTES}
 
 
-class Shaper:
-    """One netlink socket (root namespace or ``netns_pid``'s) for many shaping requests; a context manager."""
-
-    def __init__(self, netns_pid: int | None = None):
-        self._nl = Netlink(netns_pid)
-
-    def __enter__(self) -> "Shaper":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._nl.close()
+class Shaper(Netlink):
+    """A netlink socket (root namespace or ``netns_pid``'s) for many shaping requests; a context manager."""
 
     def shape(self, intf: str, rate_mbps: float) -> None:
         """(Re)install shaping on ``intf`` at ``rate_mbps`` (replace: safe on an already shaped link)."""
-        self._nl.replace_htb(_check_intf(intf), class_params(rate_mbps))
+        self.replace_htb(_check_intf(intf), class_params(rate_mbps))
 
     def change_rate(self, intf: str, rate_mbps: float) -> None:
         """Change the rate of an already shaped interface, live."""
-        self._nl.change_htb(_check_intf(intf), class_params(rate_mbps))
+        self.change_htb(_check_intf(intf), class_params(rate_mbps))
 
     def rate_mbps(self, intf: str) -> float | None:
         """The rate of the shaping class on ``intf`` in Mb/s, None when it is not shaped."""
-        bps = self._nl.htb_rate_bps(_check_intf(intf))
+        bps = self.htb_rate_bps(_check_intf(intf))
         return None if bps is None else bps / 1e6
 
 

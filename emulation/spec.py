@@ -14,6 +14,7 @@ Rates: ``server_gbps`` and ``uplink_gbps`` are *real* link rates; the emulator s
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections import Counter
 from dataclasses import dataclass
@@ -27,6 +28,15 @@ OCS_DPID_BASE = 0x2000
 MAX_EMULATED_SERVERS = 250
 MAX_DELAY_MS = 60000.0  # longest OCS switching delay anything accepts (scenario, controller, REST)
 PHASES = ("train", "gen", "sync")  # the phase topologies (controller/phases.py builds them)
+
+
+@functools.lru_cache(maxsize=65536)
+def _host_addr(subnet: str, index: int) -> str:
+    """Address ``index + 1`` of ``subnet`` (cached: route planning asks for every host's address per change)."""
+    net = ipaddress.IPv4Network(subnet)
+    if index + 1 >= net.num_addresses - 1:
+        raise SpecError(subnet, f"subnet {subnet} too small for host index {index}")
+    return str(net.network_address + index + 1)
 
 
 def check_delay_ms(value: float | None, field: str) -> float | None:
@@ -208,10 +218,7 @@ class FabricSpec:
         return None
 
     def _addr(self, subnet: str, index: int) -> str:
-        net = ipaddress.IPv4Network(subnet)
-        if index + 1 >= net.num_addresses - 1:
-            raise SpecError(subnet, f"subnet {subnet} too small for host index {index}")
-        return str(net.network_address + index + 1)
+        return _host_addr(subnet, index)
 
     def host_ip(self, server: int) -> str:
         self._check_index("server", server, self.n_servers)

@@ -32,14 +32,6 @@ def nothing_starts(monkeypatch):
     monkeypatch.setattr(ctl_app, "run_controller", boom)
 
 
-def run(argv, capsys):
-    try:
-        rc = cli.main(argv)
-    except SystemExit as e:  # argparse's own errors
-        rc = e.code
-    return rc, capsys.readouterr()
-
-
 def scenario(tmp_path, data: dict) -> str:
     p = tmp_path / "s.yaml"
     p.write_text(yaml.safe_dump(data) if isinstance(data, dict) else data)
@@ -70,10 +62,10 @@ CASES = [
 
 
 @pytest.mark.parametrize("data,commands,field", CASES)
-def test_bad_scenario_exits_2_naming_the_field(tmp_path, capsys, nothing_starts, data, commands, field):
+def test_bad_scenario_exits_2_naming_the_field(tmp_path, run_cli, nothing_starts, data, commands, field):
     path = scenario(tmp_path, data)
     for command in commands:
-        rc, out = run(command.split() + [path], capsys)
+        rc, out = run_cli(command.split() + [path])
         assert rc == 2, (command, out.err[-2000:])
         assert f"error: {field}:" in out.err, (command, out.err[-500:])
         assert len(out.err) < 1000, (command, len(out.err))  # a few items and the count, never megabytes
@@ -88,9 +80,9 @@ def test_bad_scenario_exits_2_naming_the_field(tmp_path, capsys, nothing_starts,
     (["controller", DEFAULT, "--delay-ms", "inf", "--no-auth", "--state-file", "STATE"], "delay_ms"),
     (["bench", "reconfig", "--delay-ms", "70000"], "--delay-ms"),
 ])
-def test_bad_flag_exits_2_naming_the_field(tmp_path, capsys, nothing_starts, argv, field):
+def test_bad_flag_exits_2_naming_the_field(tmp_path, run_cli, nothing_starts, argv, field):
     argv = [str(tmp_path / a) if a in ("OUT", "STATE") else a for a in argv]
-    rc, out = run(argv, capsys)
+    rc, out = run_cli(argv)
     assert rc == 2, out.err[-2000:]
     assert field in out.err and len(out.err) < 1000
     assert os.listdir(tmp_path) == []
@@ -106,9 +98,9 @@ def test_python_m_controller_rejects_a_delay_above_the_limit(tmp_path, capsys):
 
 # ---- fabric up --info-file: checked before anything is built; never removes a file the run did not write ----
 @pytest.mark.parametrize("case", ["no_folder", "directory"])
-def test_bad_info_file_is_refused_before_building(tmp_path, capsys, nothing_starts, case):
+def test_bad_info_file_is_refused_before_building(tmp_path, run_cli, nothing_starts, case):
     target = tmp_path / "missing" / "info.json" if case == "no_folder" else tmp_path
-    rc, out = run(["fabric", "up", DEFAULT, "--info-file", str(target)], capsys)
+    rc, out = run_cli(["fabric", "up", DEFAULT, "--info-file", str(target)])
     assert rc == 2 and "error: info_file:" in out.err
     assert os.listdir(tmp_path) == []  # no .tmp file, no folder
 

@@ -100,10 +100,10 @@ def test_plan_with_routes_orders_transition_before_final():
     old = phases.phase_matchings(SPEC, LAYOUT, "train")
     new = phases.phase_matchings(SPEC, LAYOUT, "gen")
     first = plan_reconfig(SPEC, {0: Matching.empty(8)}, None, old)
-    assert first.routes_full and first.move_changes is None and first.final_changes is not None
+    assert first.routes_full and first.move_steps == () and first.dark_steps == () and len(first.final_steps) == 1
     plan = plan_reconfig(SPEC, old, first.final_routes, new)
-    assert plan.move_changes is not None and plan.final_changes is not None
-    assert plan.transition_routes is not None and plan.final_routes is not None
+    assert plan.transition_routes is not None and plan.final_routes is not None and plan.dark_routes is not None
+    assert plan.move_steps or plan.dark_steps or plan.final_steps
     assert not plan.routes_full
 
 
@@ -150,10 +150,12 @@ def test_executor_step_order():
     plan = plan_reconfig(SPEC, old, first.final_routes, phases.phase_matchings(SPEC, LAYOUT, "gen"))
     execute_plan(plan, 10.0, drv, clock)
     kinds = [(e[0], bool(e[2]) if e[0] == "ocs" else None) for e in drv.log]
-    assert kinds == [("routes", None), ("ocs", True), ("barrier", None), ("ocs", False), ("barrier", None),
-                     ("routes", None)]
-    assert drv.log[1][3] == () and drv.log[3][2] == ()  # deletes first, adds after the delay
-    assert drv.log[0][1] is plan.move_changes and drv.log[-1][1] is plan.final_changes
+    n_move, n_dark, n_final = len(plan.move_steps), len(plan.dark_steps), len(plan.final_steps)
+    assert n_dark  # train -> gen moves ToR 0's path to ToR 1 onto other uplinks: routed while dark
+    assert kinds == ([("routes", None)] * n_move + [("ocs", True), ("barrier", None)] + [("routes", None)] * n_dark
+                     + [("ocs", False), ("barrier", None)] + [("routes", None)] * n_final)
+    routes = [e[1] for e in drv.log if e[0] == "routes"]
+    assert routes == list(plan.move_steps + plan.dark_steps + plan.final_steps)
 
 
 def _flows(matching: Matching) -> list[FlowSpec]:

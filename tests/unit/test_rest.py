@@ -21,16 +21,8 @@ TOKEN = "t0ken-" + "x" * 20
 
 
 @pytest.fixture
-def fab():
-    clock = FakeClock()
-    drv = FakeDriver(clock, SPEC.ocs_count)
-    core = FabricController(SPEC, LAYOUT, drv, clock, threading.Lock())
-    for d in core.expected:
-        core.switch_connected(d)
-    for d in core.expected:
-        core.switch_synced(d, [] if SPEC.classify_dpid(d)[0] == "ocs" else None)
-    assert core.ready
-    drv.log.clear()
+def fab(connected_core):
+    core, drv, _ = connected_core(SPEC, LAYOUT)
     return core, drv, RestApp(core, TOKEN)
 
 

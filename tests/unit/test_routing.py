@@ -139,23 +139,12 @@ def test_route_flow_changes_only_changed_groups():
     assert 2 in route_flow_changes(spec, r1, r3).per_tor
 
 
-def test_planner_refuses_transition_routes_that_loop(monkeypatch):
+def test_planner_refuses_transition_routes_that_loop(monkeypatch, connected_core):
     """The runtime checks what it installs: a looping transition state fails the plan before anything is sent."""
-    import threading
-
     from controller import routing
-    from controller.reconfig import FakeClock, FakeDriver
-    from controller.runtime import FabricController
 
-    spec, layout = FabricSpec(), JobLayout()
-    clock = FakeClock()
-    drv = FakeDriver(clock, spec.ocs_count)
-    core = FabricController(spec, layout, drv, clock, threading.Lock())
-    for d in core.expected:
-        core.switch_connected(d)
-    for d in core.expected:
-        core.switch_synced(d, [] if spec.classify_dpid(d)[0] == "ocs" else None)
-    drv.log.clear()
+    spec = FabricSpec()
+    core, drv, _ = connected_core(spec, JobLayout())
     # ToR 0 and the ToR at the far end of its uplink 0 send traffic for a third ToR to each other
     far = spec.ocs_port_owner(0, core.matchings[0].peer(spec.uplink(0, 0).ocs_port))
     dst = min({1, 2, 3} - {far.tor})

@@ -349,3 +349,26 @@ def test_not_ready_until_the_initial_reconcile_is_done(tmp_path):
         core.switch_synced(d, [(1, 7), (7, 1), (2, 6), (6, 2)] if d == OCS else None)
     assert seen and all(ready is False and circ == {} for ready, circ in seen)
     assert core.ready and core.circuits() == {"0": gen[0].to_json()} and core.phase == "gen"
+
+
+# ---- 8. the state file is written beside the reconfiguration, and holds the new intent when it answers ---------
+def test_state_file_holds_the_new_intent_when_the_request_answers(tmp_path):
+    from controller import phases
+    from controller.runtime import load_state
+
+    state = tmp_path / "state.json"
+    core, drv, clock = make_core(state_path=state)
+    connect_all(core)
+    rec = core.request_phase({"phase": "gen", "delay_ms": 5})
+    assert rec["status"] == "done" and "persist_error" not in rec and rec["persist_wait_ms"] >= 0
+    assert load_state(state, SPEC) == (phases.phase_matchings(SPEC, LAYOUT, "gen"), "gen")
+    assert "persist" not in rec["overhead_stages_ms"]  # not on the overhead's path any more
+    assert sum(rec["overhead_stages_ms"].values()) == pytest.approx(rec["overhead_ms"], abs=0.01)
+
+
+def test_a_state_file_that_cannot_be_written_is_reported(tmp_path):
+    core, drv, clock = make_core(state_path=tmp_path / "state.json")
+    connect_all(core)
+    core.state_path = tmp_path / "gone" / "state.json"  # its folder vanished meanwhile
+    rec = core.request_phase({"phase": "gen", "delay_ms": 5})
+    assert rec["status"] == "done" and "FileNotFoundError" in rec["persist_error"]

@@ -65,8 +65,7 @@ def test_incremental_changes_are_sent_as_they_are_and_only_to_tors_with_changes(
     assert [o.tor for o in plan] == sorted(t for t, c in ch.per_tor.items() if not c.is_empty)
     for ops in plan:
         c = ch.per_tor[ops.tor]
-        assert ops == TorOps(ops.tor, (), c.add_groups, c.modify_groups, c.add_flows, c.delete_flows,
-                             c.delete_groups)
+        assert ops == TorOps(ops.tor, c)
         tors[ops.tor].apply(ops)
     want = installed("gen")
     assert all(tors[t].tables() == want[t].tables() for t in tors)
