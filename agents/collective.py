@@ -10,10 +10,11 @@ process (no pickle on any socket of ours; Gloo's own wire format carries the ten
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
+
+from emulation.files import write_json_atomic
 
 OPS = ("all_reduce", "broadcast")
 
@@ -81,10 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print("agents.collective: error: " + "; ".join(problems), file=sys.stderr)
         return 2
     res = run(a.op, a.rank, a.world, a.init, a.bytes, a.iters, a.src, a.timeout_s)
-    tmp = f"{a.out}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(res, f)
-    os.replace(tmp, a.out)
+    write_json_atomic(a.out, res, fsync=False)
     return 0
 
 

@@ -25,12 +25,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socketserver
 import threading
 import time
 import warnings
 from typing import Any, Sequence
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 with warnings.catch_warnings():  # eventlet 0.41 (imported by os-ken) warns that it is deprecated
     warnings.simplefilter("ignore")
@@ -40,10 +38,12 @@ with warnings.catch_warnings():  # eventlet 0.41 (imported by os-ken) warns that
     from os_ken.lib import hub
     from os_ken.ofproto import ofproto_v1_3
 
+from .config import ControllerConfig
 from .ocs import COOKIE_MASK, OCS_COOKIE, OCS_PRIORITY, TOR_COOKIE, FlowSpec
 from .reconfig import PreciseClock
-from .rest import RestApp
-from .runtime import ControllerConfig, FabricController
+from .rest import RestApp, make_server
+from .runtime import FabricController
+from .tor_sync import TorTables, tor_ops
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ class OrlControllerApp(app_manager.OSKenApp):
         self.spec = cfg.spec
         self.dps: dict[int, Any] = {}
         self._waiters: dict[tuple[int, int], tuple[hub.Event, list]] = {}
-        self.tor_groups: dict[int, dict[int, tuple]] = {}  # tor -> {group_id: bucket ports} as read back
-        self.tor_flows: dict[int, dict[tuple, Any]] = {}  # tor -> {(priority, match items): stats}
+        self.tor_tables: dict[int, TorTables] = {}  # tor -> what it held when last read back
+        self.tor_stats: dict[int, dict[tuple, Any]] = {}  # tor -> {flow key: flow stats} (to delete by)
         self.fresh_tors: set[int] = set()  # ToRs read back since their last full sync
         self._send_locks: dict[int, threading.Lock] = {}  # dpid -> lock over xid assignment + send
         self._send_locks_guard = threading.Lock()
@@ -137,11 +137,12 @@ class OrlControllerApp(app_manager.OSKenApp):
                 self.core.switch_synced(dp.id, pairs)
             else:
                 stats = self.request_flows(dp, TOR_COOKIE)
-                self.tor_flows[idx] = {(st.priority, match_items(st.match)): st for st in stats}
-                self.tor_groups[idx] = self.request_groups(dp)
+                self.tor_stats[idx] = {(st.priority, match_items(st.match)): st for st in stats}
+                self.tor_tables[idx] = TorTables(self.request_groups(dp),
+                                                 {k: _stats_actions(st) for k, st in self.tor_stats[idx].items()})
                 self.fresh_tors.add(idx)
                 self.core.switch_synced(dp.id)
-        except Exception:  # noqa: BLE001 - a green thread must log, not die silently
+        except Exception:  # noqa: BLE001 - a sync thread must log, not die silently
             log.exception("sync of switch %#x failed", dp.id)
 
     # ---- sending ---------------------------------------------------------------------------------------
@@ -361,51 +362,33 @@ def _stats_actions(st) -> tuple:
 
 
 def send_route_changes(app: OrlControllerApp, changes: Any, full: bool) -> list[int]:
-    """Queue the ToR group/flow changes of a ``routing.RouteChanges``; returns the dpids touched.
+    """Send the ToR operations of a ``routing.RouteChanges`` (see controller.tor_sync); the dpids touched.
 
-    ``full``: ``changes`` is the complete route state. Only ToRs whose tables were just read back (a fresh
-    connect) are synced, against what they hold: identical flows and groups are left alone (counters kept),
-    differing ones replaced, extra ones deleted. ToRs without a fresh read-back are assumed to be in step.
+    ``full``: ``changes`` is the complete route state; the ToRs read back since their last full sync are
+    synced against what they held (tor_sync.tor_ops decides what to send).
     """
+    held = {t: app.tor_tables.get(t, TorTables()) for t in app.fresh_tors} if full else {}
+    plan = tor_ops(changes, full, held)
+    for ops in plan:  # every ToR to touch is connected, or nothing is sent
+        if app.spec.tor_dpid(ops.tor) not in app.dps:
+            raise SwitchTimeout(f"ToR {ops.tor} (switch {app.spec.tor_dpid(ops.tor):#x}) is not connected")
     touched = []
-    tors = sorted(app.fresh_tors) if full else sorted(changes.per_tor)
-    for t in tors:
-        dpid = app.spec.tor_dpid(t)
-        dp = app.dps.get(dpid)
-        if dp is None:
-            raise SwitchTimeout(f"ToR {t} (switch {dpid:#x}) is not connected")
-        ch = changes.per_tor.get(t)
-        add_groups = list(ch.add_groups) if ch else []
-        mod_groups = list(ch.modify_groups) if ch else []
-        add_flows = list(ch.add_flows) if ch else []
-        del_flows = list(ch.delete_flows) if ch else []
-        del_groups = list(ch.delete_groups) if ch else []
+    for ops in plan:
+        dpid = app.spec.tor_dpid(ops.tor)
+        dp = app.dps[dpid]
         if full:
-            app.fresh_tors.discard(t)
-            have_groups = app.tor_groups.get(t, {})
-            have_flows = app.tor_flows.get(t, {})
-            want_g = {g.group_id: g for g in add_groups + mod_groups}
-            add_groups = [g for g in want_g.values() if g.group_id not in have_groups]
-            mod_groups = [g for g in want_g.values()
-                          if g.group_id in have_groups and tuple(have_groups[g.group_id]) != tuple(g.ports)]
-            want_f = {(f.priority, tuple(sorted(f.match))): f for f in add_flows}
-            add_flows = [f for k, f in want_f.items()
-                         if k not in have_flows or _stats_actions(have_flows[k]) != tuple(f.actions)]
-            for k, st in have_flows.items():
-                if k not in want_f:
-                    app._delete_stats_flow(dp, st)
-            del_groups = [g for g in have_groups if g not in want_g]
-        if not (add_groups or mod_groups or add_flows or del_flows or del_groups) and not full:
-            continue
-        for g in add_groups:
+            app.fresh_tors.discard(ops.tor)
+        for key in ops.delete_held:
+            app._delete_stats_flow(dp, app.tor_stats[ops.tor][key])
+        for g in ops.changes.add_groups:
             app.send(dp, group_mod(dp, g.group_id, g.ports, "add"))
-        for g in mod_groups:
+        for g in ops.changes.modify_groups:
             app.send(dp, group_mod(dp, g.group_id, g.ports, "modify"))
-        for f in add_flows:
+        for f in ops.changes.add_flows:
             app.send(dp, flow_add(dp, f))
-        for f in del_flows:
+        for f in ops.changes.delete_flows:
             app.send(dp, flow_delete(dp, f))
-        for gid in del_groups:
+        for gid in ops.changes.delete_groups:
             app.send(dp, group_mod(dp, gid, (), "delete"))
         touched.append(dpid)
     return touched
@@ -418,11 +401,11 @@ def run_controller(cfg: ControllerConfig) -> int:
     from os_ken import cfg as oscfg
 
     if cfg.token is None and cfg.token_file is not None:  # check_config's result without with_token
-        raise ValueError("ControllerConfig has a token_file but no token: build it with config_from_args")
+        raise ValueError("ControllerConfig has a token_file but no token: build it with config_from_options")
     oscfg.CONF(args=["--ofp-tcp-listen-port", str(cfg.of_port), "--ofp-listen-host", cfg.of_host],
                project="os_ken")
     try:
-        server = _RestServer((cfg.rest_host, cfg.rest_port), _QuietHandler)
+        server = make_server(cfg.rest_host, cfg.rest_port)
     except OSError as e:
         log.error("cannot listen for REST on %s:%d: %s", cfg.rest_host, cfg.rest_port, e)
         return 1
@@ -436,8 +419,8 @@ def run_controller(cfg: ControllerConfig) -> int:
     services.append(hub.spawn(server.serve_forever, 0.2))
     log.info("OpenFlow on %s:%d; REST API on http://%s:%d/api/v1/ (%s)", cfg.of_host, cfg.of_port,
              cfg.rest_host, cfg.rest_port, "no auth" if cfg.token is None else f"token in {cfg.token_file}")
-    # SIGTERM / Ctrl-C: leave at once. Nothing is lost: the state file is written atomically before every
-    # change, and the fail-secure switches keep their flows (a restart reconciles).
+    # SIGTERM / Ctrl-C: leave at once. Nothing answered is lost: the state file is written atomically before a
+    # change is reported done, and the fail-secure switches keep their flows (a restart reconciles).
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGINT, _exit_on_signal)
     signal.signal(signal.SIGUSR1, _dump_stacks)  # `kill -USR1 PID`: every thread's stack to the log
@@ -448,26 +431,18 @@ def run_controller(cfg: ControllerConfig) -> int:
     return 0
 
 
-class _RestServer(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a request in flight never blocks the process from exiting
-    allow_reuse_address = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # access log through logging, not stderr
-        logging.getLogger("controller.rest.access").debug("%s " + format, self.address_string(), *args)
-
-
 def _dump_stacks(signum, frame) -> None:
     """Log the stack of every thread, native and green (diagnosing a stuck controller without stopping it)."""
     import gc
     import sys
     import traceback
 
-    import greenlet
-
     stacks = []
-    for obj in gc.get_objects():
+    try:  # eventlet's (os-ken imports it); without it there are only native threads
+        import greenlet
+    except ImportError:
+        greenlet = None
+    for obj in gc.get_objects() if greenlet is not None else ():
         if isinstance(obj, greenlet.greenlet) and obj.gr_frame is not None:
             stacks.append("green:\n" + "".join(traceback.format_stack(obj.gr_frame)))
     for tid, f in sys._current_frames().items():

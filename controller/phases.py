@@ -39,14 +39,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from emulation.spec import FabricSpec, JobLayout
+from emulation.spec import PHASES, FabricSpec, JobLayout, check_phase  # noqa: F401 - PHASES: phases.PHASES
 from emulation.validation import SpecError
 
 from .ocs import Matching
 
 log = logging.getLogger(__name__)
-
-PHASES = ("train", "gen", "sync")
 
 Edge = tuple[int, int, int]  # (tor_port, peer_tor, ocs)
 
@@ -164,8 +162,7 @@ def _round_robin(circ: _Circuits, tors: list[int]) -> None:
 # ---- phases --------------------------------------------------------------------------------------
 def phase_matchings(spec: FabricSpec, layout: JobLayout, phase: str) -> dict[int, Matching]:
     """OCS index -> matching over ``spec.ports_per_ocs`` ports for ``phase`` (one of PHASES)."""
-    if phase not in PHASES:
-        raise SpecError("phase", f"must be one of {', '.join(PHASES)}, got {phase!r}")
+    check_phase(phase)
     layout.check(spec)
     circ = _Circuits(spec)
     if phase == "train":
@@ -418,12 +415,6 @@ class CircuitGraph:
 
     def n_circuits(self) -> int:
         return sum(len(e) for e in self.adj) // 2
-
-    def peer_of_port(self, tor: int, tor_port: int) -> int | None:
-        for p, peer, _ in self.adj[tor]:
-            if p == tor_port:
-                return peer
-        return None
 
 
 def circuit_graph(spec: FabricSpec, matchings: Mapping[int, Matching]) -> CircuitGraph:

@@ -5,6 +5,10 @@ file (mode 0600) unless a token is given, records the PID in ``emulation.registr
 can stop a leftover), waits until the REST API answers, and stops the process by its PID on exit.
 ``kill()`` sends SIGKILL (crash tests); ``restart()`` starts a new process on the same ports, token and
 state file.
+
+Its files (token, state, log) live in ``workdir`` when one is given (the run's own folder: kept), otherwise
+in a ``/tmp/orlctl-*`` folder that :meth:`stop` removes, unless the controller failed (exited by itself,
+or a start failed) or ``keep_files`` was set: then the folder stays for its log, and the log says where.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +30,7 @@ from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, to_dict
 
 from .client import ControllerClient
+from .config import ControllerOptions, to_argv
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +45,8 @@ class ControllerProcess:
     def __init__(self, spec: FabricSpec, layout: JobLayout, of_port: int | None = None,
                  rest_port: int | None = None, initial_phase: str = "train", delay_ms: float | None = None,
                  state_file: str | os.PathLike | None = None, token: str | None = None,
-                 start_timeout_s: float = 30.0, stop_timeout_s: float = 5.0, verbose: bool = False):
+                 start_timeout_s: float = 30.0, stop_timeout_s: float = 5.0, verbose: bool = False,
+                 workdir: str | os.PathLike | None = None):
         self.spec = spec
         self.layout = layout
         self.of_port = of_port or free_port()
@@ -49,7 +56,15 @@ class ControllerProcess:
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.verbose = verbose
-        self._dir = Path(tempfile.mkdtemp(prefix="orlctl-"))
+        self._own_dir = workdir is None
+        if workdir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="orlctl-"))
+        else:
+            self._dir = Path(workdir)
+            self._dir.mkdir(parents=True, exist_ok=True)
+        self._expected_exit = False
+        self.keep_files = False  # set to keep the temporary folder after stop (its log: e.g. thread stacks)
+        self._failed = False  # a start failed or the process exited by itself: keep the folder for its log
         self.state_file = Path(state_file) if state_file else self._dir / "state.json"
         self.token = token or secrets.token_urlsafe(32)
         self.token_file = self._dir / "token"
@@ -70,21 +85,20 @@ class ControllerProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def argv(self) -> list[str]:
+    def options(self) -> ControllerOptions:
         spec_json = json.dumps({"fabric": to_dict(self.spec), "layout": to_dict(self.layout)})
-        argv = [sys.executable, "-m", "controller", "--spec-json", spec_json, "--of-port", str(self.of_port),
-                "--rest-port", str(self.rest_port), "--token-file", str(self.token_file),
-                "--state-file", str(self.state_file), "--initial-phase", self.initial_phase]
-        if self.delay_ms is not None:
-            argv += ["--delay-ms", str(self.delay_ms)]
-        if self.verbose:
-            argv.append("-v")
-        return argv
+        return ControllerOptions(spec_json=spec_json, of_port=self.of_port, rest_port=self.rest_port,
+                                 token_file=str(self.token_file), state_file=str(self.state_file),
+                                 initial_phase=self.initial_phase, delay_ms=self.delay_ms, verbose=int(self.verbose))
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "controller"] + to_argv(self.options())
 
     # ---- life cycle -----------------------------------------------------------------------------------
     def start(self) -> "ControllerProcess":
         if self.running:
             raise RuntimeError(f"controller already running (pid {self.pid})")
+        self._expected_exit = False
         self._log_file = open(self.log_path, "ab")
         self._log_file.write(f"==== start {self.starts}: {' '.join(self.argv()[:3])} ...\n".encode())
         self._log_file.flush()
@@ -100,6 +114,7 @@ class ControllerProcess:
                 # it already exited (bad arguments): _wait_answering reports its exit code and log
             self._wait_answering()
         except BaseException:
+            self._failed = True
             self.stop()
             raise
         log.info("controller pid %d: OpenFlow :%d, REST :%d, log %s", self.pid, self.of_port, self.rest_port,
@@ -149,16 +164,24 @@ class ControllerProcess:
             self._log_file.close()
             self._log_file = None
 
+    def _note_own_exit(self) -> None:
+        """A process that is gone though nobody stopped it crashed: keep its files."""
+        if self._proc is not None and self._proc.poll() is not None and not self._expected_exit:
+            self._failed = True
+
     def kill(self) -> None:
         """SIGKILL (a crash: the switches keep their flows)."""
+        self._note_own_exit()
         if self.running:
+            self._expected_exit = True
             self._proc.send_signal(signal.SIGKILL)
             self._reap(self.stop_timeout_s)
         self._forget()
 
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after the deadline. Idempotent."""
+    def _stop_process(self) -> None:
+        self._note_own_exit()
         if self.running:
+            self._expected_exit = True
             self._proc.send_signal(signal.SIGTERM)
             if not self._reap(self.stop_timeout_s):
                 log.warning("controller pid %d ignored SIGTERM; killing it", self._proc.pid)
@@ -166,9 +189,20 @@ class ControllerProcess:
                 self._reap(self.stop_timeout_s)
         self._forget()
 
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after the deadline; then remove the temporary folder (see the module
+        docstring for when it stays). Idempotent."""
+        self._stop_process()
+        if not self._own_dir or not self._dir.exists():
+            return
+        if self._failed or self.keep_files:
+            log.warning("controller files kept in %s (log: %s)", self._dir, self.log_path)
+            return
+        shutil.rmtree(self._dir, ignore_errors=True)
+
     def restart(self) -> "ControllerProcess":
         """Stop (if running) and start a new process on the same ports, token and state file."""
-        self.stop()
+        self._stop_process()
         return self.start()
 
     def __enter__(self) -> "ControllerProcess":

@@ -18,19 +18,17 @@ a fake flow table in unit tests) and reads time from an injected :class:`Clock`.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
-from emulation.spec import FabricSpec, JobLayout
-from emulation.validation import SpecError, from_dict, require
+from emulation.spec import FabricSpec, JobLayout, check_delay_ms, check_phase
+from emulation.validation import BRIEF_CHARS, SpecError, brief, finite_float, from_dict, require
 
 from .ocs import OCS_COOKIE, OCS_PRIORITY, FlowSpec, Matching, MatchingDiff, circuit_flow_changes, diff
 
 log = logging.getLogger(__name__)
 
-MAX_DELAY_MS = 60000.0
 MAX_WINDOW_MS = 3600_000.0
 SPIN_MARGIN_S = 0.001  # sleep until this long before a deadline, then spin on the clock
 
@@ -87,21 +85,12 @@ def decide_switch(window_ms: float | None, delay_ms: float, gain_ms: float | Non
 
 
 # ---- requests ------------------------------------------------------------------------------------
-def _check_delay(value: float | None, name: str) -> None:
-    if value is None:
-        return
-    require(math.isfinite(value), name, f"must be a finite number, got {value!r}")
-    require(value >= 0, name, f"must be >= 0, got {value}")
-    require(value <= MAX_DELAY_MS, name, f"must be <= {MAX_DELAY_MS:g} ms, got {value}")
-
-
 def _check_window(value: float | None, name: str = "window_ms") -> None:
     """A slack window or a predicted gain (``gain_ms``): finite, >= 0, at most MAX_WINDOW_MS."""
     if value is None:
         return
-    require(math.isfinite(value), name, f"must be a finite number, got {value!r}")
-    require(value >= 0, name, f"must be >= 0, got {value}")
-    require(value <= MAX_WINDOW_MS, name, f"must be <= {MAX_WINDOW_MS:g} ms, got {value}")
+    v = finite_float(value, name)
+    require(0 <= v <= MAX_WINDOW_MS, name, f"must be in 0..{MAX_WINDOW_MS:g} ms, got {v:g}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,7 +102,7 @@ class _TimingBody:
     gain_ms: Optional[float] = None  # predicted gain of the new topology (decide_switch)
 
     def __post_init__(self) -> None:
-        _check_delay(self.delay_ms, "delay_ms")
+        check_delay_ms(self.delay_ms, "delay_ms")
         _check_window(self.window_ms)
         _check_window(self.gain_ms, "gain_ms")
 
@@ -150,18 +139,16 @@ class ReconfigRequest:
     source: str = "rest"
 
     def __post_init__(self) -> None:
-        _check_delay(self.delay_ms, "delay_ms")
+        check_delay_ms(self.delay_ms, "delay_ms")
         _check_window(self.window_ms)
         _check_window(self.gain_ms, "gain_ms")
 
-    def effective_delay_ms(self, spec: FabricSpec) -> float:
-        return spec.reconfig_delay_ms if self.delay_ms is None else float(self.delay_ms)
-
 
 def _ocs_index(spec: FabricSpec, key: object) -> int:
-    f = f"circuits.{key}"
-    if not isinstance(key, str) or not key.isdigit() or (len(key) > 1 and key.startswith("0")):
-        raise SpecError(f, f"OCS must be a decimal index 0..{spec.ocs_count - 1}, got {key!r}")
+    f = f"circuits.{str(key)[:BRIEF_CHARS]}"
+    # ASCII digits only: str.isdigit() also takes "\u0660" (int() reads it as 0) and "\u00b2" (int() fails)
+    if not isinstance(key, str) or not (key.isascii() and key.isdigit()) or (len(key) > 1 and key.startswith("0")):
+        raise SpecError(f, f"OCS must be a decimal index 0..{spec.ocs_count - 1}, got {brief(key)}")
     o = int(key)
     require(o < spec.ocs_count, f, f"unknown OCS {o} (fabric has OCSes 0..{spec.ocs_count - 1})")
     return o
@@ -183,8 +170,7 @@ def phase_request(spec: FabricSpec, layout: JobLayout, data: Any) -> ReconfigReq
     from . import phases
 
     body = from_dict(PhaseBody, data)
-    require(body.phase in phases.PHASES, "phase",
-            f"unknown phase {body.phase!r} (known: {', '.join(phases.PHASES)})")
+    check_phase(body.phase)
     target = phases.phase_matchings(spec, layout, body.phase)
     return ReconfigRequest(target=dict(target), phase=body.phase, delay_ms=body.delay_ms,
                            window_ms=body.window_ms, gain_ms=body.gain_ms)
@@ -203,14 +189,25 @@ class OcsStep:
 
 @dataclass(frozen=True)
 class ReconfigPlan:
+    """What a reconfiguration sends, in order: ``move_steps`` (route changes before anything goes dark), the
+    deletes of ``ocs_steps``, ``dark_steps`` (while the changed circuits are dark), the adds, ``final_steps``.
+
+    Each step is a ``routing.RouteChanges`` confirmed (ToR barrier) before the next; the planner checked
+    that no mixed state of a step loops on the circuits lit meanwhile. ``dark_wait``: the dark steps from
+    that index on wait until the deletes are confirmed (only when they would loop on the old circuits).
+    """
+
     current: Mapping[int, Matching]
     target: Mapping[int, Matching]  # complete: every OCS
     ocs_steps: tuple[OcsStep, ...]  # only OCSes whose matching changes, by OCS index
-    transition_routes: Any = None  # routing.Routes while the changed circuits are dark
+    transition_routes: Any = None  # routing.Routes before the changed circuits go dark
     final_routes: Any = None  # routing.Routes on the new circuit graph
-    move_changes: Any = None  # routing.RouteChanges current -> transition (None: nothing to do)
-    final_changes: Any = None  # routing.RouteChanges transition -> final
-    routes_full: bool = False  # final_changes is the complete route state (routes were unknown)
+    move_steps: tuple = ()  # routing.RouteChanges: current -> transition
+    final_steps: tuple = ()  # routing.RouteChanges: dark routes -> final (or the full state when unknown)
+    routes_full: bool = False  # final_steps is the complete route state (routes were unknown)
+    dark_routes: Any = None  # routing.Routes while dark: final where no stable path exists (see routing)
+    dark_steps: tuple = ()  # routing.RouteChanges: transition -> dark routes, sent after the deletes
+    dark_wait: int | None = None  # dark_steps[i:] wait until the deletes are confirmed (None: none waits)
 
     @property
     def is_noop(self) -> bool:
@@ -268,20 +265,50 @@ def plan_reconfig(spec: FabricSpec, current: Mapping[int, Matching], current_rou
         return ReconfigPlan(dict(current), full, tuple(steps))
     from . import phases, routing
 
-    final_routes = routing.compute_routes(spec, phases.circuit_graph(spec, full))
+    g_new = phases.circuit_graph(spec, full)
+    final_routes = routing.compute_routes(spec, g_new)
     if not steps and current_routes is not None:
-        return ReconfigPlan(dict(current), full, (), current_routes, current_routes, None, None)
-    if current_routes is None:
-        transition = None
-        move = None
-        final_changes = routing.route_flow_changes(spec, None, final_routes)
-    else:
-        stable = {o: Matching(m.n_ports, diff(m, full[o]).unchanged) for o, m in current.items()}
-        transition = routing.transition_routes(spec, current_routes, phases.circuit_graph(spec, stable))
-        move = routing.route_flow_changes(spec, current_routes, transition)
-        final_changes = routing.route_flow_changes(spec, transition, final_routes)
-    return ReconfigPlan(dict(current), full, tuple(steps), transition, final_routes, move, final_changes,
-                        routes_full=current_routes is None)
+        return ReconfigPlan(dict(current), full, (), current_routes, current_routes)
+    if current_routes is None:  # first install: the complete state once the circuits are in place
+        return ReconfigPlan(dict(current), full, tuple(steps), None, final_routes,
+                            final_steps=(routing.route_flow_changes(spec, None, final_routes),), routes_full=True)
+    g_cur = phases.circuit_graph(spec, current)
+    g_stable = phases.circuit_graph(spec, {o: Matching(m.n_ports, diff(m, full[o]).unchanged)
+                                           for o, m in current.items()})
+    transition = routing.transition_routes(spec, current_routes, g_stable)
+    # installed while every current circuit is lit, then while the changed ones are dark (a subset)
+    routing.check_loop_free(transition, g_cur, "the transition routes")
+    dark = routing.dark_routes(transition, final_routes, g_stable)
+    # held while the new circuits light up (the lit circuits grow from the stable ones to the new graph)
+    routing.check_loop_free(dark, g_new, "the routes held while the new circuits light up")
+    move = routing.safe_steps(current_routes, transition, g_cur, g_stable, "moving routes off changing circuits")
+    # The dark routes go out right after the deletes, which may still be in flight (old circuits lit). One
+    # step when no mixed state loops on the old circuits; otherwise break before make (these entries' traffic
+    # is dark anyway): empty them at once (a subset of the transition routes: loop-free), then fill them in,
+    # after the deletes' barrier if the dark routes would loop on the old circuits.
+    darks, dark_wait = [], None
+    changed = routing.changed_entries(transition, dark)
+    if changed:
+        on_old, dsts = routing.port_peers(g_cur), {d for _, d in changed}
+        if routing.find_loop(routing.merge(transition, dark), on_old, spec.n_tors, dsts) is None:
+            darks = [dark]
+        else:
+            darks = [routing.blanked(transition, changed), dark]
+            if routing.find_loop(dark, on_old, spec.n_tors) is not None:
+                routing.check_loop_free(dark, g_stable, "the routes toward the new circuits")
+                dark_wait = 1
+    final = routing.safe_steps(dark, final_routes, g_new, g_new, "final routes")
+
+    def changes(states: list, start: Any) -> tuple:
+        out, prev = [], start
+        for st in states:
+            out.append(routing.route_flow_changes(spec, prev, st))
+            prev = st
+        return tuple(out)
+
+    return ReconfigPlan(dict(current), full, tuple(steps), transition, final_routes,
+                        move_steps=changes(move, current_routes), final_steps=changes(final, dark),
+                        dark_routes=dark, dark_steps=changes(darks, transition), dark_wait=dark_wait)
 
 
 # ---- execution -----------------------------------------------------------------------------------
@@ -340,8 +367,14 @@ class PreciseClock:
             pass
 
 
-TIMESTAMPS = ("received", "routes_moved", "dark_sent", "dark_confirmed", "new_sent", "confirmed",
-              "final_routes")
+TIMESTAMPS = ("received", "started", "planned", "write_started", "routes_moved", "dark_sent", "dark_confirmed",
+              "dark_routes", "new_sent", "confirmed", "final_routes")
+# the control overhead (received -> confirmed, minus D), stage by stage: (name, from, to). The state file is
+# written beside them (runtime._StateWrite; the record's persist_wait_ms says if the answer waited for it).
+STAGES = (("queue", "received", "started"), ("plan", "started", "planned"),
+          ("start_state_write", "planned", "write_started"), ("move_routes", "write_started", "routes_moved"),
+          ("send_deletes", "routes_moved", "dark_sent"),
+          ("dark_minus_delay", "dark_sent", "new_sent"), ("confirm_adds", "new_sent", "confirmed"))
 
 
 @dataclass
@@ -355,27 +388,36 @@ class Execution:
         t0 = self.t["received"]
         return {k: round((self.t[k] - t0) * 1000.0, 3) for k in TIMESTAMPS if k in self.t}
 
-    def metrics(self) -> dict[str, float]:
-        out: dict[str, float] = {}
+    def metrics(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         t = self.t
         if "confirmed" in t:
             out["total_ms"] = round((t["confirmed"] - t["received"]) * 1000.0, 3)
             out["overhead_ms"] = round(out["total_ms"] - self.delay_ms, 3)
         if "dark_sent" in t and "new_sent" in t:
             out["dark_ms"] = round((t["new_sent"] - t["dark_sent"]) * 1000.0, 3)
+        stages = {}
+        for name, a, b in STAGES:
+            if a in t and b in t:
+                ms = (t[b] - t[a]) * 1000.0 - (self.delay_ms if name == "dark_minus_delay" else 0.0)
+                stages[name] = round(ms, 3)
+        if stages:
+            out["overhead_stages_ms"] = stages  # they add up to overhead_ms
         return out
 
 
 def execute_plan(plan: ReconfigPlan, delay_ms: float, driver: Driver, clock: Clock,
-                 received: float | None = None) -> Execution:
-    """Run ``plan`` on ``driver``: the four ordered steps, adds at (deletes sent + delay).
+                 received: float | None = None, t: Mapping[str, float] | None = None) -> Execution:
+    """Run ``plan`` on ``driver``: move routes; deletes; dark routes; adds at (deletes sent + delay), once the
+    dark routes are confirmed; final routes. ``t``: timestamps taken before (started, planned, write_started).
 
     A no-op plan sends nothing (but still reports its timestamps).
     """
     ex = Execution(delay_ms=float(delay_ms))
     ex.t["received"] = clock.now() if received is None else received
-    if plan.move_changes is not None:
-        driver.apply_route_changes(plan.move_changes)
+    ex.t.update(t or {})
+    for ch in plan.move_steps:
+        driver.apply_route_changes(ch)
     ex.t["routes_moved"] = clock.now()
     if plan.ocs_steps:
         touched = plan.touched_ocses
@@ -386,18 +428,42 @@ def execute_plan(plan: ReconfigPlan, delay_ms: float, driver: Driver, clock: Clo
         # the barrier orders the deletes before the adds on the switch; its reply is collected later, so a
         # delay shorter than the switch's round trip still puts the adds at (deletes sent + delay)
         dark_barrier = driver.send_barrier(touched) if any(s.deletes for s in plan.ocs_steps) else None
-        clock.sleep_until(dark_sent + delay_ms / 1000.0)
-        for s in plan.ocs_steps:
-            driver.send_ocs_flows(s.ocs, (), s.adds)
-        ex.t["new_sent"] = clock.now()
-        new_barrier = driver.send_barrier(touched)
+
+        def deletes_confirmed() -> None:
+            nonlocal dark_barrier
+            if dark_barrier is not None:
+                ex.t["dark_confirmed"] = dark_barrier.wait()
+                dark_barrier = None
+
         try:
-            ex.t["dark_confirmed"] = dark_barrier.wait() if dark_barrier is not None else dark_sent
-        finally:
-            new_barrier.wait()
+            # routes toward the new circuits, in place (confirmed) before they light up
+            for i, ch in enumerate(plan.dark_steps):
+                if plan.dark_wait is not None and i >= plan.dark_wait:
+                    deletes_confirmed()
+                driver.apply_route_changes(ch)
+            ex.t["dark_routes"] = clock.now()
+            if len(touched) > 1:  # no OCS may light a new circuit while another still holds an old one
+                deletes_confirmed()
+            clock.sleep_until(dark_sent + delay_ms / 1000.0)
+            for s in plan.ocs_steps:
+                driver.send_ocs_flows(s.ocs, (), s.adds)
+            ex.t["new_sent"] = clock.now()
+            new_barrier = driver.send_barrier(touched)
+            try:
+                deletes_confirmed()
+            finally:
+                new_barrier.wait()
+        except BaseException:
+            if dark_barrier is not None:  # collect its reply (and its waiter) without masking the failure
+                try:
+                    dark_barrier.wait()
+                except Exception:  # noqa: BLE001 - the first failure is the one reported
+                    pass
+            raise
+        ex.t.setdefault("dark_confirmed", dark_sent)
     ex.t["confirmed"] = clock.now()
-    if plan.final_changes is not None:
-        driver.apply_route_changes(plan.final_changes, full=plan.routes_full)
+    for i, ch in enumerate(plan.final_steps):
+        driver.apply_route_changes(ch, full=plan.routes_full and i == 0)
     ex.t["final_routes"] = clock.now()
     return ex
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import socketserver
 from typing import Any, Callable, Iterable, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from emulation.validation import SpecError
 
@@ -27,6 +29,9 @@ log = logging.getLogger(__name__)
 
 PREFIX = "/api/v1"
 MAX_BODY_BYTES = 256 * 1024
+MAX_JSON_DEPTH = 32  # the bodies nest 4 deep; a 10,000-deep one must not reach a recursive parser
+LISTEN_BACKLOG = 128  # socketserver's default of 5 made 11 of 50 concurrent clients retry their connect
+READ_TIMEOUT_S = 10.0  # a client that stops sending (slow loris) loses its connection, not a thread for good
 
 
 class ControllerAPI(Protocol):
@@ -43,6 +48,12 @@ class ControllerAPI(Protocol):
     def request_phase(self, data: Any) -> dict: ...
 
     def record_rejected(self, kind: str, error: str) -> dict: ...
+
+
+class Unavailable(Exception):
+    """The fabric cannot serve the request now (not ready, a switch did not confirm): HTTP 503.
+
+    The controller core's errors derive from it, so this module needs nothing from the core."""
 
 
 class HttpError(Exception):
@@ -62,15 +73,40 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def parse_json_body(raw: bytes) -> Any:
-    """Strict JSON (no NaN/Infinity); HttpError 400 naming ``body`` otherwise."""
+def _nesting_depth(text: str) -> int:
+    """The deepest ``[``/``{`` nesting of a JSON text (brackets inside strings do not count)."""
+    depth = deepest = 0
+    in_str = escaped = False
+    for ch in text:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def parse_json_body(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Strict JSON (no NaN/Infinity), nested at most ``max_depth`` deep; HttpError 400 naming ``body``."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise HttpError(400, f"body: not UTF-8 ({e})", "body") from None
+    depth = _nesting_depth(text) if text.count("[") + text.count("{") > max_depth else 0
+    if depth > max_depth:  # checked before parsing: json and the validators recurse once per level
+        raise HttpError(400, f"body: nested {depth} levels deep; at most {max_depth} are accepted", "body")
     try:
         return json.loads(text, parse_constant=_reject_constant)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise HttpError(400, f"body: malformed JSON: {e}", "body") from None
 
 
@@ -142,15 +178,13 @@ class RestApp:
         raise HttpError(405, f"method: {method} not allowed (GET or POST)", "method")
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        from .runtime import NotReady, ReconfigFailed
-
         try:
             status, body = self.handle(environ)
         except HttpError as e:
             status, body = e.status, {"error": e.message, "field": e.field}
         except SpecError as e:
             status, body = 400, {"error": str(e), "field": e.field}
-        except (NotReady, ReconfigFailed) as e:
+        except Unavailable as e:
             status, body = 503, {"error": str(e), "field": None}
         except Exception as e:  # noqa: BLE001 - the API must answer, and log the bug
             log.exception("REST handler failed")
@@ -159,3 +193,38 @@ class RestApp:
         start_response(f"{status} {_REASONS.get(status, 'Error')}",
                        [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
         return [data]
+
+
+# ---- the HTTP server --------------------------------------------------------------------------------------
+class RestServer(socketserver.ThreadingMixIn, WSGIServer):
+    """Threading WSGI server: one thread per connection, a deep listen backlog, a read timeout per client."""
+
+    daemon_threads = True  # a request in flight never blocks the process from exiting
+    allow_reuse_address = True
+    request_queue_size = LISTEN_BACKLOG
+
+    def handle_error(self, request, client_address) -> None:
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (TimeoutError, ConnectionError)):  # a slow or vanished client: not a bug
+            log.debug("REST client %s: %s", client_address, exc)
+            return
+        log.exception("REST connection from %s failed", client_address)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = READ_TIMEOUT_S  # socketserver applies it to the connection (every read and write)
+
+    def log_message(self, format: str, *args: Any) -> None:  # access log through logging, not stderr
+        logging.getLogger("controller.rest.access").debug("%s " + format, self.address_string(), *args)
+
+
+def make_server(host: str, port: int, app: Callable | None = None,
+                read_timeout_s: float = READ_TIMEOUT_S) -> RestServer:
+    """A bound :class:`RestServer` (OSError when the address is taken); serve with ``serve_forever``."""
+    handler = type("RestHandler", (_QuietHandler,), {"timeout": float(read_timeout_s)})
+    server = RestServer((host, port), handler)
+    if app is not None:
+        server.set_app(app)
+    return server

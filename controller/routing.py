@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from emulation.spec import FabricSpec
 from emulation.validation import SpecError
@@ -103,18 +103,167 @@ def transition_routes(spec: FabricSpec, old: Routes, stable_graph: CircuitGraph)
     return Routes(hops)
 
 
-def find_loop(routes: Routes, port_peer: Callable[[int, int], int | None], n_tors: int) -> list[int] | None:
+class RouteLoop(RuntimeError):
+    """A planned route state would forward packets in a circle (a bug in the planner, never user input)."""
+
+
+def port_peers(*graphs: CircuitGraph) -> Callable[[int, int], int | None]:
+    """``port_peer`` for :func:`find_loop`: the ToR at the far end of ``(tor, tor_port)``'s circuit in the
+    first of ``graphs`` that has one (None: dark)."""
+    table: dict[tuple[int, int], int] = {}
+    for g in reversed(graphs):  # earlier graphs win
+        for t in range(g.n_tors):
+            for p, peer, _ in g.edges(t):
+                table[(t, p)] = peer
+    return lambda t, p: table.get((t, p))
+
+
+def check_loop_free(routes: Routes, graph: CircuitGraph, what: str) -> None:
+    """Raise RouteLoop when ``routes`` loop on the circuits of ``graph``."""
+    loop = find_loop(routes, port_peers(graph), graph.n_tors)
+    if loop is not None:
+        raise RouteLoop(f"{what} would loop through ToRs {loop}")
+
+
+# ---- route states during a reconfiguration --------------------------------------------------------
+Entry = tuple[int, int]  # (tor, dst_tor)
+
+
+def entries(routes: Routes) -> set[Entry]:
+    return {(t, d) for t, row in routes.next_hops.items() for d in row}
+
+
+def changed_entries(a: Routes, b: Routes) -> set[Entry]:
+    """The (tor, dst) whose next hops differ between ``a`` and ``b`` (present in one only included)."""
+    return {e for e in entries(a) | entries(b) if a.ports(*e) != b.ports(*e)}
+
+
+def merge(a: Routes, b: Routes) -> Routes:
+    """Every next hop of ``a`` or ``b`` per (tor, dst): the worst case while ToRs go from ``a`` to ``b``
+    (each ToR, and each select-group bucket, may hold either). Loop-free here means loop-free in every
+    mixed state."""
+    hops: dict[int, dict[int, tuple[int, ...]]] = {}
+    for t in set(a.next_hops) | set(b.next_hops):
+        ra, rb = a.next_hops.get(t, {}), b.next_hops.get(t, {})
+        row = dict(ra)
+        for d, pb in rb.items():
+            pa = ra.get(d)
+            if pa is None:
+                row[d] = tuple(pb)
+            elif tuple(pa) != tuple(pb):
+                row[d] = tuple(sorted(set(pa) | set(pb)))
+        hops[t] = row
+    return Routes(hops)
+
+
+def with_entries(base: Routes, other: Routes, which: set[Entry]) -> Routes:
+    """``base`` with the entries in ``which`` taken from ``other`` (removed where ``other`` lacks them)."""
+    hops = {t: dict(row) for t, row in base.next_hops.items()}
+    for t, d in which:
+        row = hops.setdefault(t, {})
+        if d in other.next_hops.get(t, {}):
+            row[d] = other.ports(t, d)
+        else:
+            row.pop(d, None)
+    return Routes(hops)
+
+
+def dark_routes(transition: Routes, final: Routes, stable_graph: CircuitGraph) -> Routes:
+    """The routes to install while the changed circuits are dark: ``transition`` where a stable path exists
+    (traffic keeps flowing on it), ``final`` where none does.
+
+    A (tor, dst) with no path on the stable circuits is dark until the new circuits light up, whatever its
+    route: pointing it at the new circuits' (dark) uplinks early loses nothing more, and its traffic flows
+    the moment they light. Loop-free on the new circuits: a stable-routed packet stays on ToRs that reach
+    dst on stable circuits (each hop strictly closer on them), a final-routed one moves strictly closer on
+    the new graph, and may switch to stable routing but never back.
+    """
+    reach: dict[int, list[int]] = {d: _dist_to(stable_graph, d) for d in range(stable_graph.n_tors)}
+    no_stable_path = {(t, d) for t, d in entries(transition) | entries(final) if reach[d][t] < 0}
+    return with_entries(transition, final, no_stable_path)
+
+
+def _levels(routes: Routes, port_peer: Callable[[int, int], int | None], which: set[Entry]) -> dict[Entry, int]:
+    """For each entry: 1 + the deepest level among its next hops' entries (0 at dst), along ``routes``."""
+    memo: dict[Entry, int] = {}
+
+    def level(t: int, d: int, depth: int) -> int:
+        if t == d:
+            return 0
+        if (t, d) in memo:
+            return memo[(t, d)]
+        if depth > 4 * (len(routes.next_hops) + 1):
+            raise RouteLoop(f"routes to ToR {d} loop through ToR {t}")
+        peers = [port_peer(t, p) for p in routes.ports(t, d)]
+        memo[(t, d)] = 1 + max((level(q, d, depth + 1) for q in peers if q is not None), default=0)
+        return memo[(t, d)]
+
+    return {e: level(e[0], e[1], 0) for e in which}
+
+
+def blanked(routes: Routes, which: set[Entry]) -> Routes:
+    """``routes`` with the entries in ``which`` emptied (their select groups keep no bucket: packets drop).
+
+    Going ``a -> blanked(a, changed) -> b`` never mixes ``a``'s and ``b``'s next hops for one entry, so it
+    is loop-free whenever ``a`` and ``b`` are (break before make: only for traffic that is dark anyway)."""
+    hops = {t: dict(row) for t, row in routes.next_hops.items()}
+    for t, d in which:
+        if d in hops.get(t, {}):
+            hops[t][d] = ()
+    return Routes(hops)
+
+
+def safe_steps(before: Routes, after: Routes, lit: CircuitGraph, order_graph: CircuitGraph,
+               what: str) -> list[Routes]:
+    """Route states from ``before`` to ``after`` (the last one is ``after``; none when equal), such that no
+    mixed state of two consecutive ones loops on the circuits of ``lit``, and no traffic stops (make
+    before break).
+
+    One step when the worst-case mixed state of ``before`` and ``after`` is loop-free (the common case);
+    otherwise the changed entries go in rounds, nearest the destination first along ``after`` on
+    ``order_graph`` (a ToR switches only once the ToRs it forwards to have: a packet at a switched ToR then
+    follows ``after`` to the end). Every step is checked; RouteLoop when one would still loop.
+    """
+    changed = changed_entries(before, after)
+    if not changed:
+        return []
+    peer = port_peers(lit)
+    dsts = {d for _, d in changed}  # a mixed loop of two loop-free states runs through a changed entry
+    if find_loop(merge(before, after), peer, lit.n_tors, dsts) is None:
+        return [after]
+    in_after = entries(after)
+    present = {e for e in changed if e in in_after}
+    lv = _levels(after, port_peers(order_graph), present)
+    rounds = sorted(set(lv.values()))
+    states, done, prev = [], set(), before
+    for k in rounds + [None]:  # removed entries last: their packets drop instead of moving
+        done |= {e for e, v in lv.items() if v == k} if k is not None else changed - present
+        nxt = with_entries(before, after, done)
+        if nxt == prev:
+            continue
+        loop = find_loop(merge(prev, nxt), peer, lit.n_tors, dsts)
+        if loop is not None:
+            raise RouteLoop(f"{what}: switching the ToRs over would loop through ToRs {loop}")
+        states.append(nxt)
+        prev = nxt
+    return states
+
+
+def find_loop(routes: Routes, port_peer: Callable[[int, int], int | None], n_tors: int,
+              dsts: Iterable[int] | None = None) -> list[int] | None:
     """A forwarding loop (list of ToRs, first == last) following any next-hop port, or None.
 
     ``port_peer(tor, tor_port)`` gives the ToR at the other end of that uplink's circuit (None: dark), e.g.
-    the old circuit for ports whose circuit is changing and the stable one otherwise.
+    the old circuit for ports whose circuit is changing and the stable one otherwise. ``dsts``: only the
+    routes toward these ToRs (default all).
     """
-    for dst in range(n_tors):
+    for dst in (range(n_tors) if dsts is None else sorted(dsts)):
         # colour DFS over the per-destination forwarding graph
         succ: dict[int, list[int]] = {}
+        hops = routes.next_hops
         for t in range(n_tors):
             nxt = []
-            for p in routes.ports(t, dst):
+            for p in hops.get(t, {}).get(dst, ()):
                 peer = port_peer(t, p)
                 if peer is not None and peer != dst:
                     nxt.append(peer)
@@ -180,9 +329,6 @@ class RouteChanges:
     @property
     def is_empty(self) -> bool:
         return not self.per_tor
-
-    def n_group_changes(self) -> int:
-        return sum(len(c.add_groups) + len(c.modify_groups) + len(c.delete_groups) for c in self.per_tor.values())
 
 
 def _ip_flow(ip: str, priority: int, action: tuple[str, object]) -> FlowSpec:

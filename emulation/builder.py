@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import IO, Callable, Sequence
 
 from . import capacity, registry, shaping
+from .netlink import Netlink, NetlinkFailed
 from .spec import NAME_PREFIX, FabricSpec
 from .validation import SpecError
 
@@ -205,12 +206,27 @@ class EmulatedFabric:
         return self._capacity
 
     # ---- start ----
+    def names_in_use(self) -> list[str]:
+        """This fabric's bridge and interface names that already exist on the machine."""
+        try:
+            bridges = set(registry.ovs_bridges())
+        except (OSError, RuntimeError, subprocess.SubprocessError):  # OVS down: the build says so itself
+            bridges = set()
+        return ([f"bridge {b}" for b in self.bridge_names() if b in bridges]
+                + [f"interface {n}" for n in self.plan.interfaces() if _link_exists(n)])
+
     def start(self) -> "EmulatedFabric":
         if self._started:
             return self
         self.spec.check_emulatable()
         if os.geteuid() != 0:
             raise PermissionError("building the emulated fabric needs root")
+        clash = self.names_in_use()
+        if clash:  # before anything is built: stop() must never delete what another fabric made
+            raise registry.NameInUse(
+                f"{', '.join(clash[:5])}{' ...' if len(clash) > 5 else ''} already exist(s): another fabric is "
+                "running on this machine, or a crashed run left them (`orchestrrl clean` removes what this "
+                "installation recorded; `orchestrrl clean --all --dry-run` lists every orl* name)")
         self._started = True
         self._stopped = False
         cap = self.capacity_check()
@@ -241,8 +257,13 @@ class EmulatedFabric:
                       ipBase=self.spec.fabric_subnet, build=False, autoSetMacs=False, autoStaticArp=False,
                       waitConnected=False)
         self.net = net
-        net.addController("orlc0", controller=RemoteController, ip=self.controller_host,
-                          port=self.controller_port)
+        class _Remote(RemoteController):
+            def checkListening(self) -> None:
+                """Skipped: Mininet telnets to the OpenFlow port and decodes what comes back as UTF-8, which
+                fails now and then on the controller's binary hello (UnicodeDecodeError, start aborted).
+                ``wait_connected`` checks the connection for real."""
+
+        net.addController("orlc0", controller=_Remote, ip=self.controller_host, port=self.controller_port)
         # interfaces first in the registry, then the things that create them
         for name in plan.interfaces():
             registry.record_resource("interface", name)
@@ -303,7 +324,7 @@ class EmulatedFabric:
         _run(["sysctl", "-q", "-w"] + sysctls)
         items = [(link.intf2, link.rate_mbps) for link in plan.links]
         items += [(link.intf1, link.rate_mbps) for link in plan.links if link.kind == "uplink"]
-        shaping.shape_many(items)
+        shaping.shape_many(items)  # netlink, one socket: no tc spawned
         pids = {s: node.pid for s, node in self._hosts.items()}
         _run(["ip", "-batch", "-"], input_text="\n".join(mgmt_root_batch(plan, pids)) + "\n")
         _run(["sysctl", "-q", "-w", f"net.ipv6.conf.{plan.mgmt_bridge}.disable_ipv6=1"])
@@ -314,16 +335,13 @@ class EmulatedFabric:
         for h in plan.hosts:
             node = self._hosts[h.server]
             ipf = os.path.join(self._tmpdir, f"{h.name}.ip")
-            tcf = os.path.join(self._tmpdir, f"{h.name}.tc")
             with open(ipf, "w") as f:
                 f.write("\n".join(host_batch(plan, h.server)) + "\n")
-            with open(tcf, "w") as f:
-                f.write("\n".join(" ".join(a) for a in shaping.shape_commands(h.intf, self.spec.server_link_mbps))
-                        + "\n")
             out = node.cmd(f"sysctl -q -w net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1"
-                           f" >/dev/null; ip -batch {ipf} && tc -batch {tcf} && echo ORL_OK")
+                           f" >/dev/null; ip -batch {ipf} && echo ORL_OK")
             if "ORL_OK" not in out:
                 raise RuntimeError(f"configuring host {h.name} failed: {out.strip()[:500]}")
+            shaping.shape_many([(h.intf, self.spec.server_link_mbps)], netns_pid=node.pid)  # in its namespace
 
     # ---- accessors ----
     def _plan_host(self, server: int) -> HostPlan:
@@ -413,12 +431,16 @@ class EmulatedFabric:
         except Exception:
             log.exception("deleting bridges failed")
         names = self.plan.interfaces()
-        for name in names:
-            if _link_exists(name):
-                try:
-                    subprocess.run(["ip", "link", "del", name], capture_output=True, timeout=10)
-                except (OSError, subprocess.SubprocessError) as e:  # stop() never raises for cleanup trouble
-                    log.error("ip link del %s: %s", name, e)
+        try:
+            with Netlink() as nl:  # in-process: no `ip link del` spawned per interface
+                for name in names:
+                    if _link_exists(name):
+                        try:
+                            nl.delete_link(name)  # a veth goes with its peer: the peer is then gone
+                        except NetlinkFailed as e:  # stop() never raises for cleanup trouble
+                            log.error("deleting interface %s: %s", name, e)
+        except NetlinkFailed as e:
+            log.error("cannot open a netlink socket to delete interfaces: %s", e)
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline and any(_link_exists(n) for n in names):
             time.sleep(0.02)

@@ -4,15 +4,14 @@ Stored as JSON at ``$ORCHESTRRL_CAPACITY_FILE`` (default /var/lib/orchestrrl/cap
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import socket
 import time
-import uuid
 from pathlib import Path
 
+from .files import write_json_atomic
 from .registry import read_json
 from .validation import SpecError
 
@@ -43,14 +42,7 @@ def save_capacity(capacity_gbps: float, goodput_ratio: float, source_command: st
     rec = {"capacity_gbps": cap, "goodput_ratio": ratio, "source_command": source_command,
            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "hostname": socket.gethostname(),
            "cpus": os.cpu_count()}
-    path = capacity_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
-    with open(tmp, "w") as f:
-        json.dump(rec, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_json_atomic(capacity_file(), rec, indent=1, mkdir=True)
     return rec
 
 

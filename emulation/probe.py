@@ -24,6 +24,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
+from emulation.files import write_json_atomic
+
 HEADER = struct.Struct("!Qd")  # seq, send time
 MAGIC = b"ORLP"
 MIN_SIZE = HEADER.size + len(MAGIC)
@@ -93,13 +95,6 @@ def summarize(send_doc: dict, recv_doc: dict) -> dict:
 
 
 # ---- sender / receiver ---------------------------------------------------------------------------
-def _write_json(path: str, doc: dict) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-    os.replace(tmp, path)
-
-
 def _tight_timer_slack() -> None:
     """Ask the kernel for 1 us timer slack (default 50 us) so short sleeps wake on time; best effort."""
     try:
@@ -220,9 +215,9 @@ def main(argv: list[str] | None = None) -> int:
             socket.inet_aton(args.dst)
         except OSError:
             p.error(f"--dst: not an IPv4 address: {args.dst!r}")
-        _write_json(args.out, send(args.dst, args.port, args.pps, args.duration, args.size))
+        write_json_atomic(args.out, send(args.dst, args.port, args.pps, args.duration, args.size), fsync=False)
     elif args.cmd == "recv":
-        _write_json(args.out, recv(args.port, args.duration, args.ready_file, args.bind))
+        write_json_atomic(args.out, recv(args.port, args.duration, args.ready_file, args.bind), fsync=False)
     else:
         with open(args.send) as f:
             sd = json.load(f)

@@ -7,8 +7,10 @@ the PIDs it names). Files are written atomically (temporary file + rename): a ``
 leaves only complete records.
 
 ``clean()`` (what ``orchestrrl clean`` runs) stops recorded processes whose start time still matches
-(so a recycled PID is never killed), deletes every OVS bridge, root-namespace interface and named
-network namespace whose name starts with ``orl``, and removes the records. It never kills by name.
+(so a recycled PID is never killed), deletes the bridges, root-namespace interfaces and named network
+namespaces this registry recorded, and removes the records; other ``orl*`` names (another checkout's
+running fabric) are only reported, and deleted only with ``sweep`` (``orchestrrl clean --all``). It never
+kills by name.
 """
 from __future__ import annotations
 
@@ -18,17 +20,18 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .files import write_json_atomic
 from .spec import NAME_PREFIX
 from .validation import SpecError
 
 log = logging.getLogger(__name__)
 
 RESOURCE_KINDS = ("bridge", "interface", "netns")
+_PLURAL = {"bridge": "bridges", "interface": "interfaces", "netns": "netns"}  # CleanReport's field names
 DEFAULT_STATE_DIR = "/run/orchestrrl"
 _PROC_PREFIX = "proc-"
 _RES_PREFIX = "res-"
@@ -36,6 +39,11 @@ _RES_PREFIX = "res-"
 
 def state_dir() -> Path:
     return Path(os.environ.get("ORCHESTRRL_STATE_DIR", DEFAULT_STATE_DIR))
+
+
+class NameInUse(RuntimeError):
+    """A bridge or interface the testbed is about to create already exists (another fabric is running on
+    this machine, or a crashed run left it): nothing was built, nothing was touched."""
 
 
 # ---- /proc helpers ------------------------------------------------------------------------------
@@ -104,16 +112,6 @@ def _check_name(kind: str, name: str) -> None:
         raise SpecError("name", f"interface names have at most 15 characters, got {name!r}")
 
 
-def _write_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _unlink(path: Path) -> None:
     try:
         path.unlink()
@@ -135,7 +133,7 @@ def record_process(pid: int, role: str, group: bool = False, stop_signal: int = 
         raise SpecError("pid", f"no process {pid}")
     rec = ProcessRecord(pid=pid, role=str(role), start_time=st, cmdline=proc_cmdline(pid), group=bool(group),
                         stop_signal=int(stop_signal), recorded_at=time.time())
-    _write_atomic(state_dir() / f"{_PROC_PREFIX}{pid}.json", asdict(rec))
+    write_json_atomic(state_dir() / f"{_PROC_PREFIX}{pid}.json", asdict(rec), mkdir=True)
     return rec
 
 
@@ -145,8 +143,8 @@ def forget_process(pid: int) -> None:
 
 def record_resource(kind: str, name: str) -> None:
     _check_name(kind, name)
-    _write_atomic(state_dir() / f"{_RES_PREFIX}{kind}-{name}.json",
-                  {"kind": kind, "name": name, "recorded_at": time.time()})
+    write_json_atomic(state_dir() / f"{_RES_PREFIX}{kind}-{name}.json",
+                  {"kind": kind, "name": name, "recorded_at": time.time()}, mkdir=True)
 
 
 def forget_resource(kind: str, name: str) -> None:
@@ -264,7 +262,7 @@ def stop_processes(recs: list[ProcessRecord], timeout_s: float = 2.0, poll_s: fl
     return result
 
 
-# ---- system listings ----------------------------------------------------------------------------
+# ---- the machine: OVS bridges (ovs-vsctl), interfaces and named namespaces (netlink, in-process) ---------------
 def _run(argv: list[str], timeout_s: float = 10.0) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
 
@@ -278,33 +276,73 @@ def ovs_bridges() -> list[str]:
 
 
 def root_interfaces() -> list[str]:
-    r = _run(["ip", "-o", "link", "show"])
-    if r.returncode != 0:
-        raise RuntimeError(f"ip link show failed: {r.stderr.strip()}")
-    names = []
-    for line in r.stdout.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) >= 2:
-            names.append(parts[1].strip().split("@", 1)[0])
-    return names
+    """Every interface in the root network namespace."""
+    from .netlink import Netlink
+
+    with Netlink() as nl:
+        return nl.link_names()
 
 
 def named_netns() -> list[str]:
-    r = _run(["ip", "netns", "list"])
-    if r.returncode != 0:
+    """Named network namespaces (``ip netns``'s, under /run/netns)."""
+    from pyroute2 import netns
+
+    try:
+        return sorted(netns.listnetns())
+    except OSError:
         return []
-    return [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+
+
+class System:
+    """What ``clean`` reads and deletes on the machine (unit tests pass a fake)."""
+
+    def bridges(self) -> list[str]:
+        return ovs_bridges()
+
+    def interfaces(self) -> list[str]:
+        return root_interfaces()
+
+    def netns(self) -> list[str]:
+        return named_netns()
+
+    def delete_bridges(self, names: list[str]) -> None:
+        """Delete OVS bridges (one ovs-vsctl transaction); RuntimeError saying why on failure."""
+        argv = ["ovs-vsctl", "--timeout=10"]
+        for b in names:
+            argv += ["--", "--if-exists", "del-br", b]
+        try:
+            r = _run(argv)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise RuntimeError(f"ovs-vsctl del-br failed: {e}") from None
+        if r.returncode != 0:
+            raise RuntimeError(f"ovs-vsctl del-br failed: {r.stderr.strip()}")
+
+    def delete_interface(self, name: str) -> bool:
+        """Delete a root-namespace interface; False when it was already gone (e.g. with its veth peer)."""
+        from .netlink import Netlink
+
+        with Netlink() as nl:
+            return nl.delete_link(name)
+
+    def delete_netns(self, name: str) -> None:
+        from pyroute2 import netns
+
+        netns.remove(name)
 
 
 # ---- clean --------------------------------------------------------------------------------------
 @dataclass
 class CleanReport:
     dry_run: bool = False
+    sweep: bool = False  # --all: every orl* name on the machine, not only this registry's records
     processes: list[dict] = field(default_factory=list)  # {pid, role, cmdline, result}
     bridges: list[str] = field(default_factory=list)
     interfaces: list[str] = field(default_factory=list)
     netns: list[str] = field(default_factory=list)
     records_removed: int = 0
+    # orl* names that exist but this registry did not record (another checkout's fabric?): left alone
+    # unless sweep; {"bridges": [...], "interfaces": [...], "netns": [...]}
+    not_recorded: dict[str, list[str]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -315,32 +353,29 @@ class CleanReport:
         return not (self.processes or self.bridges or self.interfaces or self.netns or self.records_removed)
 
 
-def _delete_each(names: list[str], argv_of: Callable[[str], list[str]], done: list[str], errors: list[str],
-                 run: Callable[[list[str]], subprocess.CompletedProcess], dry_run: bool,
-                 gone_marker: str | None = None) -> None:
-    """Run ``argv_of(name)`` for each name, recording successes in ``done`` and failures in ``errors``
-    (a failure whose stderr holds ``gone_marker`` means the thing was already gone)."""
-    for name in names:
-        if dry_run:
-            done.append(name)
-            continue
-        argv = argv_of(name)
-        try:
-            r = run(argv)
-        except (OSError, subprocess.SubprocessError) as e:
-            errors.append(f"{' '.join(argv)}: {e}")
-            continue
-        if r.returncode == 0:
-            done.append(name)
-        elif gone_marker is None or gone_marker not in r.stderr:
-            errors.append(f"{' '.join(argv)}: {r.stderr.strip()}")
+_CLEAN_ERRORS = (OSError, RuntimeError, subprocess.SubprocessError)  # NetlinkFailed is a RuntimeError
 
 
-def clean(dry_run: bool = False, process_timeout_s: float = 2.0,
-          run: Callable[[list[str]], subprocess.CompletedProcess] | None = None) -> CleanReport:
-    """Stop recorded processes, delete every ``orl*`` bridge / interface / netns, remove the records."""
-    run = run or _run
-    rep = CleanReport(dry_run=dry_run)
+def _listing(fn: Callable[[], list[str]], what: str, errors: list[str]) -> list[str] | None:
+    """``fn()``'s orl* names; None (and an error) when the listing failed."""
+    try:
+        return sorted(n for n in fn() if n.startswith(NAME_PREFIX))
+    except _CLEAN_ERRORS as e:
+        errors.append(f"cannot list {what} ({e})")
+        return None
+
+
+def clean(dry_run: bool = False, sweep: bool = False, process_timeout_s: float = 2.0,
+          system: System | None = None) -> CleanReport:
+    """Undo what this registry recorded: stop its live processes, delete its bridges, interfaces and
+    namespaces (those that exist), remove its records.
+
+    ``sweep`` (``orchestrrl clean --all``): also delete every other ``orl*`` bridge, root-namespace
+    interface and named network namespace on the machine, whoever made it (another checkout's running
+    fabric too). Without it, such names are only reported (``not_recorded``). Never kills by name.
+    """
+    system = system or System()
+    rep = CleanReport(dry_run=dry_run, sweep=sweep)
     procs = list_processes()
     resources = list_resources()
     live = [p for p in procs if process_alive(p.pid, p.start_time)]
@@ -354,36 +389,41 @@ def clean(dry_run: bool = False, process_timeout_s: float = 2.0,
         rep.processes = [{"pid": p.pid, "role": p.role, "cmdline": cmdlines[p.pid], "result": results[p.pid]}
                          for p in live]
 
-    # bridges: every orl* bridge OVS knows plus the recorded ones
-    recorded_bridges = {n for k, n in resources if k == "bridge"}
-    try:
-        existing = set(ovs_bridges())
-        bridges = sorted(b for b in existing if b.startswith(NAME_PREFIX))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        rep.errors.append(f"cannot list OVS bridges ({e}); trying recorded bridges only")
-        bridges = sorted(recorded_bridges)
-    if bridges and not dry_run:
-        argv = ["ovs-vsctl", "--timeout=10"]
-        for b in bridges:
-            argv += ["--", "--if-exists", "del-br", b]
-        try:
-            r = run(argv)
-            if r.returncode != 0:
-                rep.errors.append(f"ovs-vsctl del-br failed: {r.stderr.strip()}")
-        except (OSError, subprocess.SubprocessError) as e:
-            rep.errors.append(f"ovs-vsctl del-br failed: {e}")
-    rep.bridges = bridges
+    recorded = {k: {n for kind, n in resources if kind == k} for k in RESOURCE_KINDS}
+    # a userspace bridge leaves a tap named like the bridge: the bridge's record covers it
+    recorded["interface"] |= recorded["bridge"]
+    listers = {"bridge": (system.bridges, "OVS bridges"), "interface": (system.interfaces, "interfaces"),
+               "netns": (system.netns, "network namespaces")}
+    todo: dict[str, list[str]] = {}
+    for kind in RESOURCE_KINDS:
+        have = _listing(*listers[kind], rep.errors)
+        if have is None:  # cannot tell what exists: try the recorded ones (deleting a gone one is harmless)
+            todo[kind] = sorted(recorded[kind]) if kind != "interface" else []
+            continue
+        others = [n for n in have if n not in recorded[kind]]
+        if others:
+            rep.not_recorded[_PLURAL[kind]] = others
+        todo[kind] = [n for n in have if n in recorded[kind] or sweep]
 
-    # interfaces in the root namespace (userspace bridges leave a tap named like the bridge)
-    try:
-        intfs = sorted(i for i in root_interfaces() if i.startswith(NAME_PREFIX))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        rep.errors.append(f"cannot list interfaces: {e}")
-        intfs = []
-    _delete_each(intfs, lambda n: ["ip", "link", "del", n], rep.interfaces, rep.errors, run, dry_run,
-                 gone_marker="Cannot find device")  # deleted with its veth peer: fine
-    _delete_each(sorted(n for n in named_netns() if n.startswith(NAME_PREFIX)), lambda n: ["ip", "netns", "del", n],
-                 rep.netns, rep.errors, run, dry_run)
+    rep.bridges = todo["bridge"]
+    if rep.bridges and not dry_run:
+        try:
+            system.delete_bridges(rep.bridges)
+        except _CLEAN_ERRORS as e:
+            rep.errors.append(str(e))
+    for name in todo["interface"]:  # root namespace; a bridge's tap usually went with its bridge
+        try:
+            if dry_run or system.delete_interface(name):
+                rep.interfaces.append(name)
+        except _CLEAN_ERRORS as e:
+            rep.errors.append(f"deleting interface {name}: {e}")
+    for name in todo["netns"]:
+        try:
+            if not dry_run:
+                system.delete_netns(name)
+            rep.netns.append(name)
+        except _CLEAN_ERRORS as e:
+            rep.errors.append(f"deleting netns {name}: {e}")
 
     if not dry_run:
         # forget only what is really gone: a survivor stays recorded (clean never kills by name, so a forgotten
@@ -395,17 +435,9 @@ def clean(dry_run: bool = False, process_timeout_s: float = 2.0,
             else:
                 forget_process(p.pid)
                 removed += 1
-        left_bridges = set()
-        try:
-            left_bridges = {b for b in ovs_bridges() if b.startswith(NAME_PREFIX)}
-        except (OSError, RuntimeError, subprocess.SubprocessError):
-            pass
-        try:
-            left_intfs = set(root_interfaces())
-        except (OSError, RuntimeError, subprocess.SubprocessError):
-            left_intfs = set()
+        left = {kind: _listing(fn, what, []) or [] for kind, (fn, what) in listers.items()}
         for kind, name in resources:
-            if (kind == "bridge" and name in left_bridges) or (kind == "interface" and name in left_intfs):
+            if name in left[kind]:
                 rep.errors.append(f"{kind} {name} still exists; its record is kept")
                 continue
             forget_resource(kind, name)

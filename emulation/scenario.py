@@ -9,7 +9,6 @@ workload when the scenario loads (``workload.trace: line 17: response_length mus
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -17,11 +16,11 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 
-from .spec import FabricSpec, JobLayout
+from .spec import PHASES, FabricSpec, JobLayout, check_delay_ms, pick_delay_ms
 from .validation import SpecError, from_dict, require
 from .workload import WorkloadSpec, resolve_trace
 
-Phase = Literal["train", "gen", "sync"]
+Phase = Literal[PHASES]  # type: ignore[valid-type]  # one of spec.PHASES
 
 
 @dataclass(frozen=True)
@@ -32,12 +31,10 @@ class ControllerSettings:
     initial_phase: Phase = "train"
 
     def __post_init__(self) -> None:
-        if self.delay_ms is not None:
-            require(math.isfinite(self.delay_ms) and self.delay_ms >= 0, "delay_ms",
-                    f"must be >= 0, got {self.delay_ms}")
+        check_delay_ms(self.delay_ms, "delay_ms")
 
     def effective_delay_ms(self, fabric: FabricSpec) -> float:
-        return fabric.reconfig_delay_ms if self.delay_ms is None else self.delay_ms
+        return pick_delay_ms(self.delay_ms, fabric.reconfig_delay_ms)
 
 
 @dataclass(frozen=True)
@@ -60,13 +57,6 @@ class Scenario:
     def rng(self) -> np.random.Generator:
         """A fresh generator seeded with ``seed`` (same scenario, same draws)."""
         return np.random.default_rng(self.seed)
-
-
-def scenario_from_dict(data: object, source: str = "scenario") -> Scenario:
-    """Validate a parsed scenario (a mapping) into a :class:`Scenario`."""
-    if data is None:
-        raise SpecError("", f"{source}: empty scenario")
-    return from_dict(Scenario, data, "")
 
 
 def load_scenario(path: str | os.PathLike) -> Scenario:

@@ -14,16 +14,51 @@ Rates: ``server_gbps`` and ``uplink_gbps`` are *real* link rates; the emulator s
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
-from .validation import SpecError, require
+from .validation import SpecError, few, finite_float, require
 
 NAME_PREFIX = "orl"
 TOR_DPID_BASE = 0x1000
 OCS_DPID_BASE = 0x2000
 MAX_EMULATED_SERVERS = 250
+MAX_DELAY_MS = 60000.0  # longest OCS switching delay anything accepts (scenario, controller, REST)
+PHASES = ("train", "gen", "sync")  # the phase topologies (controller/phases.py builds them)
+
+
+@functools.lru_cache(maxsize=65536)
+def _host_addr(subnet: str, index: int) -> str:
+    """Address ``index + 1`` of ``subnet`` (cached: route planning asks for every host's address per change)."""
+    net = ipaddress.IPv4Network(subnet)
+    if index + 1 >= net.num_addresses - 1:
+        raise SpecError(subnet, f"subnet {subnet} too small for host index {index}")
+    return str(net.network_address + index + 1)
+
+
+def check_delay_ms(value: float | None, field: str) -> float | None:
+    """An OCS switching delay (ms) or None (the default): finite, 0..MAX_DELAY_MS; SpecError naming ``field``."""
+    if value is None:
+        return None
+    v = finite_float(value, field)
+    require(0 <= v <= MAX_DELAY_MS, field, f"must be in 0..{MAX_DELAY_MS:g} ms, got {v:g}")
+    return v
+
+
+def pick_delay_ms(override: float | None, default: float) -> float:
+    """The switching delay to use: ``override`` when given, else ``default`` (one rule for every layer:
+    a REST body over the controller's default, a scenario's controller setting over the fabric's)."""
+    return float(default) if override is None else float(override)
+
+
+def check_phase(phase: object, field: str = "phase") -> str:
+    """``phase`` when it names one of PHASES; SpecError naming ``field`` otherwise."""
+    require(isinstance(phase, str) and phase in PHASES, field,
+            f"unknown phase {phase!r} (known: {', '.join(PHASES)})")
+    return phase  # type: ignore[return-value]
 
 
 class Uplink(NamedTuple):
@@ -63,9 +98,9 @@ class FabricSpec:
                     f"{self.n_tors} ToRs x {self.ports_per_tor_per_ocs} uplinks per OCS need "
                     f"{self.ocs_ports_needed} ports, got {self.ocs_ports}")
         for name in ("server_gbps", "uplink_gbps", "scale"):
-            require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
-        require(self.reconfig_delay_ms >= 0, "reconfig_delay_ms",
-                f"must be >= 0, got {self.reconfig_delay_ms}")
+            v = finite_float(getattr(self, name), name)
+            require(v > 0, name, f"must be > 0, got {v:g}")
+        check_delay_ms(self.reconfig_delay_ms, "reconfig_delay_ms")
         nets = {}
         for name in ("fabric_subnet", "mgmt_subnet"):
             try:
@@ -183,10 +218,7 @@ class FabricSpec:
         return None
 
     def _addr(self, subnet: str, index: int) -> str:
-        net = ipaddress.IPv4Network(subnet)
-        if index + 1 >= net.num_addresses - 1:
-            raise SpecError(subnet, f"subnet {subnet} too small for host index {index}")
-        return str(net.network_address + index + 1)
+        return _host_addr(subnet, index)
 
     def host_ip(self, server: int) -> str:
         self._check_index("server", server, self.n_servers)
@@ -253,19 +285,30 @@ class JobLayout:
         require(len(self.train_pods) >= 1, "train_pods", "needs at least one pod")
         require(len(self.gen_pods) >= 1, "gen_pods", "needs at least one pod")
         both = set(self.train_pods) & set(self.gen_pods)
-        require(not both, "gen_pods", f"pods {sorted(both)} are also in train_pods")
+        require(not both, "gen_pods", f"pods {few(sorted(both))} are also in train_pods")
         for name in ("train_pods", "gen_pods"):
             vals = getattr(self, name)
-            require(len(set(vals)) == len(vals), name, f"has duplicates: {list(vals)}")
-            require(all(v >= 0 for v in vals), name, f"pod indices must be >= 0, got {list(vals)}")
+            dups = sorted(v for v, n in Counter(vals).items() if n > 1)
+            require(not dups, name, f"has duplicates: {few(dups)}")
+            neg = [v for v in vals if v < 0]
+            require(not neg, name, f"pod indices must be >= 0, got {few(neg)}")
 
     def check(self, spec: FabricSpec) -> None:
         """Raise SpecError unless this layout covers exactly the pods of ``spec``."""
         used = set(self.train_pods) | set(self.gen_pods)
         bad = sorted(p for p in used if p >= spec.pods)
-        require(not bad, "layout", f"pods {bad} do not exist (fabric has {spec.pods} pods)")
-        missing = sorted(set(range(spec.pods)) - used)
-        require(not missing, "layout", f"pods {missing} have no role (list them in train_pods or gen_pods)")
+        require(not bad, "layout", f"pods {few(bad)} do not exist (fabric has {spec.pods} pods)")
+        n_missing = spec.pods - len(used)
+        if n_missing:  # name the first few without listing (or building) a million pods
+            first = []
+            p = 0
+            while len(first) < 5 and p < spec.pods:
+                if p not in used:
+                    first.append(p)
+                p += 1
+            more = f", ... ({n_missing} in all)" if n_missing > len(first) else ""
+            raise SpecError("layout", f"pods [{', '.join(map(str, first))}{more}] have no role "
+                                      "(list them in train_pods or gen_pods)")
 
     def role_of_pod(self, pod: int) -> str:
         if pod in self.train_pods:

@@ -6,8 +6,12 @@ spec in the project so that a scenario file, a REST body and an RPC message fail
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
+
+BRIEF_CHARS = 60  # longest repr of a user value quoted in an error message
+FEW_ITEMS = 5  # items of a list quoted in an error message before "... (N in all)"
 
 
 class SpecError(ValueError):
@@ -17,6 +21,22 @@ class SpecError(ValueError):
         self.field = field
         self.message = message
         super().__init__(f"{field}: {message}" if field else message)
+
+
+def brief(value: Any) -> str:
+    """``repr(value)`` cut to BRIEF_CHARS (an error message quotes the input, never megabytes of it)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** BRIEF_CHARS:
+        # repr would spend its time on the digits (and refuses past 4,300 of them)
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    r = repr(value)
+    return r if len(r) <= BRIEF_CHARS else f"{r[:BRIEF_CHARS - 15]}... ({len(r)} chars)"
+
+
+def few(items: Iterable[Any], n: int = FEW_ITEMS) -> str:
+    """The first ``n`` items of a list and the count: ``[1, 2, 3, 4, 5, ... (999999 in all)]``."""
+    items = list(items)
+    head = ", ".join(brief(x) for x in items[:n])
+    return f"[{head}]" if len(items) <= n else f"[{head}, ... ({len(items)} in all)]"
 
 
 def _join(path: str, name: str) -> str:
@@ -46,8 +66,8 @@ def _check_type(value: Any, tp: Any, field: str) -> Any:
                 errors.append(e.message)
         raise SpecError(field, " or ".join(errors))
     if origin is typing.Literal:
-        if value not in args:
-            raise SpecError(field, f"must be one of {', '.join(repr(a) for a in args)}, got {value!r}")
+        if isinstance(value, (list, dict)) or value not in args:
+            raise SpecError(field, f"must be one of {', '.join(repr(a) for a in args)}, got {brief(value)}")
         return value
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
@@ -71,24 +91,36 @@ def _check_type(value: Any, tp: Any, field: str) -> Any:
             return value
         return from_dict(tp, value, field)
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SpecError(field, f"must be a number, got {type(value).__name__} {value!r}")
-        return float(value)
+        return finite_float(value, field)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise SpecError(field, f"must be an integer, got {type(value).__name__} {value!r}")
+            raise SpecError(field, f"must be an integer, got {type(value).__name__} {brief(value)}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise SpecError(field, f"must be true or false, got {value!r}")
+            raise SpecError(field, f"must be true or false, got {brief(value)}")
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise SpecError(field, f"must be a string, got {type(value).__name__} {value!r}")
+            raise SpecError(field, f"must be a string, got {type(value).__name__} {brief(value)}")
         return value
     if isinstance(tp, type) and not isinstance(value, tp):
         raise SpecError(field, f"must be {tp.__name__}, got {type(value).__name__}")
     return value
+
+
+def finite_float(value: Any, field: str) -> float:
+    """``value`` as a finite float; SpecError naming ``field`` for a non-number, inf, nan or a number too
+    large for a float (a 401-digit integer)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(field, f"must be a number, got {type(value).__name__} {brief(value)}")
+    try:
+        v = float(value)
+    except OverflowError:
+        raise SpecError(field, f"must be a finite number, got {brief(value)} (too large)") from None
+    if not math.isfinite(v):
+        raise SpecError(field, f"must be a finite number, got {value!r}")
+    return v
 
 
 T = typing.TypeVar("T")
@@ -105,9 +137,9 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
         raise SpecError(path, f"must be a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted((k for k in data if k not in fields), key=str)  # YAML keys need not be strings
     if unknown:
-        raise SpecError(_join(path, str(unknown[0])),
+        raise SpecError(_join(path, str(unknown[0])[:BRIEF_CHARS]),
                         f"unknown key (known: {', '.join(sorted(fields))})")
     kwargs = {}
     for name, f in fields.items():

@@ -44,7 +44,8 @@ import numpy as np
 from agents.costmodel import CostModel
 from controller.ocs import diff
 from controller.phases import sync_chains
-from controller.reconfig import MAX_DELAY_MS, decide_switch
+from controller.reconfig import decide_switch
+from emulation.spec import MAX_DELAY_MS
 from emulation.scenario import Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, require

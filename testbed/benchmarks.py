@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from typing import Callable
 
@@ -21,16 +20,23 @@ from testbed.traffic import ProbeStream, iperf3, iperf3_result
 
 log = logging.getLogger(__name__)
 
-# 4 ToRs with 2 uplinks each on one 8-port OCS. ToR t owns OCS ports 2t+1, 2t+2 (spec.py's numbering).
-# M0 and M1 swap the two circuits between ToR 0 and ToR 1 (no other path: a probe h0 -> h1 sees the whole
-# blackout) and keep ToR 2 <-> ToR 3 unchanged (a probe h2 -> h3 must lose nothing).
-RECONFIG_SPEC = FabricSpec(pods=2, tors_per_pod=2, servers_per_tor=1, ocs_count=1, uplinks_per_tor=2,
+# The default scenario's fabric size: 2 pods x 2 ToRs x 2 servers, one 8-port OCS, 2 uplinks per ToR. ToR t owns
+# OCS ports 2t+1 (uplink 0) and 2t+2 (uplink 1) (spec.py's numbering). Two cases, each alternating between two
+# matchings; both keep ToR 2 <-> ToR 3 on circuit (5, 7), so the probe h4 -> h6 must lose nothing, and
+# neither leaves ToR 0 another path to ToR 1, so the probe h0 -> h2 sees the whole blackout:
+# * repaired: the two circuits between ToR 0 and ToR 1 swap ports; the same uplinks stay paired, so no ToR
+#   route changes (what this benchmark measured before);
+# * rerouted: the only circuit between ToR 0 and ToR 1 moves from their uplinks 0 to their uplinks 1, so
+#   both ToRs' egress uplink toward the other changes (their routes must move with the circuit).
+RECONFIG_SPEC = FabricSpec(pods=2, tors_per_pod=2, servers_per_tor=2, ocs_count=1, uplinks_per_tor=2,
                            server_gbps=100.0, uplink_gbps=100.0, scale=0.001)
 RECONFIG_LAYOUT = JobLayout(train_pods=(0,), gen_pods=(1,))
-M0 = [[1, 3], [2, 4], [5, 7], [6, 8]]
-M1 = [[1, 4], [2, 3], [5, 7], [6, 8]]
-CHANGED = (0, 1)  # probe src, dst servers across the changing circuits
-UNCHANGED = (2, 3)
+CASES = {
+    "repaired": ([[1, 3], [2, 4], [5, 7], [6, 8]], [[1, 4], [2, 3], [5, 7], [6, 8]]),
+    "rerouted": ([[1, 3], [2, 6], [4, 8], [5, 7]], [[2, 4], [1, 6], [3, 8], [5, 7]]),
+}
+CHANGED = (0, 2)  # probe src, dst servers: ToR 0 -> ToR 1, across the changing circuits
+UNCHANGED = (4, 6)  # ToR 2 -> ToR 3, on the circuit both cases keep
 
 
 def percentile(xs: list[float], q: float) -> float | None:
@@ -53,16 +59,30 @@ def blackout_in_window(gaps: list[dict], records: list, t_lo: float, t_hi: float
     return total * 1000.0
 
 
+def _p(xs: list[float], q: float) -> float | None:
+    v = percentile(xs, q)
+    return None if v is None else round(v, 3)
+
+
+def _stage_p50(recs: list[dict]) -> dict[str, float]:
+    """Median of each overhead stage (controller/reconfig.py STAGES) over ``recs``."""
+    names = [n for n in (recs[0].get("overhead_stages_ms") or {})] if recs else []
+    return {n: _p([r["overhead_stages_ms"][n] for r in recs if n in r.get("overhead_stages_ms", {})], 50)
+            for n in names}
+
+
 def bench_reconfig(delay_ms: float, samples: int = 20, pps: float = 2000.0, spacing_s: float = 0.15,
                    progress: Callable[[int], None] | None = None) -> dict:
+    """Both cases (CASES), ``samples`` reconfigurations each, under one pair of probe streams."""
     if samples < 1:
         raise ValueError("samples must be >= 1")
     spec, layout = RECONFIG_SPEC, RECONFIG_LAYOUT
     per_sample_s = spacing_s + delay_ms / 1000.0 + 0.05
-    duration = 0.6 + samples * per_sample_s + 0.6
+    duration = 0.6 + len(CASES) * (samples * per_sample_s + 0.5) + 0.6
     interval = 1.0 / pps
+    recs: dict[str, list[dict]] = {case: [] for case in CASES}
     with running_testbed(spec, layout, initial_phase="train", delay_ms=delay_ms) as tb:
-        tb.client.set_circuits({0: M0}, delay_ms=0)
+        tb.client.set_circuits({0: CASES["repaired"][0]}, delay_ms=0)
         streams = [ProbeStream(tb.fabric, *CHANGED, pps=pps, duration_s=duration, port=47001),
                    ProbeStream(tb.fabric, *UNCHANGED, pps=pps, duration_s=duration, port=47002)]
         for s in streams:
@@ -71,42 +91,56 @@ def bench_reconfig(delay_ms: float, samples: int = 20, pps: float = 2000.0, spac
             s.start_sender()
         t_end = time.monotonic() + duration
         time.sleep(0.6)  # let both streams settle before the first reconfiguration
-        recs = []
-        for i in range(samples):
-            target = M1 if i % 2 == 0 else M0
-            rec = tb.client.set_circuits({0: target}, delay_ms=delay_ms)
-            if rec.get("status") != "done":
-                raise RuntimeError(f"reconfiguration {i} not done: {rec}")
-            recs.append(rec)
-            if progress:
-                progress(i + 1)
-            time.sleep(spacing_s)
+        done = 0
+        for case, (a, b) in CASES.items():
+            tb.client.set_circuits({0: a}, delay_ms=0)  # the case's first matching (not measured)
+            time.sleep(0.3)
+            for i in range(samples):
+                rec = tb.client.set_circuits({0: b if i % 2 == 0 else a}, delay_ms=delay_ms)
+                if rec.get("status") != "done":
+                    raise RuntimeError(f"{case} reconfiguration {i} not done: {rec}")
+                recs[case].append(rec)
+                done += 1
+                if progress:
+                    progress(done)
+                time.sleep(spacing_s)
         if time.monotonic() > t_end - 0.3:
             log.warning("reconfigurations ran past the probe streams; later samples may be unmeasured")
         changed, unchanged = (s.summary() for s in streams)
-    blackouts, overheads = [], []
-    for rec in recs:
-        t0 = rec["received_mono"]
-        tm = rec["t_ms"]
-        lo = t0 + tm.get("routes_moved", 0.0) / 1000.0 - 0.002
-        hi = t0 + tm["confirmed"] / 1000.0 + 0.03
-        blackouts.append(blackout_in_window(changed["gaps"], changed["records"], lo, hi, interval))
-        overheads.append(rec["overhead_ms"])
-    return {
-        "delay_ms": float(delay_ms),
-        "blackout_ms_p50": round(percentile(blackouts, 50), 3),
-        "blackout_ms_p99": round(percentile(blackouts, 99), 3),
-        "overhead_ms_p50": round(percentile(overheads, 50), 3),
-        "overhead_ms_p99": round(percentile(overheads, 99), 3),
-        "unchanged_loss": int(unchanged["lost"]),
+        unchanged_sent_at = {int(r[0]): float(r[1]) for r in unchanged["records"]}
+    out: dict = {"delay_ms": float(delay_ms)}
+    for case, rs in recs.items():
+        blackouts, losses = [], 0
+        for rec in rs:
+            t0 = rec["received_mono"]
+            tm = rec["t_ms"]
+            lo = t0 + tm.get("routes_moved", 0.0) / 1000.0 - 0.002
+            hi = t0 + max(tm["confirmed"], tm.get("final_routes", 0.0)) / 1000.0 + 0.03
+            blackouts.append(blackout_in_window(changed["gaps"], changed["records"], lo, hi, interval))
+            losses += sum(g["lost"] for g in unchanged["gaps"] if not g["truncated"]
+                          and lo <= unchanged_sent_at.get(int(g["first_lost"]), float("nan")) <= hi)
+        overheads = [r["overhead_ms"] for r in rs]
+        sfx = "" if case == "repaired" else f"_{case}"
+        out.update({
+            f"blackout_ms_p50{sfx}": _p(blackouts, 50), f"blackout_ms_p99{sfx}": _p(blackouts, 99),
+            f"overhead_ms_p50{sfx}": _p(overheads, 50), f"overhead_ms_p99{sfx}": _p(overheads, 99),
+            f"unchanged_loss{sfx}": int(losses),
+            f"dark_ms_p50{sfx}": _p([r["dark_ms"] for r in rs if "dark_ms" in r], 50),
+            f"overhead_stages_ms_p50{sfx}": _stage_p50(rs),
+            f"final_routes_after_confirmed_ms_p50{sfx}": _p(
+                [r["t_ms"]["final_routes"] - r["t_ms"]["confirmed"] for r in rs], 50),
+            f"blackout_ms{sfx}": [round(b, 3) for b in blackouts],
+            f"overhead_ms{sfx}": overheads,
+        })
+    out.update({
+        "unchanged_loss_total": int(unchanged["lost"]),  # over the whole run, set-up moves included
         "samples": samples,
+        "fabric": "2 pods x 2 ToRs x 2 servers, 1 OCS, 2 uplinks per ToR (scenarios/default.yaml's size)",
         "probe_pps": pps,
         "probe_pps_achieved": changed["pps_achieved"] and round(changed["pps_achieved"], 1),
         "changed_lost": int(changed["lost"]),
-        "blackout_ms": [round(b, 3) for b in blackouts],
-        "overhead_ms": overheads,
-        "dark_ms_p50": round(statistics.median(r["dark_ms"] for r in recs if "dark_ms" in r), 3),
-    }
+    })
+    return out
 
 
 # ---- fabric: shaped goodput and forwarding capacity ------------------------------------------------------

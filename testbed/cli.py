@@ -13,6 +13,7 @@ import importlib
 import logging
 import sys
 
+from emulation.registry import NameInUse
 from emulation.validation import SpecError
 
 COMMAND_MODULES = (
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, UsageError) as e:
         print(f"orchestrrl {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except NameInUse as e:  # another fabric holds the names: not bad input, nothing was touched
+        print(f"orchestrrl {args.command}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

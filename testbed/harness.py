@@ -62,6 +62,7 @@ def _dump_controller(ctl: ControllerProcess) -> None:
     """The controller did not answer in time: have it log every thread's stack (SIGUSR1), say where."""
     if not ctl.running or ctl.pid is None:
         return
+    ctl.keep_files = True  # the stacks go to its log: keep the log after stop
     size = ctl.log_path.stat().st_size if ctl.log_path.exists() else 0
     os.kill(ctl.pid, signal.SIGUSR1)
     deadline = time.monotonic() + 3.0

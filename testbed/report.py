@@ -8,34 +8,26 @@ the migrations marked (``timeline-<policy>.png``); the load index of every gener
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 from pathlib import Path
+
+import numpy as np
+
+from emulation.files import write_json_atomic
 
 PHASE_COLOURS = {"gen": "#4c9be8", "train": "#59b36b", "sync": "#f2a541"}
 
 
 def write_json(path: Path, doc) -> None:
-    """Atomic JSON write (temporary file + rename): a crash never leaves half a report."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1, default=_jsonable)
-    os.replace(tmp, path)
+    """Atomic JSON write (emulation.files): a crash never leaves half a report."""
+    write_json_atomic(path, doc, indent=1, fsync=False, mkdir=True, default=_jsonable)
 
 
 def _jsonable(x):
-    try:
-        import numpy as np
-
-        if isinstance(x, np.generic):
-            return x.item()
-        if isinstance(x, np.ndarray):
-            return x.tolist()
-    except ImportError:
-        pass
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
     if isinstance(x, float) and not math.isfinite(x):
         return None
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")

@@ -91,9 +91,6 @@ class ProbeStream:
         self.start_sender()
         return self
 
-    def sending_started(self) -> bool:
-        return self._send is not None
-
     def result(self, timeout_s: float | None = None) -> tuple[dict, dict]:
         """Wait for both ends; return (send document, recv document)."""
         t = timeout_s if timeout_s is not None else self.duration_s + 30.0

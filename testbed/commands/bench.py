@@ -19,7 +19,7 @@ def _positive(name: str, v: float, allow_zero: bool = False) -> None:
 
 
 def _reconfig(args: argparse.Namespace) -> int:
-    from testbed.benchmarks import bench_reconfig
+    from testbed.benchmarks import CASES, bench_reconfig
 
     _positive("delay-ms", args.delay_ms, allow_zero=True)
     if args.delay_ms > 1000:
@@ -27,7 +27,7 @@ def _reconfig(args: argparse.Namespace) -> int:
     if args.samples < 1:
         raise UsageError(f"--samples must be >= 1, got {args.samples}")
     _positive("pps", args.pps)
-    with tqdm(total=args.samples, desc=f"reconfig D={args.delay_ms:g} ms", file=sys.stderr,
+    with tqdm(total=len(CASES) * args.samples, desc=f"reconfig D={args.delay_ms:g} ms", file=sys.stderr,
               disable=args.quiet) as bar:
         res = bench_reconfig(args.delay_ms, samples=args.samples, pps=args.pps,
                              progress=lambda n: bar.update(n - bar.n))
@@ -59,9 +59,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks of the emulated fabric (JSON figures)")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH")
     bsub.required = True
-    r = bsub.add_parser("reconfig", help="OCS reconfiguration blackout and controller overhead")
+    r = bsub.add_parser("reconfig", help="blackout seen by a probe (same uplinks re-paired; re-routed to other "
+                                         "uplinks) and the controller overhead, stage by stage")
     r.add_argument("--delay-ms", type=float, default=10.0, help="programmed switching delay D (default 10)")
-    r.add_argument("--samples", type=int, default=20, help="reconfigurations measured (default 20)")
+    r.add_argument("--samples", type=int, default=20, help="reconfigurations measured per case (default 20)")
     r.add_argument("--pps", type=float, default=2000.0,
                    help="probe packets per second (default 2000: 0.5 ms resolution; faster probes load the "
                         "2 cores and widen the tail they measure)")

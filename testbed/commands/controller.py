@@ -21,26 +21,23 @@ def _make_home(home: Path) -> None:
 
 
 def register(subparsers) -> None:
+    from controller.config import add_arguments
+
     p = subparsers.add_parser("controller", help="run the SDN controller (OpenFlow + REST API) in the foreground",
                               description="Runs the os-ken controller for the fabric of SCENARIO until Ctrl-C. "
                                           "Switches connect to --of-port; the REST API listens on "
                                           "--rest-host:--rest-port and needs the bearer token in --token-file "
-                                          "(created with a random token if absent) unless --no-auth.")
+                                          "(default ~/.orchestrrl/controller.token, created with a random token "
+                                          "if absent) unless --no-auth. The state file defaults to "
+                                          "~/.orchestrrl/state-<scenario>.json.")
     p.add_argument("scenario", help="scenario YAML file")
-    p.add_argument("--of-port", type=int, default=6653, help="OpenFlow listen port (default 6653)")
-    p.add_argument("--rest-port", type=int, default=8080, help="REST API port (default 8080)")
-    p.add_argument("--rest-host", default="127.0.0.1", help="REST API address (default 127.0.0.1)")
-    auth = p.add_mutually_exclusive_group()
-    auth.add_argument("--token-file", help="bearer token file (default ~/.orchestrrl/controller.token)")
-    auth.add_argument("--no-auth", action="store_true", help="serve the REST API without a token")
-    p.add_argument("--state-file", help="intended-circuits file (default ~/.orchestrrl/state-<scenario>.json)")
-    p.add_argument("--delay-ms", type=float, default=None, help="default OCS switching delay in ms")
-    p.add_argument("--initial-phase", default=None, help="phase installed on a fresh fabric")
+    # every option of python -m controller (controller/config.py), with this command's port defaults
+    add_arguments(p, skip=("scenario", "spec_json", "verbose"), defaults={"of_port": 6653, "rest_port": 8080})
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.runtime import check_config, with_token
+    from controller.config import check_config, options_from_args, with_token
     from testbed.cli import UsageError
 
     if not Path(args.scenario).is_file():
@@ -49,15 +46,12 @@ def run(args: argparse.Namespace) -> int:
     home = _home() if needs_home else None
     token_file = None if args.no_auth else (args.token_file or str(home / "controller.token"))
     state_file = args.state_file or str(home / f"state-{Path(args.scenario).stem}.json")
-    ns = argparse.Namespace(scenario=args.scenario, spec_json=None, of_port=args.of_port, of_host="127.0.0.1",
-                            rest_port=args.rest_port, rest_host=args.rest_host, token_file=token_file,
-                            no_auth=args.no_auth, state_file=state_file, initial_phase=args.initial_phase,
-                            delay_ms=args.delay_ms)
-    cfg = check_config(ns)  # SpecError -> exit 2 naming the field; creates nothing
+    opts = options_from_args(args, scenario=args.scenario, token_file=token_file, state_file=state_file)
+    cfg = check_config(opts)  # SpecError -> exit 2 naming the field; creates nothing
     if home is not None:  # only now that the input is valid: a bad option leaves no file behind
         _make_home(home)
     cfg = with_token(cfg)  # may create the token file (SpecError "token_file" when it cannot)
-    print(f"OpenFlow: tcp:127.0.0.1:{cfg.of_port}")
+    print(f"OpenFlow: tcp:{cfg.of_host}:{cfg.of_port}")
     print(f"REST API: http://{cfg.rest_host}:{cfg.rest_port}/api/v1/")
     print("auth:     none (--no-auth)" if cfg.token is None else f"token:    {token_file}")
     print(f"state:    {state_file}")

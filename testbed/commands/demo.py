@@ -15,9 +15,13 @@ def _run(args: argparse.Namespace) -> int:
     from emulation.scenario import load_scenario
     from testbed.demo import run_demo
 
+    from rlsim.limits import check_simulatable
+
     scn = load_scenario(args.scenario)
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    scn.fabric.check_emulatable()  # in 0.3 s, before RLSim spends a minute on a cluster too large to build
+    check_simulatable(scn)
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     steps = args.steps if args.steps is not None else scn.workload.steps
     with tqdm(total=3 * steps, desc="demo", file=sys.stderr, disable=args.quiet) as bar:

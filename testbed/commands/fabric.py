@@ -2,18 +2,38 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import threading
+from pathlib import Path
+
+from emulation.validation import SpecError
+
+
+def check_info_file(path: str) -> Path:
+    """``--info-file``: a file (new or to replace) in an existing, writable folder; SpecError naming
+    ``info_file`` otherwise. Checked before anything is built; creates nothing."""
+    p = Path(path)
+    if p.is_dir():
+        raise SpecError("info_file", f"{path}: is a directory, not a file")
+    parent = p.parent
+    if not parent.is_dir():
+        raise SpecError("info_file", f"{path}: folder {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise SpecError("info_file", f"{path}: not writable")
+    return p
 
 
 def _up(args: argparse.Namespace) -> int:
+    from emulation.files import write_json_atomic
     from emulation.scenario import load_scenario
     from testbed.harness import running_testbed
 
     scn = load_scenario(args.scenario)
-    spec, layout = scn.fabric, scn.layout  # running_testbed checks the spec can be emulated
+    spec, layout = scn.fabric, scn.layout
+    spec.check_emulatable()  # before anything starts (running_testbed checks it too)
+    info_file = check_info_file(args.info_file) if args.info_file else None
+    written: tuple[int, int] | None = None  # (inode, mtime_ns) of the info file this run wrote
     stop = threading.Event()
     up = threading.Event()
 
@@ -40,11 +60,10 @@ def _up(args: argparse.Namespace) -> int:
                            "role": layout.role_of_pod(spec.pod_of_server(s))} for s in range(spec.n_servers)],
                 "bridges": tb.fabric.bridge_names(),
             }
-            if args.info_file:
-                tmp = f"{args.info_file}.tmp{os.getpid()}"
-                with open(tmp, "w") as f:
-                    json.dump(info, f, indent=1)
-                os.replace(tmp, args.info_file)
+            if info_file is not None:
+                write_json_atomic(info_file, info, indent=1)
+                st = info_file.stat()
+                written = (st.st_ino, st.st_mtime_ns)
             print(f"fabric '{scn.name}' is up: {spec.n_servers} hosts, {spec.n_tors} ToRs, {spec.ocs_count} OCS; "
                   f"phase {info['phase']}")
             print(f"REST API   {info['rest']}   (token in {info['token_file']})")
@@ -64,10 +83,20 @@ def _up(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        if args.info_file and os.path.exists(args.info_file):  # it names PIDs and files that are gone now
-            os.unlink(args.info_file)
+        if written is not None:  # it names PIDs and files that are gone now; remove it only if it is ours
+            _remove_if_unchanged(info_file, written)
     print("fabric down")
     return 0
+
+
+def _remove_if_unchanged(path: Path, written: tuple[int, int]) -> None:
+    """Remove ``path`` if it is still the file this run wrote (same inode and mtime): never another's."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    if (st.st_ino, st.st_mtime_ns) == written:
+        path.unlink()
 
 
 def register(sub: argparse._SubParsersAction) -> None:

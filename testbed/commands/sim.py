@@ -78,7 +78,10 @@ def run(args) -> int:
     from rlsim.fabrics import FabricOptions
     from rlsim.sim import SimSettings, simulate_iteration
 
+    from rlsim.limits import check_simulatable
+
     scn = load_scenario(args.target)
+    check_simulatable(scn, args.gpus)  # a size that cannot fit is an error naming the field, not a MemoryError
     settings = SimSettings(t_ocs_ms=args.t_ocs_ms, fabric=FabricOptions(fat_tree_tiers=args.fat_tree_tiers))
     r = simulate_iteration(scn, args.fabric, args.gpus, settings)
     if args.json:
@@ -105,7 +108,11 @@ def _sweep(args) -> int:
     fabrics = args.fabrics or list(FABRICS)
     from rlsim.sim import pod_gpus
 
+    from rlsim.limits import check_simulatable
+
     scales = args.scales or sorted({pod_gpus(scn.fabric) * k for k in (2, 4, 8)} | {scn.fabric.n_gpus})
+    for g in scales:
+        check_simulatable(scn, g)
     t_list = args.t_ocs_list or list(DEFAULT_T_OCS_MS)
     points = plan(scn, fabrics, scales, t_list, uplinks=args.uplinks_list, ocs=args.ocs_list, radix=args.radix_list)
     use_ray = False if args.no_ray else ray_available()

@@ -15,6 +15,7 @@ import pytest
 
 from emulation import registry, shaping
 from emulation.builder import EmulatedFabric
+from emulation.netlink import NoSuchLink
 from emulation.spec import FabricSpec
 
 pytestmark = pytest.mark.system
@@ -65,6 +66,20 @@ def probe(fab: EmulatedFabric, tmp_path, src: int, dst: int, tag: str) -> dict:
         return summarize(json.load(f1), json.load(f2))
 
 
+def tc_rate_mbps(intf: str, netns_pid: int | None = None) -> float | None:
+    """The htb class 1:1 rate as `tc class show` prints it (an independent reader of what netlink set)."""
+    argv = (["nsenter", "-t", str(netns_pid), "-n"] if netns_pid else []) + ["tc", "class", "show", "dev", intf]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=10).stdout
+    units = {"bit": 1e-6, "kbit": 1e-3, "mbit": 1.0, "gbit": 1e3}
+    for line in out.splitlines():
+        w = line.split()
+        if w[:3] == ["class", "htb", "1:1"] and "rate" in w:
+            r = w[w.index("rate") + 1].lower()
+            unit = next(u for u in sorted(units, key=len, reverse=True) if r.endswith(u))
+            return float(r[: -len(unit)]) * units[unit]
+    return None
+
+
 def test_build_check_forward_and_stop(orl_state_dir, no_capacity_file, orl_leftovers, tmp_path):
     assert orl_leftovers() == {"bridges": [], "interfaces": []}, "leftovers from an earlier run: orchestrrl clean"
     fab = EmulatedFabric(SPEC, controller_port=UNUSED_CONTROLLER_PORT)
@@ -86,17 +101,24 @@ def test_build_check_forward_and_stop(orl_state_dir, no_capacity_file, orl_lefto
         for up in SPEC.uplinks():
             assert vsctl("get", "interface", f"{SPEC.tor_name(up.tor)}-eth{up.tor_port}", "ofport") == str(up.tor_port)
             assert vsctl("get", "interface", f"{SPEC.ocs_name(up.ocs)}-eth{up.ocs_port}", "ofport") == str(up.ocs_port)
-        # htb on both ends of every link, at the link's rate
+        # htb on both ends of every link, at the link's rate (read through netlink, and by tc independently)
         for link in fab.plan.links:
             assert shaping.read_rate_mbps(link.intf2) == pytest.approx(link.rate_mbps)
+            assert tc_rate_mbps(link.intf2) == pytest.approx(link.rate_mbps)
             if link.kind == "uplink":
                 assert shaping.read_rate_mbps(link.intf1) == pytest.approx(2500.0)
             else:
                 pid = fab.host(int(link.node1[len("orlh"):])).pid
                 assert shaping.read_rate_mbps(link.intf1, netns_pid=pid) == pytest.approx(400.0)
-        # live rate change
+                assert tc_rate_mbps(link.intf1, pid) == pytest.approx(400.0)
+        # live rate change, in the root namespace and in a host's
         shaping.change_rate("orlt0-eth3", 1500.0)
-        assert shaping.read_rate_mbps("orlt0-eth3") == pytest.approx(1500.0)
+        assert shaping.read_rate_mbps("orlt0-eth3") == pytest.approx(1500.0) == tc_rate_mbps("orlt0-eth3")
+        with shaping.Shaper(fab.host(0).pid) as sh:
+            sh.change_rate(fab.intf_of(0), 123.0)
+        assert tc_rate_mbps(fab.intf_of(0), fab.host(0).pid) == pytest.approx(123.0)
+        with pytest.raises(NoSuchLink):
+            shaping.change_rate("orlt0-eth99", 100.0)
         # management network: root namespace reaches every host's mgmt IP; never on OVS
         all_ports = " ".join(vsctl("list-ports", b) for b in fab.bridge_names())
         assert "orlm" not in all_ports and "-m" not in all_ports

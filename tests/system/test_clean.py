@@ -83,3 +83,52 @@ def _check_clean_after_kill_9(run: subprocess.Popen, orl_leftovers) -> None:
     assert registry.list_processes() == [] and registry.list_resources() == []
     again = subprocess.run([ORCHESTRRL, "clean"], capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "nothing to clean" in again.stdout
+
+
+def test_clean_leaves_another_registrys_fabric_alone(tmp_path, monkeypatch, no_capacity_file, orl_leftovers):
+    """Two registries (two ORCHESTRRL_STATE_DIR): cleaning one leaves the other's running fabric alone;
+    a second fabric with the same names refuses to start and touches nothing."""
+    from emulation.builder import EmulatedFabric
+    from emulation.spec import FabricSpec
+
+    assert orl_leftovers() == {"bridges": [], "interfaces": []}, "leftovers from an earlier run: orchestrrl clean"
+    reg_a, reg_b = tmp_path / "registry-a", tmp_path / "registry-b"
+    monkeypatch.setenv("ORCHESTRRL_STATE_DIR", str(reg_b))
+    other = EmulatedFabric(FabricSpec(), controller_port=16697)  # "another checkout's running fabric"
+    other.start()
+    try:
+        theirs = orl_leftovers()
+        b_records = registry.list_resources()
+        assert theirs["bridges"] and b_records
+
+        monkeypatch.setenv("ORCHESTRRL_STATE_DIR", str(reg_a))
+        with pytest.raises(registry.NameInUse, match="already exist"):
+            EmulatedFabric(FabricSpec(), controller_port=16696).start()
+        assert orl_leftovers() == theirs and registry.list_resources() == []
+        # registry A's own leftover: a veth pair it recorded
+        registry.record_resource("interface", "orlxa0")
+        subprocess.run(["ip", "link", "add", "orlxa0", "type", "veth", "peer", "name", "orlxa1"], check=True)
+        env = dict(os.environ, ORCHESTRRL_STATE_DIR=str(reg_a))
+
+        dry = subprocess.run([ORCHESTRRL, "clean", "--all", "--dry-run", "--json"], capture_output=True, text=True,
+                             timeout=60, env=env)
+        rep = json.loads(dry.stdout)
+        assert set(theirs["bridges"]) <= set(rep["bridges"]) and "orlxa0" in rep["interfaces"]  # says all
+        assert orl_leftovers()["bridges"] == theirs["bridges"]  # and removes nothing
+
+        out = subprocess.run([ORCHESTRRL, "clean", "--json"], capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0, out.stdout + out.stderr
+        rep = json.loads(out.stdout)
+        assert rep["interfaces"] == ["orlxa0"] and rep["bridges"] == [] and rep["processes"] == []
+        assert set(theirs["bridges"]) <= set(rep["not_recorded"]["bridges"])
+        left = orl_leftovers()
+        assert left["bridges"] == theirs["bridges"] and set(left["interfaces"]) == set(theirs["interfaces"])
+        assert registry.list_resources() == []
+        monkeypatch.setenv("ORCHESTRRL_STATE_DIR", str(reg_b))
+        assert registry.list_resources() == b_records  # the other registry's records survive
+        assert other.host(0).cmd("echo alive").strip() == "alive"  # its hosts too
+    finally:
+        monkeypatch.setenv("ORCHESTRRL_STATE_DIR", str(reg_b))
+        other.stop()
+        subprocess.run(["ip", "link", "del", "orlxa0"], capture_output=True)
+    assert orl_leftovers() == {"bridges": [], "interfaces": []}

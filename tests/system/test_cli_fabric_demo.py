@@ -52,6 +52,7 @@ def test_fabric_up_serves_rest_and_tears_down_on_ctrl_c(tmp_path):
         assert "fabric down" in out
         assert not (set(info["bridges"]) & set(_orl_bridges()))
         assert not info_file.exists()  # it described a fabric that is gone
+        assert not Path(info["token_file"]).parent.exists()  # the controller's /tmp/orlctl-* folder too
     finally:
         if p.poll() is None:  # the test failed with the fabric up: take it down by its records
             p.kill()

@@ -2,8 +2,9 @@
 
 * a phase change moves traffic onto the new circuits: the OCS flow table holds the phase's circuits and the
   OCS flows of the new first-hop circuits count the probe's packets, which keep arriving;
-* a reconfiguration with delay D leaves a loss gap of about D on changed circuits and none on unchanged ones
-  (the same measurement as ``orchestrrl bench reconfig``, fewer samples, loose bounds: a check, not a benchmark).
+* a reconfiguration with delay D leaves a loss gap of about D on changed circuits, also where the path's ToR
+  routes move to other uplinks, and none on unchanged ones (the same measurement as ``orchestrrl bench
+  reconfig``, fewer samples, loose bounds: a check, not a benchmark).
 """
 from __future__ import annotations
 
@@ -83,8 +84,10 @@ def test_phase_change_moves_traffic_onto_new_circuits():
 @pytest.mark.parametrize("delay_ms", [0.0, 10.0, 50.0])
 def test_loss_gap_tracks_the_programmed_delay(delay_ms):
     res = bench_reconfig(delay_ms, samples=4, pps=2000.0)
-    assert res["unchanged_loss"] == 0, res
+    assert res["unchanged_loss"] == 0 and res["unchanged_loss_rerouted"] == 0, res
     if delay_ms > 0:
         assert res["changed_lost"] > 0, res
-    # about D: a few ms of slack for a shared 2-core CI machine (the benchmark reports the real spread)
+    # about D, whether or not the path's ToR routes move to other uplinks: a few ms of slack for a shared
+    # 2-core CI machine (the benchmark reports the real spread)
     assert delay_ms - 1.5 <= res["blackout_ms_p50"] <= delay_ms + 6.0, res
+    assert delay_ms - 1.5 <= res["blackout_ms_p50_rerouted"] <= delay_ms + 6.0, res

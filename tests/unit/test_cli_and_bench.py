@@ -3,17 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import cli
-from testbed.benchmarks import M0, M1, RECONFIG_SPEC, blackout_in_window
+from testbed.benchmarks import CASES, CHANGED, RECONFIG_SPEC, UNCHANGED, blackout_in_window
 from controller.ocs import Matching, diff
-
-
-def run(argv, capsys):
-    try:
-        rc = cli.main(argv)
-    except SystemExit as e:  # argparse's own errors
-        rc = e.code
-    return rc, capsys.readouterr()
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -28,25 +19,44 @@ def run(argv, capsys):
     (["bench", "reconfig", "--pps", "inf"], "--pps must be a finite number"),
     (["bench", "fabric", "--seconds", "nan"], "--seconds must be a finite number"),
 ])
-def test_bad_input_exits_2_naming_the_problem(argv, needle, capsys):
-    rc, out = run(argv, capsys)
+def test_bad_input_exits_2_naming_the_problem(argv, needle, run_cli):
+    rc, out = run_cli(argv)
     assert rc == 2
     assert needle in out.err
 
 
-def test_demo_rejects_a_bad_scenario_field(tmp_path, capsys):
+def test_demo_rejects_a_bad_scenario_field(tmp_path, run_cli):
     bad = tmp_path / "bad.yaml"
     bad.write_text("fabric:\n  pods: 0\n")
-    rc, out = run(["demo", str(bad)], capsys)
+    rc, out = run_cli(["demo", str(bad)])
     assert rc == 2 and "fabric.pods" in out.err
 
 
-def test_reconfig_bench_swaps_only_the_tor0_tor1_circuits():
-    n = RECONFIG_SPEC.ports_per_ocs
-    d = diff(Matching.from_pairs(n, M0), Matching.from_pairs(n, M1))
-    owners = {RECONFIG_SPEC.ocs_port_owner(0, p).tor for p in d.changed_ports}
-    assert owners == {0, 1}  # the probe h0 -> h1 crosses only changing circuits, h2 -> h3 none
-    assert {tuple(p) for p in d.unchanged} == {(5, 7), (6, 8)}
+def _routes(matching_pairs):
+    from controller import phases, routing
+
+    m = {0: Matching.from_pairs(RECONFIG_SPEC.ports_per_ocs, matching_pairs)}
+    return routing.compute_routes(RECONFIG_SPEC, phases.circuit_graph(RECONFIG_SPEC, m))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_reconfig_bench_cases_change_only_tor0_tor1_and_leave_no_other_path(case):
+    from controller import phases, routing
+
+    spec, (a, b) = RECONFIG_SPEC, CASES[case]
+    n = spec.ports_per_ocs
+    d = diff(Matching.from_pairs(n, a), Matching.from_pairs(n, b))
+    assert {(5, 7)} <= {tuple(p) for p in d.unchanged}  # ToR 2 <-> ToR 3: the unchanged probe's circuit
+    src, dst = (spec.tor_of_server(s) for s in CHANGED)
+    assert (src, dst) == (0, 1) and [spec.tor_of_server(s) for s in UNCHANGED] == [2, 3]
+    stable = {0: Matching(n, d.unchanged)}
+    assert not routing.compute_routes(spec, phases.circuit_graph(spec, stable)).reachable(src, dst)
+    ra, rb = _routes(a), _routes(b)
+    assert ra.ports(2, 3) == rb.ports(2, 3)  # the unchanged path keeps its route
+    if case == "repaired":  # same uplinks re-paired: no ToR route changes at all
+        assert ra == rb
+    else:  # the egress uplinks toward each other change
+        assert ra.ports(src, dst) != rb.ports(src, dst) and ra.ports(dst, src) != rb.ports(dst, src)
 
 
 def test_blackout_attribution_uses_the_window_and_subtracts_one_interval():

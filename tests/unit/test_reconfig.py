@@ -14,7 +14,7 @@ from controller.reconfig import (SWITCH_ACTIONS, FakeClock, FakeDriver, PreciseC
                                  circuits_request, decide_switch, execute_plan, fits_slack, phase_request,
                                  plan_reconfig)
 from controller.runtime import FabricController, NotReady, load_state, save_state
-from emulation.spec import FabricSpec, JobLayout
+from emulation.spec import FabricSpec, JobLayout, pick_delay_ms
 from emulation.validation import SpecError
 
 SPEC = FabricSpec()  # 2 pods x 2 ToRs, 2 uplinks, 1 OCS with 8 ports
@@ -66,8 +66,8 @@ def test_switch_actions_are_the_three_answers():
 def test_circuits_request_valid_and_defaults():
     req = circuits_request(SPEC, {"circuits": {"0": [[3, 1], [2, 4]]}})
     assert req.target == {0: m((1, 3), (2, 4))}
-    assert req.delay_ms is None and req.effective_delay_ms(SPEC) == SPEC.reconfig_delay_ms
-    assert circuits_request(SPEC, {"circuits": {"0": []}, "delay_ms": 0}).effective_delay_ms(SPEC) == 0.0
+    assert req.delay_ms is None and pick_delay_ms(req.delay_ms, SPEC.reconfig_delay_ms) == SPEC.reconfig_delay_ms
+    assert pick_delay_ms(circuits_request(SPEC, {"circuits": {"0": []}, "delay_ms": 0}).delay_ms, 10.0) == 0.0
 
 
 @pytest.mark.parametrize("body,field", [
@@ -136,10 +136,10 @@ def test_plan_with_routes_orders_transition_before_final():
     old = phases.phase_matchings(SPEC, LAYOUT, "train")
     new = phases.phase_matchings(SPEC, LAYOUT, "gen")
     first = plan_reconfig(SPEC, {0: Matching.empty(8)}, None, old)
-    assert first.routes_full and first.move_changes is None and first.final_changes is not None
+    assert first.routes_full and first.move_steps == () and first.dark_steps == () and len(first.final_steps) == 1
     plan = plan_reconfig(SPEC, old, first.final_routes, new)
-    assert plan.move_changes is not None and plan.final_changes is not None
-    assert plan.transition_routes is not None and plan.final_routes is not None
+    assert plan.transition_routes is not None and plan.final_routes is not None and plan.dark_routes is not None
+    assert plan.move_steps or plan.dark_steps or plan.final_steps
     assert not plan.routes_full
 
 
@@ -186,10 +186,12 @@ def test_executor_step_order():
     plan = plan_reconfig(SPEC, old, first.final_routes, phases.phase_matchings(SPEC, LAYOUT, "gen"))
     execute_plan(plan, 10.0, drv, clock)
     kinds = [(e[0], bool(e[2]) if e[0] == "ocs" else None) for e in drv.log]
-    assert kinds == [("routes", None), ("ocs", True), ("barrier", None), ("ocs", False), ("barrier", None),
-                     ("routes", None)]
-    assert drv.log[1][3] == () and drv.log[3][2] == ()  # deletes first, adds after the delay
-    assert drv.log[0][1] is plan.move_changes and drv.log[-1][1] is plan.final_changes
+    n_move, n_dark, n_final = len(plan.move_steps), len(plan.dark_steps), len(plan.final_steps)
+    assert n_dark  # train -> gen moves ToR 0's path to ToR 1 onto other uplinks: routed while dark
+    assert kinds == ([("routes", None)] * n_move + [("ocs", True), ("barrier", None)] + [("routes", None)] * n_dark
+                     + [("ocs", False), ("barrier", None)] + [("routes", None)] * n_final)
+    routes = [e[1] for e in drv.log if e[0] == "routes"]
+    assert routes == list(plan.move_steps + plan.dark_steps + plan.final_steps)
 
 
 def _flows(matching: Matching) -> list[FlowSpec]:

@@ -96,51 +96,88 @@ def test_stop_escalates_to_sigkill():
             p.wait()
 
 
-def test_clean_dry_run_changes_nothing(state_dir, monkeypatch):
-    calls = []
-    monkeypatch.setattr(registry, "ovs_bridges", lambda: ["orlt0", "br-other"])
-    monkeypatch.setattr(registry, "root_interfaces", lambda: ["lo", "orlt0-eth1", "eth0"])
-    monkeypatch.setattr(registry, "named_netns", lambda: ["orlns", "other"])
+class FakeSystem(registry.System):
+    """Bridges, interfaces and namespaces that deletions really remove (as OVS and the kernel would)."""
+
+    def __init__(self, bridges=(), intfs=(), netns=(), effective=True):
+        self.b, self.i, self.n, self.calls, self.effective = list(bridges), list(intfs), list(netns), [], effective
+
+    def bridges(self):
+        return list(self.b)
+
+    def interfaces(self):
+        return list(self.i)
+
+    def netns(self):
+        return list(self.n)
+
+    def delete_bridges(self, names):
+        self.calls.append(("del-br", list(names)))
+        if self.effective:
+            self.b = [x for x in self.b if x not in names]
+
+    def delete_interface(self, name):
+        self.calls.append(("del-link", name))
+        if name in self.i:
+            self.i.remove(name)
+            return True
+        return False
+
+    def delete_netns(self, name):
+        self.calls.append(("del-netns", name))
+        self.n.remove(name)
+
+
+@pytest.mark.parametrize("sweep", [False, True])
+def test_clean_dry_run_changes_nothing(state_dir, sweep):
+    sysm = FakeSystem(["orlt0", "orlo9", "br-other"], ["lo", "orlt0-eth1", "orlx-eth0", "eth0"], ["orlns", "other"])
     registry.record_resource("bridge", "orlt0")
-    rep = registry.clean(dry_run=True, run=lambda argv: calls.append(argv))
-    assert calls == []
-    assert (rep.bridges, rep.interfaces, rep.netns) == (["orlt0"], ["orlt0-eth1"], ["orlns"])
-    assert registry.list_resources() == [("bridge", "orlt0")]
+    registry.record_resource("interface", "orlt0-eth1")
+    rep = registry.clean(dry_run=True, sweep=sweep, system=sysm)
+    assert sysm.calls == []
+    if sweep:  # --all --dry-run says what the sweep would remove, whoever made it
+        assert (rep.bridges, rep.interfaces, rep.netns) == (["orlo9", "orlt0"], ["orlt0-eth1", "orlx-eth0"],
+                                                           ["orlns"])
+    else:
+        assert (rep.bridges, rep.interfaces, rep.netns) == (["orlt0"], ["orlt0-eth1"], [])
+    assert rep.not_recorded == {"bridges": ["orlo9"], "interfaces": ["orlx-eth0"], "netns": ["orlns"]}
+    assert registry.list_resources() == [("bridge", "orlt0"), ("interface", "orlt0-eth1")]
 
 
-def test_clean_deletes_only_orl_names_and_records(state_dir, monkeypatch):
-    calls = []
-    bridges = ["orlt0", "orlo0", "br-other"]
-    intfs = ["lo", "orlt0-eth1", "eth0"]
-
-    def run(argv):  # a fake system: deletions take effect
-        calls.append(argv)
-        if argv[0] == "ovs-vsctl":
-            for i, a in enumerate(argv):
-                if a == "del-br" and argv[i + 1] in bridges:
-                    bridges.remove(argv[i + 1])
-        elif argv[:3] == ["ip", "link", "del"] and argv[3] in intfs:
-            intfs.remove(argv[3])
-        return subprocess.CompletedProcess(argv, 0, "", "")
-
-    monkeypatch.setattr(registry, "ovs_bridges", lambda: list(bridges))
-    monkeypatch.setattr(registry, "root_interfaces", lambda: list(intfs))
-    monkeypatch.setattr(registry, "named_netns", lambda: [])
+def test_clean_deletes_only_what_this_registry_recorded_and_all_sweeps_the_prefix(state_dir):
+    sysm = FakeSystem(["orlt0", "orlo0", "br-other"], ["lo", "orlt0-eth1", "orlo0-eth1", "eth0"], ["orlns9"])
     registry.record_resource("bridge", "orlt0")
-    rep = registry.clean(run=run)
-    assert calls[0] == ["ovs-vsctl", "--timeout=10", "--", "--if-exists", "del-br", "orlo0",
-                        "--", "--if-exists", "del-br", "orlt0"]
-    assert calls[1] == ["ip", "link", "del", "orlt0-eth1"]
-    assert len(calls) == 2
-    assert rep.records_removed == 1 and registry.list_resources() == []
+    registry.record_resource("interface", "orlt0-eth1")
+    registry.record_resource("interface", "orlt9-eth1")  # recorded, already gone: just forgotten
+    rep = registry.clean(system=sysm)
+    assert sysm.calls == [("del-br", ["orlt0"]), ("del-link", "orlt0-eth1")]
+    assert rep.not_recorded == {"bridges": ["orlo0"], "interfaces": ["orlo0-eth1"], "netns": ["orlns9"]}
+    assert sysm.b == ["orlo0", "br-other"] and sysm.i == ["lo", "orlo0-eth1", "eth0"]
+    assert rep.records_removed == 3 and registry.list_resources() == [] and rep.errors == []
+    sysm.calls.clear()
+    rep = registry.clean(sweep=True, system=sysm)  # --all: every orl* name, never another prefix
+    assert sysm.calls == [("del-br", ["orlo0"]), ("del-link", "orlo0-eth1"), ("del-netns", "orlns9")]
+    assert sysm.b == ["br-other"] and sysm.i == ["lo", "eth0"] and sysm.n == []
 
 
-def test_clean_keeps_the_record_of_what_survives_and_reports_it(state_dir, monkeypatch):
-    monkeypatch.setattr(registry, "ovs_bridges", lambda: ["orlt0"])  # deletion silently has no effect
-    monkeypatch.setattr(registry, "root_interfaces", lambda: [])
-    monkeypatch.setattr(registry, "named_netns", lambda: [])
+def test_clean_keeps_the_record_of_what_survives_and_reports_it(state_dir):
+    sysm = FakeSystem(["orlt0"], effective=False)  # deletion silently has no effect
     registry.record_resource("bridge", "orlt0")
-    rep = registry.clean(run=lambda argv: subprocess.CompletedProcess(argv, 0, "", ""))
+    rep = registry.clean(system=sysm)
     assert rep.records_removed == 0
     assert [(k, n) for k, n in registry.list_resources()] == [("bridge", "orlt0")]
     assert any("orlt0 still exists" in e for e in rep.errors)
+
+
+def test_clean_reports_a_netlink_failure_and_keeps_the_record(state_dir):
+    from emulation.netlink import NetlinkFailed
+
+    class Refusing(FakeSystem):
+        def delete_interface(self, name):
+            raise NetlinkFailed(f"interface {name}", 1, "Operation not permitted")
+
+    sysm = Refusing(intfs=["orlx0"])
+    registry.record_resource("interface", "orlx0")
+    rep = registry.clean(system=sysm)
+    assert rep.interfaces == [] and any("orlx0" in e and "errno 1" in e for e in rep.errors)
+    assert registry.list_resources() == [("interface", "orlx0")]

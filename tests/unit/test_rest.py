@@ -21,16 +21,8 @@ TOKEN = "t0ken-" + "x" * 20
 
 
 @pytest.fixture
-def fab():
-    clock = FakeClock()
-    drv = FakeDriver(clock, SPEC.ocs_count)
-    core = FabricController(SPEC, LAYOUT, drv, clock, threading.Lock())
-    for d in core.expected:
-        core.switch_connected(d)
-    for d in core.expected:
-        core.switch_synced(d, [] if SPEC.classify_dpid(d)[0] == "ocs" else None)
-    assert core.ready
-    drv.log.clear()
+def fab(connected_core):
+    core, drv, _ = connected_core(SPEC, LAYOUT)
     return core, drv, RestApp(core, TOKEN)
 
 
@@ -113,6 +105,17 @@ BAD = [
     ("POST", "/api/v1/phase", {"phase": 3}, None, 400, "phase"),
     ("POST", "/api/v1/phase", {"phase": "gen", "window": 3}, None, 400, "window"),
     ("POST", "/api/v1/phase", ["gen"], None, 400, ""),
+    # the fault corpus: recursion, overflow, non-ASCII digits (each was a 500 or a wrong success)
+    ("POST", "/api/v1/circuits", None, b"[" * 10000 + b"]" * 10000, 400, "body"),
+    ("POST", "/api/v1/circuits", None, b'{"circuits": ' + b'{"a": ' * 40 + b"1" + b"}" * 41, 400, "body"),
+    ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "delay_ms": 10 ** 400}, None, 400, "delay_ms"),
+    ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "window_ms": 10 ** 400}, None, 400, "window_ms"),
+    ("POST", "/api/v1/phase", {"phase": "gen", "delay_ms": 10 ** 400}, None, 400, "delay_ms"),
+    ("POST", "/api/v1/circuits", None, b'{"circuits": {"0": []}, "delay_ms": 1' + b"0" * 5000 + b"}", 400, "body"),
+    ("POST", "/api/v1/circuits", {"circuits": {"\u0660": [[1, 2]]}}, None, 400, "circuits.\u0660"),
+    ("POST", "/api/v1/circuits", {"circuits": {"\u00b2": [[1, 2]]}}, None, 400, "circuits.\u00b2"),
+    ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "delay_ms": 60001}, None, 400, "delay_ms"),
+    ("POST", "/api/v1/phase", {"phase": ["gen"]}, None, 400, "phase"),
     ("POST", "/api/v1/nothing", {}, None, 404, "path"),
     ("GET", "/elsewhere", None, None, 404, "path"),
     ("GET", "/api/v1/phase", None, None, 405, "method"),
@@ -132,6 +135,7 @@ def test_bad_input_names_field_and_changes_nothing(fab, method, path, body, raw,
         assert field in err["error"]
     assert drv.sent() == [] and drv.log == []
     assert core.circuits() == before
+    assert len(err["error"]) < 500  # the input is quoted briefly, never echoed whole
 
 
 def test_rejected_posts_are_in_history(fab):
@@ -200,3 +204,76 @@ def test_not_ready_is_503():
     st, err = call(RestApp(core, TOKEN), "POST", "/api/v1/phase", {"phase": "gen"})
     assert st == 503 and "missing" in err["error"]
     assert drv.log == []
+
+
+# ---- the HTTP server itself: backlog, concurrency, a client that stops sending ------------------------------
+@pytest.fixture
+def served(fab):
+    from controller.rest import make_server
+
+    core, drv, app = fab
+    server = make_server("127.0.0.1", 0, app, read_timeout_s=0.5)
+    t = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    t.start()
+    try:
+        yield server.server_address, core
+    finally:
+        server.shutdown()
+        server.server_close()
+        t.join(timeout=10)
+
+
+def _get_state(addr) -> int:
+    import urllib.request
+
+    req = urllib.request.Request(f"http://{addr[0]}:{addr[1]}/api/v1/state",
+                                 headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=20) as r:
+        return r.status
+
+
+def test_listen_backlog_is_deep():
+    from controller.rest import LISTEN_BACKLOG, RestServer
+
+    assert RestServer.request_queue_size == LISTEN_BACKLOG >= 50
+
+
+def test_fifty_concurrent_requests_all_answered(served):
+    addr, _ = served
+    results: list = []
+    start = threading.Barrier(50)
+
+    def one():
+        start.wait(timeout=10)
+        try:
+            results.append(_get_state(addr))
+        except Exception as e:  # noqa: BLE001 - collected and asserted below
+            results.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert results == [200] * 50
+
+
+def test_a_client_that_stops_sending_is_cut_off_and_others_are_served(served):
+    import socket
+    import time
+
+    addr, _ = served
+    slow = socket.create_connection(addr, timeout=10)
+    try:
+        slow.sendall(b"GET /api/v1/state HTTP/1.1\r\nHost: x\r\n")  # ... and never the blank line
+        assert _get_state(addr) == 200  # the stalled connection holds no one up
+        deadline = time.monotonic() + 10
+        closed = False
+        while time.monotonic() < deadline and not closed:
+            try:
+                closed = slow.recv(4096) == b""  # the server timed the read out and closed
+            except socket.timeout:
+                pass
+        assert closed
+    finally:
+        slow.close()

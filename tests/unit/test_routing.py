@@ -3,8 +3,8 @@ import pytest
 
 from controller.ocs import TOR_COOKIE, Matching
 from controller.phases import circuit_graph, phase_matchings, unchanged_matchings
-from controller.routing import (GroupSpec, Routes, compute_routes, find_loop, group_id_of, route_flow_changes,
-                                transition_routes)
+from controller.routing import (GroupSpec, RouteLoop, Routes, compute_routes, find_loop, group_id_of, port_peers,
+                                route_flow_changes, transition_routes)
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError
 
@@ -57,13 +57,7 @@ def test_graph_size_must_match():
         compute_routes(line_spec(3), circuit_graph(spec, matching(spec, [])))
 
 
-def peer_lookup(*graphs):
-    table = {}
-    for g in reversed(graphs):  # earlier graphs win
-        for t in range(g.n_tors):
-            for p, peer, _ in g.edges(t):
-                table[(t, p)] = peer
-    return lambda t, p: table.get((t, p))
+peer_lookup = port_peers
 
 
 def test_transition_routes_avoid_changing_circuits_and_are_loop_free():
@@ -143,3 +137,20 @@ def test_route_flow_changes_only_changed_groups():
     assert c.delete_groups == (group_id_of(2),)
     assert {f.match[1][1] for f in c.delete_flows} == {spec.host_ip(4), spec.host_ip(5)}
     assert 2 in route_flow_changes(spec, r1, r3).per_tor
+
+
+def test_planner_refuses_transition_routes_that_loop(monkeypatch, connected_core):
+    """The runtime checks what it installs: a looping transition state fails the plan before anything is sent."""
+    from controller import routing
+
+    spec = FabricSpec()
+    core, drv, _ = connected_core(spec, JobLayout())
+    # ToR 0 and the ToR at the far end of its uplink 0 send traffic for a third ToR to each other
+    far = spec.ocs_port_owner(0, core.matchings[0].peer(spec.uplink(0, 0).ocs_port))
+    dst = min({1, 2, 3} - {far.tor})
+    forged = Routes({t: {} for t in range(spec.n_tors)} | {0: {dst: (spec.uplink(0, 0).tor_port,)},
+                                                          far.tor: {dst: (far.tor_port,)}})
+    monkeypatch.setattr(routing, "transition_routes", lambda *a: forged)
+    with pytest.raises(RouteLoop, match="transition routes"):
+        core.request_phase({"phase": "gen", "delay_ms": 0})
+    assert drv.log == [] and core.phase == "train"

@@ -2,7 +2,6 @@
 (token file, ports) before any file is created; controller.process's registry bookkeeping."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import threading
@@ -12,8 +11,10 @@ import pytest
 from controller import process as ctl_process
 from controller.ocs import Matching
 from controller.reconfig import FakeClock, FakeDriver
-from controller.runtime import (FabricController, NotReady, ReconfigFailed, check_config, config_from_args, main,
-                                read_or_create_token)
+from controller.__main__ import main
+from controller.config import (ControllerOptions, build_arg_parser, check_config, config_from_options,
+                               options_from_args, read_or_create_token, to_argv)
+from controller.runtime import FabricController, NotReady, ReconfigFailed
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, to_dict
 
@@ -187,11 +188,10 @@ def test_history_ids_unique_with_concurrent_rejections_and_reconfigurations():
 
 # ---- 4. configuration: token file errors, nothing created before the input is valid ----------------------
 def args(tmp_path, **over):
-    ns = dict(scenario=None, spec_json=json.dumps({"fabric": to_dict(SPEC)}), of_port=6653, of_host="127.0.0.1",
-              rest_port=8080, rest_host="127.0.0.1", token_file=str(tmp_path / "token"), no_auth=False,
-              state_file=None, initial_phase=None, delay_ms=None)
+    ns = dict(spec_json=json.dumps({"fabric": to_dict(SPEC)}), of_port=6653, rest_port=8080,
+              token_file=str(tmp_path / "token"))
     ns.update(over)
-    return argparse.Namespace(**ns)
+    return ControllerOptions(**ns)
 
 
 def test_token_file_created_0600_and_reread(tmp_path):
@@ -238,17 +238,17 @@ def test_main_exits_2_on_a_token_file_that_is_a_directory(tmp_path, capsys):
     ({"initial_phase": "bogus"}, "initial_phase")])
 def test_bad_config_creates_no_token_file(tmp_path, over, field):
     with pytest.raises(SpecError) as ei:
-        config_from_args(args(tmp_path, **over))
+        config_from_options(args(tmp_path, **over))
     assert ei.value.field == field
     assert list(tmp_path.iterdir()) == []
 
 
-def test_check_config_creates_nothing_and_config_from_args_adds_the_token(tmp_path):
+def test_check_config_creates_nothing_and_config_from_options_adds_the_token(tmp_path):
     cfg = check_config(args(tmp_path))
     assert cfg.token is None and cfg.token_file == str(tmp_path / "token") and list(tmp_path.iterdir()) == []
-    cfg = config_from_args(args(tmp_path))
+    cfg = config_from_options(args(tmp_path))
     assert cfg.token == (tmp_path / "token").read_text().strip()
-    assert config_from_args(args(tmp_path, no_auth=True, token_file=None)).token is None
+    assert config_from_options(args(tmp_path, no_auth=True, token_file=None)).token is None
 
 
 def test_cli_bad_rest_port_leaves_no_home_and_no_token(tmp_path, monkeypatch, capsys):
@@ -319,3 +319,92 @@ def test_deferred_record_keeps_status_and_adds_decision():
     assert rec["gain_ms"] == 9 and len(drv.log) == n and core.phase == "train"
     rec = core.request_phase({"phase": "gen", "delay_ms": 10, "window_ms": 1, "gain_ms": 9.5})
     assert (rec["status"], rec["decision"], rec["stall_ms"]) == ("done", "stalled", 9.0) and core.phase == "gen"
+
+
+# ---- 5. one place for a controller option: parser, CLI command and ControllerProcess argv agree ---------------
+def test_options_round_trip_through_argv(tmp_path):
+    import dataclasses
+
+    opts = ControllerOptions(spec_json='{"fabric": {}}', of_port=1234, of_host="127.0.0.2", rest_port=4321,
+                             rest_host="127.0.0.3", token_file=str(tmp_path / "t"), state_file=str(tmp_path / "s"),
+                             initial_phase="gen", delay_ms=2.5, verbose=2)
+    assert all(getattr(opts, f.name) != f.default for f in dataclasses.fields(ControllerOptions)
+               if f.name not in ("scenario", "no_auth"))  # every option is exercised
+    assert options_from_args(build_arg_parser().parse_args(to_argv(opts))) == opts
+    no_auth = ControllerOptions(scenario="x.yaml", of_port=1, rest_port=2, no_auth=True)
+    assert options_from_args(build_arg_parser().parse_args(to_argv(no_auth))) == no_auth
+
+
+def test_every_option_reaches_the_cli_command_and_the_process_argv(tmp_path):
+    import dataclasses
+
+    from testbed.cli import build_parser
+
+    ns = build_parser().parse_args(["controller", "x.yaml", "--delay-ms", "3", "--initial-phase", "sync",
+                                    "--of-host", "127.0.0.9"])
+    opts = options_from_args(ns, scenario=ns.scenario)
+    assert (opts.delay_ms, opts.initial_phase, opts.of_host, opts.of_port, opts.rest_port) == \
+        (3.0, "sync", "127.0.0.9", 6653, 8080)
+    names = {f.name for f in dataclasses.fields(ControllerOptions)} - {"scenario", "spec_json", "verbose"}
+    assert names <= set(vars(ns))  # the CLI command got every option from add_arguments
+    proc = ctl_process.ControllerProcess(SPEC, LAYOUT, of_port=7001, rest_port=7002, initial_phase="gen",
+                                         delay_ms=4.0, state_file=tmp_path / "state.json", token="x" * 20)
+    try:
+        argv = proc.argv()
+        assert argv[1:3] == ["-m", "controller"]
+        back = options_from_args(build_arg_parser().parse_args(argv[3:]))
+        assert back == proc.options()
+        cfg = check_config(back)
+        assert (cfg.of_port, cfg.rest_port, cfg.initial_phase, cfg.delay_ms, cfg.spec) == (7001, 7002, "gen", 4.0, SPEC)
+    finally:
+        import shutil
+
+        proc.stop()
+        shutil.rmtree(proc._dir, ignore_errors=True)
+
+
+# ---- 7. not ready, and no half-installed circuits reported, while the initial state is being installed ------
+def test_not_ready_until_the_initial_reconcile_is_done(tmp_path):
+    from controller.runtime import save_state
+
+    state = tmp_path / "state.json"
+    gen = {0: Matching.from_pairs(8, [[1, 3], [2, 4], [5, 7], [6, 8]])}
+    save_state(state, gen, "gen")
+    core, drv, clock = make_core(state_path=state)
+    seen = []
+    orig = drv.send_ocs_flows
+
+    def spy(ocs, deletes, adds):
+        seen.append((core.ready, core.circuits()))
+        orig(ocs, deletes, adds)
+
+    drv.send_ocs_flows = spy
+    for d in core.expected:
+        core.switch_connected(d)
+    for d in core.expected:  # the OCS holds other circuits (e.g. the train mesh) after a restart
+        core.switch_synced(d, [(1, 7), (7, 1), (2, 6), (6, 2)] if d == OCS else None)
+    assert seen and all(ready is False and circ == {} for ready, circ in seen)
+    assert core.ready and core.circuits() == {"0": gen[0].to_json()} and core.phase == "gen"
+
+
+# ---- 8. the state file is written beside the reconfiguration, and holds the new intent when it answers ---------
+def test_state_file_holds_the_new_intent_when_the_request_answers(tmp_path):
+    from controller import phases
+    from controller.runtime import load_state
+
+    state = tmp_path / "state.json"
+    core, drv, clock = make_core(state_path=state)
+    connect_all(core)
+    rec = core.request_phase({"phase": "gen", "delay_ms": 5})
+    assert rec["status"] == "done" and "persist_error" not in rec and rec["persist_wait_ms"] >= 0
+    assert load_state(state, SPEC) == (phases.phase_matchings(SPEC, LAYOUT, "gen"), "gen")
+    assert "persist" not in rec["overhead_stages_ms"]  # not on the overhead's path any more
+    assert sum(rec["overhead_stages_ms"].values()) == pytest.approx(rec["overhead_ms"], abs=0.01)
+
+
+def test_a_state_file_that_cannot_be_written_is_reported(tmp_path):
+    core, drv, clock = make_core(state_path=tmp_path / "state.json")
+    connect_all(core)
+    core.state_path = tmp_path / "gone" / "state.json"  # its folder vanished meanwhile
+    rec = core.request_phase({"phase": "gen", "delay_ms": 5})
+    assert rec["status"] == "done" and "FileNotFoundError" in rec["persist_error"]

@@ -41,7 +41,7 @@ def test_empty_mapping_gives_defaults(tmp_path):
     ({"fabric": {"podz": 2}}, "fabric.podz", "unknown key"),
     ({"workload": {"model": "x"}}, "workload.model", "must be one of"),
     ({"workload": {"steps": 1.5}}, "workload.steps", "must be an integer"),
-    ({"controller": {"delay_ms": -1}}, "controller.delay_ms", "must be >= 0"),
+    ({"controller": {"delay_ms": -1}}, "controller.delay_ms", "must be in 0..60000 ms"),
     ({"controller": {"initial_phase": "idle"}}, "controller.initial_phase", "must be one of"),
     ({"layout": {"train_pods": [0], "gen_pods": [2]}}, "layout", "do not exist"),
     ({"fabric": {"pods": 3}}, "layout", "have no role"),

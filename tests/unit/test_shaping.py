@@ -1,0 +1,53 @@
+"""emulation.shaping / emulation.netlink without touching an interface: parameters, input checks, typed errors."""
+from __future__ import annotations
+
+import pytest
+
+from emulation import shaping
+from emulation.netlink import Netlink, NoSuchLink
+from emulation.validation import SpecError
+
+
+def test_class_params_keep_scaled_rates_and_the_burst():
+    p = shaping.class_params(0.4)
+    assert p == {"rate": "400kbit", "ceil": "400kbit", "burst": shaping.BURST_BYTES, "cburst": shaping.BURST_BYTES,
+                 "quantum": shaping.QUANTUM_BYTES}
+    assert shaping.class_params(40000.0)["rate"] == "40000000kbit"  # above 32 bits of bytes/s: pyroute2's rate64
+
+
+@pytest.mark.parametrize("rate", [0, -1, float("nan"), float("inf"), True, "fast", shaping.MAX_RATE_MBPS * 2])
+def test_bad_rates_are_refused_before_any_request(rate):
+    with pytest.raises(SpecError) as e:
+        shaping.change_rate("orlt0-eth3", rate)
+    assert e.value.field == "rate_mbps"
+
+
+@pytest.mark.parametrize("name", ["", "a" * 16, "has space", "a/b", 3])
+def test_bad_interface_names_are_refused(name):
+    with pytest.raises(SpecError) as e:
+        shaping.change_rate(name, 100.0)
+    assert e.value.field == "intf_name"
+
+
+@pytest.mark.parametrize("pid", [0, -3, True, "12"])
+def test_bad_namespace_pid(pid):
+    with pytest.raises(SpecError) as e:
+        Netlink(pid)
+    assert e.value.field == "netns_pid"
+
+
+def test_a_missing_interface_is_a_typed_error():
+    with Netlink() as nl:
+        with pytest.raises(NoSuchLink) as e:
+            nl.index("orl-no-such0")
+        assert e.value.name == "orl-no-such0" and e.value.errno == 19
+        assert nl.delete_link("orl-no-such0") is False
+        assert "lo" in nl.link_names()
+
+
+def test_a_gone_namespace_is_a_typed_error():
+    from emulation.netlink import NetlinkFailed
+
+    with pytest.raises(NetlinkFailed) as e:
+        Netlink(2 ** 22 + 12345)  # above pid_max: no such process, no such namespace
+    assert e.value.errno == 2 and "namespace" in str(e.value)
