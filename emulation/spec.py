@@ -26,6 +26,7 @@ NAME_PREFIX = "orl"
 TOR_DPID_BASE = 0x1000
 OCS_DPID_BASE = 0x2000
 MAX_EMULATED_SERVERS = 250
+MAX_TIME_DILATION = 100.0
 MAX_DELAY_MS = 60000.0  # longest OCS switching delay anything accepts (scenario, controller, REST)
 PHASES = ("train", "gen", "sync")  # the phase topologies (controller/phases.py builds them)
 
@@ -82,6 +83,11 @@ class FabricSpec:
     uplink_gbps: float = 400.0  # real rate of one ToR uplink (one OCS circuit)
     scale: float = 0.001  # emulated Mb/s = real Gb/s * 1000 * scale
     reconfig_delay_ms: float = 10.0  # default OCS switching time (3D-MEMS, REFERENCE.md)
+    # Time dilation (Etalon's TDF): the emulator runs time_dilation times slower than real time: links are
+    # shaped to rate / TDF, modelled compute and the OCS switching delay last TDF times longer in wall time,
+    # and every time reported is divided by TDF. For a scenario too big for this machine's cores or its
+    # forwarding capacity (the fidelity monitor says which TDF a run needed). RLSim ignores it.
+    time_dilation: float = 1.0
     fabric_subnet: str = "10.0.0.0/24"
     mgmt_subnet: str = "10.0.1.0/24"
 
@@ -101,6 +107,8 @@ class FabricSpec:
             v = finite_float(getattr(self, name), name)
             require(v > 0, name, f"must be > 0, got {v:g}")
         check_delay_ms(self.reconfig_delay_ms, "reconfig_delay_ms")
+        v = finite_float(self.time_dilation, "time_dilation")
+        require(1 <= v <= MAX_TIME_DILATION, "time_dilation", f"must be in [1, {MAX_TIME_DILATION:g}], got {v:g}")
         nets = {}
         for name in ("fabric_subnet", "mgmt_subnet"):
             try:
@@ -244,7 +252,12 @@ class FabricSpec:
 
     # ---- rates -------------------------------------------------------------------------------
     def emulated_mbps(self, real_gbps: float) -> float:
-        return real_gbps * 1000.0 * self.scale
+        """The shaped rate of a link of ``real_gbps``: scaled, and slowed by the time dilation."""
+        return real_gbps * 1000.0 * self.scale / self.time_dilation
+
+    def wall_ms(self, ms: float) -> float:
+        """A real-time duration as it lasts on the emulator (x time dilation)."""
+        return ms * self.time_dilation
 
     @property
     def server_link_mbps(self) -> float:

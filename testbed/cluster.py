@@ -67,7 +67,6 @@ class AgentPool:
     scenario: Scenario
     layouts: dict[int, str] = field(default_factory=dict)  # server -> layout name (default TP1x8-like)
     engine: EngineSettings = field(default_factory=EngineSettings)
-    time_dilation: float = 1.0
     start_timeout_s: float = 120.0
     health_timeout_s: float = 3.0
     real_compute: dict | None = None
@@ -104,7 +103,7 @@ class AgentPool:
             "rpc": {"host": self.fabric.mgmt_ip(s), "port": RPC_PORT},
             "fabric_ip": spec.host_ip(s), "fabric_intf": self.fabric.intf_of(s),
             "layout": self.layouts.get(s, f"TP{w.rollout_tp}x{gps // w.rollout_tp}"),
-            "engine": to_dict(self.engine), "time_dilation": self.time_dilation, "scale": spec.scale,
+            "engine": to_dict(self.engine), "time_dilation": spec.time_dilation, "scale": spec.scale,
             "collector_port": COLLECTOR_PORT if s in self.trainers else None,
             "collectors": [{"host": spec.host_ip(t), "port": COLLECTOR_PORT} for t in self.trainers],
             "real_compute": self.real_compute,
@@ -284,13 +283,13 @@ class AgentPool:
 
 @contextlib.contextmanager
 def running_cluster(scn: Scenario, *, layouts: dict[int, str] | None = None,
-                    engine: EngineSettings | None = None, time_dilation: float = 1.0,
+                    engine: EngineSettings | None = None,
                     initial_phase: str | None = None, real_compute: dict | None = None) -> Iterator[tuple[Testbed, AgentPool]]:
     """Controller + fabric + one agent per server, all torn down in reverse order."""
     spec = scn.fabric
     with running_testbed(spec, scn.layout, initial_phase=initial_phase or scn.controller.initial_phase,
                          delay_ms=scn.controller.effective_delay_ms(spec)) as tb:
         pool = AgentPool(tb.fabric, scn, layouts=layouts or {}, engine=engine or EngineSettings(),
-                         time_dilation=time_dilation, real_compute=real_compute)
+                         real_compute=real_compute)
         with pool:
             yield tb, pool

@@ -55,7 +55,7 @@ class Experiment:
 
             start = {s: self.layouts[0].name(self.gpus) for s in self.scn.layout.gen_servers(self.scn.fabric)}
             self.cluster = self._stack.enter_context(running_cluster(
-                self.scn, layouts=start, engine=self.settings.engine, time_dilation=self.settings.time_dilation))
+                self.scn, layouts=start, engine=self.settings.engine))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -71,8 +71,8 @@ class Experiment:
             return SimulatedBackend(self.scn, layouts, self.settings.engine)
         from testbed.backends.emulated import EmulatedBackend
 
-        b = EmulatedBackend(self.scn, layouts, self.settings.engine, self.settings.time_dilation,
-                            self.settings.sync_bucket_mb, cluster=self.cluster)
+        b = EmulatedBackend(self.scn, layouts, self.settings.engine, self.settings.sync_bucket_mb,
+                            cluster=self.cluster)
         b.prepare(layouts)
         return b
 

@@ -17,7 +17,7 @@ from typing import Iterator
 
 from controller.process import ControllerProcess
 from emulation.builder import EmulatedFabric
-from emulation.spec import FabricSpec, JobLayout
+from emulation.spec import FabricSpec, JobLayout, pick_delay_ms
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,9 @@ def running_testbed(spec: FabricSpec, layout: JobLayout, *, initial_phase: str =
     """Start controller + fabric, wait until every switch is connected and the initial phase installed."""
     spec.check_emulatable()
     layout.check(spec)
-    with ControllerProcess(spec, layout, initial_phase=initial_phase, delay_ms=delay_ms,
+    # the OCS switching delay in wall time: time dilation stretches it like everything else
+    wall_delay = spec.wall_ms(pick_delay_ms(delay_ms, spec.reconfig_delay_ms))
+    with ControllerProcess(spec, layout, initial_phase=initial_phase, delay_ms=wall_delay,
                            state_file=state_file) as ctl:
         def wait_connected(dpids: set[int], timeout_s: float) -> None:
             ctl.client.wait_switches(dpids, timeout_s)

@@ -33,22 +33,24 @@ from .phases import PhaseModel
 
 log = logging.getLogger(__name__)
 
+LINK_EFFICIENCY_MIN = 0.8  # a phase whose transfers take longer than modelled / this: the fabric distorted the run
+
 
 class EmulatedBackend(Backend):
     name = "emulated"
 
     def __init__(self, scenario, layouts: dict[int, Layout], engine: EngineSettings = EngineSettings(),
-                 time_dilation: float = 1.0, bucket_mb: float = 512.0, cluster=None):
+                 bucket_mb: float = 512.0, cluster=None):
         super().__init__(scenario)
         from testbed.cluster import running_cluster
 
-        self.tdf = time_dilation
+        self.tdf = scenario.fabric.time_dilation
         self.bucket_bytes = max(4096, int(bucket_mb * 1e6 * scenario.fabric.scale))
         self._stack = contextlib.ExitStack()
         names = {s: lay.name(self.gpus) for s, lay in layouts.items()}
         if cluster is None:
             self.tb, self.pool = self._stack.enter_context(running_cluster(
-                scenario, layouts=names, engine=engine, time_dilation=time_dilation))
+                scenario, layouts=names, engine=engine))
         else:
             self.tb, self.pool = cluster
         self.cm = CostModel.for_names(scenario.workload.model, scenario.workload.gpu)
@@ -154,12 +156,18 @@ class EmulatedBackend(Backend):
 
     # ---- fabric and phases ----
     def set_phase(self, phase: str, window_ms: float | None, gain_ms: float | None) -> dict:
-        gain = None if gain_ms is None else (1e9 if math.isinf(gain_ms) else gain_ms)
+        # the controller works in wall time: windows and gains are stretched by the time dilation
+        gain = None if gain_ms is None else (3.6e6 if math.isinf(gain_ms) else min(3.6e6, gain_ms * self.tdf))
+        window = None if window_ms is None else min(3.6e6, window_ms * self.tdf)
         t0 = self.now()
-        rec = self.tb.client.set_phase(phase, window_ms=window_ms, gain_ms=gain)
-        return {"decision": rec.get("decision", rec.get("status")), "stall_ms": rec.get("stall_ms", 0.0),
+        rec = self.tb.client.set_phase(phase, window_ms=window, gain_ms=gain)
+        ov = rec.get("overhead_ms")
+        return {"decision": rec.get("decision", rec.get("status")), "stall_ms": rec.get("stall_ms", 0.0) / self.tdf,
                 "window_ms": window_ms, "gain_ms": gain_ms, "reason": rec.get("reason"),
-                "overhead_ms": rec.get("overhead_ms"), "took_ms": (self.now() - t0) * 1e3}
+                "overhead_ms": None if ov is None else ov / self.tdf, "took_ms": (self.now() - t0) * 1e3}
+
+    def _installed_phase(self) -> str:
+        return self.tb.client.state().get("phase") or "train"
 
     def _installed_matchings(self) -> dict[int, Matching]:
         spec = self.scenario.fabric
@@ -192,7 +200,7 @@ class EmulatedBackend(Backend):
         span = (max(r["end_mono"] for r in res.values()) - min(r["start_mono"] for r in roots)) / self.tdf
         detail = {"bytes_emulated": nbytes, "chains": len(chains), "consistent": len(crcs) == 1,
                   "broadcast_s": span, "bucket_bytes": self.bucket_bytes}
-        self._utilisation("sync", before, t1 - t0)
+        self._utilisation("sync", before, span, self.model.sync_s(self._installed_phase())[0])
         return PhaseResult("sync", t0, t1, detail)
 
     def train(self, step: int, lengths: np.ndarray) -> PhaseResult:
@@ -211,7 +219,8 @@ class EmulatedBackend(Backend):
                                                                          "iters": 1, "warmup": 0, "timeout_s": 600}, 900)
             t1 = self.now()
             detail.update(allreduce_s=t1 - t_c, allreduce_bytes=nbytes, correct=all(r["correct"] for r in res.values()))
-            self._utilisation("train", before, t1 - t_c)
+            ar = self.model.train_s(self._installed_phase(), lengths)[1].get("dp_allreduce_s")
+            self._utilisation("train", before, t1 - t_c, ar)
         else:
             t1 = t_c
         return PhaseResult("train", t0, t1, detail)
@@ -240,13 +249,13 @@ class EmulatedBackend(Backend):
                     out[port] = int(line.split("bytes=")[1].split(",")[0])
         return out
 
-    def _utilisation(self, phase: str, before: dict[str, int], wall_equiv_s: float) -> None:
+    def _utilisation(self, phase: str, before: dict[str, int], wall_equiv_s: float, modelled_s: float | None = None) -> None:
         after = self._port_bytes()
         spec = self.scenario.fabric
         secs = wall_equiv_s * self.tdf  # wall seconds
         if secs <= 0:
             return
-        rate = min(spec.server_link_mbps, spec.uplink_mbps) / self.tdf * 1e6 / 8  # bytes/s of the slowest link kind
+        rate = min(spec.server_link_mbps, spec.uplink_mbps) * 1e6 / 8  # bytes/s of the slowest link kind (dilated)
         tx = {p: after.get(p, 0) - before.get(p, 0) for p in after}
         busiest = max(tx.values()) if tx else 0
         total = sum(tx.values())
@@ -256,6 +265,10 @@ class EmulatedBackend(Backend):
                "capacity_gbps": cap["capacity_gbps"] if cap else None}
         if cap:
             rec["aggregate_vs_capacity"] = rec["aggregate_gbps"] / cap["capacity_gbps"]
+        if modelled_s:  # what the links delivered against RLSim's flow model of the same transfer
+            rec["modelled_s"] = modelled_s
+            rec["measured_s"] = wall_equiv_s
+            rec["efficiency"] = modelled_s / wall_equiv_s
         self.phase_util.append(rec)
 
     def fidelity(self) -> dict:
@@ -264,15 +277,22 @@ class EmulatedBackend(Backend):
         worst = max((r.get("overshoot_fraction_p50", 0.0) for r in reps.values()), default=0.0)
         distorted_cpu = any(r.get("distorted") for r in reps.values())
         agg = max((u.get("aggregate_vs_capacity") or 0.0 for u in self.phase_util), default=0.0)
-        distorted_net = agg > 1.0
+        effs = [u["efficiency"] for u in self.phase_util if u.get("efficiency")]
+        eff = min(effs) if effs else 1.0
+        distorted_net = agg > 1.0 or eff < LINK_EFFICIENCY_MIN
         need = max([self.tdf] + [r.get("tdf_needed", self.tdf) for r in reps.values()] +
-                   [self.tdf * agg if distorted_net else self.tdf])
+                   [self.tdf * agg if agg > 1.0 else self.tdf] +
+                   [self.tdf / eff if eff < LINK_EFFICIENCY_MIN else self.tdf])
         msg = []
         if distorted_cpu:
             msg.append(f"decode steps ran late by {worst:.0%} of their modelled time (p50 of the worst agent)")
-        if distorted_net:
+        if agg > 1.0:
             msg.append(f"the fabric carried {agg:.0%} of this machine's measured forwarding capacity")
+        if eff < LINK_EFFICIENCY_MIN:
+            msg.append(f"a phase's transfers ran at {eff:.0%} of the modelled link rates (concurrent flows this "
+                       f"machine's userspace datapath could not forward at their shaped rates)")
         return {"time_dilation": self.tdf, "agents": {str(k): v for k, v in reps.items()}, "links": self.phase_util,
+                "link_efficiency_min": eff,
                 "distorted": bool(distorted_cpu or distorted_net),
                 "verdict": ("distorted: " + "; ".join(msg) + f"; rerun with time_dilation >= {math.ceil(need * 10) / 10:g}")
                 if msg else "faithful: decode-step overshoot and link load within bounds",

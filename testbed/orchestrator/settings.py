@@ -28,8 +28,6 @@ class OrchestratorSettings:
       (one step off policy: generation of step k+1 overlaps training of step k; the weights of step k go
       out when its training ends, and step k+2's generation waits for them).
     engine: the generation engines' vLLM-style knobs (max_num_seqs, max_num_batched_tokens, ...).
-    time_dilation: modelled compute runs ``time_dilation`` times slower in wall time and links run that
-      much slower (Etalon's TDF); every reported time is divided by it.
     dispatch: ``contiguous`` (veRL: equal consecutive chunks of the batch, whole prompt groups per server)
       or ``random``.
     """
@@ -40,15 +38,12 @@ class OrchestratorSettings:
     planner: PlannerSettings = field(default_factory=PlannerSettings)
     balancer: BalancerSettings = field(default_factory=BalancerSettings)
     forecast: ForecastSettings = field(default_factory=ForecastSettings)
-    time_dilation: float = 1.0
     sync_bucket_mb: float = 512.0  # veRL's update_weights_bucket_megabytes (real MB; scaled on the fabric)
     dispatch: Literal["contiguous", "random"] = "contiguous"  # how a step's batch is dealt to the servers
 
     def __post_init__(self) -> None:
         require(math.isfinite(self.planning_interval_s) and 0.01 <= self.planning_interval_s <= 600,
                 "planning_interval_s", f"must be in [0.01, 600], got {self.planning_interval_s}")
-        require(math.isfinite(self.time_dilation) and 1 <= self.time_dilation <= 100, "time_dilation",
-                f"must be in [1, 100], got {self.time_dilation}")
         require(math.isfinite(self.sync_bucket_mb) and 0 < self.sync_bucket_mb <= 65536, "sync_bucket_mb",
                 f"must be in (0, 65536], got {self.sync_bucket_mb}")
 
