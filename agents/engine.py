@@ -265,6 +265,19 @@ class Replica:
         if not self.has_work():
             return False
         s = self.s
+        n = self.n
+        if n and (not self.waiting or n >= s.max_num_seqs) and not self.pre[:n].any():
+            # the common case, every request decoding and nothing to admit: one pass, no preemption if it fits
+            ctx = self.prompt[:n] + self.gen[:n]
+            grow = (ctx + s.block_size) // s.block_size > self.blocks[:n]
+            if int(grow.sum()) <= self.kv_blocks - int(self.blocks[:n].sum()):
+                self.blocks[:n] += grow
+                dur = float(self.cost.step_s(self.layout, n, float(ctx.sum()), 0, 0))
+                if not (math.isfinite(dur) and dur > 0):
+                    raise ValueError(f"step cost must be a finite time > 0, got {dur!r}")
+                self.step = {"t0": now, "t1": now + dur, "dur": dur, "chunk": None, "emit": None, "preempted": ()}
+                self.busy_until = now + dur
+                return True
         preempted: list[int] = []
         # 1. every decoding request needs room for one more token; preempt (recompute) the newest until it fits
         while self.n:
@@ -330,10 +343,11 @@ class Replica:
         dur = float(self.cost.step_s(self.layout, n_dec, ctx_dec, pf_tokens, pf_seqs))
         if not (math.isfinite(dur) and dur > 0):
             raise ValueError(f"step cost must be a finite time > 0, got {dur!r}")
-        # who emits a token at the end: decoders, and prefills that finish in this step
+        # who emits a token at the end: decoders, and prefills that finish in this step (slots do not move
+        # during a step, so the mask stays valid; None: every running request decodes)
         emit = dec | ((pf > 0) & (pf == self.pre[:n]))
-        self.step = {"t0": now, "t1": now + dur, "dur": dur, "chunk": pf.copy(), "emit_rids": self.rid[:n][emit].copy(),
-                     "preempted": tuple(preempted)}
+        self.step = {"t0": now, "t1": now + dur, "dur": dur, "chunk": pf.copy() if pf_tokens else None,
+                     "emit": None if emit.all() else emit, "preempted": tuple(preempted)}
         self.busy_until = now + dur
         return True
 
@@ -342,17 +356,23 @@ class Replica:
         st = self.step
         assert st is not None, "no step in flight"
         n = self.n
-        self.pre[:n] -= st["chunk"][:n]
-        # the requests that emit: looked up by id (slots do not move during a step)
-        emit = np.isin(self.rid[:n], st["emit_rids"])
-        ids = self.rid[:n][emit].copy()
-        pos = self.gen[:n][emit].copy()
-        dest = self.dest[:n][emit].copy()
-        self.gen[:n][emit] += 1
-        done = emit & (self.gen[:n] >= self.target[:n])
+        if st["chunk"] is not None:
+            self.pre[:n] -= st["chunk"][:n]
+        emit = st["emit"]
+        if emit is None:  # every running request decoded
+            ids, pos, dest = self.rid[:n].copy(), self.gen[:n].copy(), self.dest[:n].copy()
+            self.gen[:n] += 1
+            done = self.gen[:n] >= self.target[:n]
+        else:
+            ids = self.rid[:n][emit]
+            pos = self.gen[:n][emit]
+            dest = self.dest[:n][emit]
+            self.gen[:n][emit] += 1
+            done = emit & (self.gen[:n] >= self.target[:n])
         finished = self.rid[:n][done].copy()
-        for i in sorted(np.nonzero(done)[0], reverse=True):
-            self._remove_slot(int(i))
+        if done.any():
+            for i in np.nonzero(done)[0][::-1]:
+                self._remove_slot(int(i))
         self.tokens_total += len(ids)
         self.recent.append((st["t1"], len(ids)))
         self.step = None
@@ -374,7 +394,7 @@ class Replica:
         if st is None or self.n == 0:
             return None
         n = self.n
-        if np.any(self.pre[:n] > 0) or np.any(st["chunk"][:n] > 0):
+        if st["chunk"] is not None or st["emit"] is not None or self.pre[:n].any():
             return None
         if self.waiting and self.n < self.s.max_num_seqs:
             return None  # an admission may happen at the next step
@@ -422,8 +442,7 @@ class Replica:
         nxt = float(durs[m])
         ctx_after = self.prompt[:n] + self.gen[:n] + 1
         self.blocks[:n] = np.maximum(self.blocks[:n], self._blocks_for(ctx_after))
-        self.step = {"t0": t_end, "t1": t_end + nxt, "dur": nxt, "chunk": np.zeros(self.s.max_num_seqs, np.int64),
-                     "emit_rids": self.rid[:n].copy(), "preempted": ()}
+        self.step = {"t0": t_end, "t1": t_end + nxt, "dur": nxt, "chunk": None, "emit": None, "preempted": ()}
         self.busy_until = t_end + nxt
         return steps, t_end, tokens
 
