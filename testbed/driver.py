@@ -112,9 +112,12 @@ class Driver:
         at every poll (the asynchronous mode runs training and weight sync beside it)."""
         b = self.backend
         lengths, prompt_ids = self.lengths(step)
-        req = step_requests(step, lengths, prompt_ids, self.w.prompt_tokens, len(b.train_servers))
         servers = [s for s in b.gen_servers if s not in self.failed]
-        placed = deal(req.n, servers, self.rng_deal, self.settings.dispatch)
+        placed = deal(len(lengths), servers, self.rng_deal, self.settings.dispatch)
+        dest = np.zeros(len(lengths), np.int64)
+        for s, idx in placed.items():  # a generator streams to one trainer's collector (RLSim's pairing)
+            dest[idx] = b.gen_servers.index(s) % len(b.train_servers)
+        req = step_requests(step, lengths, prompt_ids, self.w.prompt_tokens, dest)
         t_start = b.now()
         self.timeline.event(t_start, "step", step=step, requests=req.n, tokens=int(lengths.sum()))
         self._initial_layouts(placed, req, forecast)

@@ -40,11 +40,13 @@ RID_STRIDE = 1 << 24  # request id = step * RID_STRIDE + sample index
 
 
 def step_requests(step: int, lengths: np.ndarray, prompt_ids: np.ndarray, prompt_tokens: int,
-                  n_collectors: int) -> StepRequests:
+                  dest: np.ndarray) -> StepRequests:
+    """``dest``: the collector of every request (the driver gives each generator server one collector, so a
+    decode step's tokens leave a server in one message)."""
     n = len(lengths)
     idx = np.arange(n, dtype=np.int64)
     return StepRequests(step, step * RID_STRIDE + idx, np.full(n, prompt_tokens, np.int64),
-                        np.asarray(lengths, np.int64), np.asarray(prompt_ids, np.int64), idx % max(1, n_collectors))
+                        np.asarray(lengths, np.int64), np.asarray(prompt_ids, np.int64), np.asarray(dest, np.int64))
 
 
 DISPATCH = ("contiguous", "random")
