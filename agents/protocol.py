@@ -86,11 +86,13 @@ class RealComputeConfig:
     q_heads: int = 4
     kv_heads: int = 2
     vocab: int = 1024
+    max_seq_len: int = 4096  # KV cache positions per sequence (longer contexts are timed at this length)
+    max_batch: int = 64  # sequences per real pass (a larger batch runs in several passes)
     device: str = "cpu"
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        for n in ("layers", "hidden", "ffn", "q_heads", "kv_heads", "vocab"):
+        for n in ("layers", "hidden", "ffn", "q_heads", "kv_heads", "vocab", "max_seq_len", "max_batch"):
             require(getattr(self, n) >= 1, n, f"must be >= 1, got {getattr(self, n)}")
         require(self.hidden % self.q_heads == 0, "q_heads", "must divide hidden")
         require(self.q_heads % self.kv_heads == 0, "kv_heads", "must divide q_heads")

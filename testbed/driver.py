@@ -33,7 +33,7 @@ from testbed.orchestrator.balancer import Balancer, freeness
 from testbed.orchestrator.estimate import Estimator, ServerLoad
 from testbed.orchestrator.forecast import ForecastErrors, ForecastService, LengthForecast, forecast_next
 from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshot, request_levels
-from testbed.orchestrator.settings import OrchestratorSettings, Policy
+from testbed.orchestrator.settings import OrchestratorSettings, Policy, feasible_layouts
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,9 @@ class Driver:
         self.cm = CostModel.for_names(w.model, w.gpu)
         self.gpus = scenario.fabric.gpus_per_server
         self.est = Estimator(self.cm, self.gpus, settings.engine)
-        self.planner = Planner(self.est, backend_cost(self.cm), settings.planner, self.cm.model.is_moe) \
-            if policy.planner else None
+        feasible = feasible_layouts(self.cm, self.gpus, settings.engine, w.prompt_tokens, w.max_response_tokens)
+        self.planner = Planner(self.est, backend_cost(self.cm, self.gpus), settings.planner, self.cm.model.is_moe,
+                               tuple(feasible)) if policy.planner else None
         self.balancer = Balancer(self.est, settings.balancer) if policy.balancer else None
         self.model = PhaseModel(scenario)
         self.timeline = Timeline()
@@ -421,8 +422,8 @@ class Driver:
                 "fidelity": self.backend.fidelity()}
 
 
-def backend_cost(cm):
+def backend_cost(cm, gpus: int):
     from agents.engine import ModelledCost
 
-    return ModelledCost(cm)
+    return ModelledCost(cm, gpus)
 

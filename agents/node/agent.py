@@ -107,7 +107,7 @@ class Agent:
         if cfg.real_compute is not None:
             from agents.node.realmodel import RealStepCost
 
-            cost = RealStepCost(cfg.real_compute, self.cm)
+            cost = RealStepCost(cfg.real_compute, self.cm, cfg.gpus)
         self.engine = Engine(cost, cfg.gpus, Layout.parse(cfg.layout, cfg.gpus, "config.layout"), cfg.engine)
         self.lock = threading.Lock()  # the engine, the fidelity record, the detach waiters
         self.detach_cv = threading.Condition(self.lock)
@@ -381,11 +381,56 @@ class Agent:
                 return int(rep.prompt[i] + rep.gen[i]), bool(rep.pre[i] == 0)
         return (0, False) if self.engine.holds(rid) else None
 
+    def _detach(self, rid: int, timeout_s: float):
+        """Stop ``rid`` here (at the end of its step in flight); (state, stop time), or None if it finished."""
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            if not self.engine.holds(rid):
+                return None
+            st = self.engine.detach(rid, self.now())
+            while st is None:
+                st = self.engine.detached.get(rid)
+                if st is not None:
+                    break
+                if not self.engine.holds(rid) and rid not in self.engine._detach_pending:
+                    return None
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"request {rid} did not stop within {timeout_s} s")
+                self.detach_cv.wait(left)
+            self.engine.detached.pop(rid, None)
+            return st, self.now()
+
+    def _move_local(self, p) -> dict:
+        """A migration between two replicas of this server: its KV crosses NVLink (modelled: the cost
+        model's achieved NVLink rate, slept x TDF), not the fabric."""
+        t_begin = self.now()
+        got = self._detach(p.rid, p.timeout_s)
+        if got is None:
+            return {"rid": p.rid, "result": "finished", "stages": []}
+        st, t_stop = got
+        real_bytes = st.kv_tokens * self.cm.kv_bytes_per_token()
+        copy_s = real_bytes / (self.cm.gpu.nvlink_bytes_per_s * self.cm.eff.nvlink)
+        self.stopping.wait(copy_s * self.tdf)
+        with self.lock:
+            rep = p.dst_replica if p.dst_replica is not None and p.dst_replica < len(self.engine.replicas) else None
+            where = self.engine.add([st], self.now(), rep)
+            resumed = self.now()
+        self.wake.set()
+        out = {"rid": p.rid, "result": "moved", "mode": "local", "stages": [{"stage": "stop", "tokens": st.kv_tokens,
+               "bytes": 0, "s": copy_s}], "kv_bytes": 0, "generated_at_stop": st.generated, "stopped": t_stop,
+               "resumed": resumed, "downtime_s": resumed - t_stop, "total_s": resumed - t_begin, "dst": p.dst,
+               "dst_replica": where[0]}
+        self.migrations.append(out)
+        return out
+
     def rpc_migrate(self, p) -> dict:
         """Source side of a migration (see MigrateParams): copy stages, stop, last copy, hand over."""
         from agents.client import AgentClient
         from agents.protocol import P2PParams
 
+        if p.dst == self.cfg.index:
+            return self._move_local(p)
         peer = AgentClient(p.dst_rpc.url, f"agent {p.dst}", timeout_s=p.timeout_s, ctx=self.ctx)
         try:
             t_begin = self.now()
@@ -417,23 +462,10 @@ class Agent:
                     copy(delta, "live")
                     copied = fp[0]
             # stop: the request leaves this engine at the end of its step in flight
-            deadline = time.monotonic() + p.timeout_s
-            with self.lock:
-                if not self.engine.holds(p.rid):
-                    return {"rid": p.rid, "result": "finished", "stages": stages}
-                st = self.engine.detach(p.rid, self.now())
-                while st is None:
-                    st = self.engine.detached.get(p.rid)
-                    if st is not None:
-                        break
-                    if not self.engine.holds(p.rid) and p.rid not in self.engine._detach_pending:
-                        return {"rid": p.rid, "result": "finished", "stages": stages}
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError(f"request {p.rid} did not stop within {p.timeout_s} s")
-                    self.detach_cv.wait(left)
-                self.engine.detached.pop(p.rid, None)
-                t_stop = self.now()
+            got = self._detach(p.rid, p.timeout_s)
+            if got is None:
+                return {"rid": p.rid, "result": "finished", "stages": stages}
+            st, t_stop = got
             has_kv = st.kv_tokens > 0
             if has_kv and st.kv_tokens > copied:
                 copy(st.kv_tokens - copied if copied else st.kv_tokens, "stop")

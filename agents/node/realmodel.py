@@ -212,3 +212,46 @@ class RealDecoder:
         t0 = time.perf_counter()
         self.decode(tokens, lens)
         return time.perf_counter() - t0
+
+
+class RealStepCost:
+    """The generation engine's step timer in real-compute mode (agents.engine.StepCost): every decode step
+    runs on a :class:`RealDecoder` and lasts what it measured. A batch larger than the decoder's slots runs in
+    several real passes; contexts are the batch's mean length (capped at the decoder's cache). Prefill chunks,
+    KV capacity and layout switches stay the cost model's (``cm``): the small decoder stands in for the
+    serving kernels of one replica, whatever its layout."""
+
+    def __init__(self, cfg, cm, gpus: int = 8, seed: int = 0):
+        from agents.engine import ModelledCost
+
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
+        self.config = DecoderConfig(layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn, q_heads=cfg.q_heads,
+                                    kv_heads=cfg.kv_heads, head_dim=cfg.hidden // cfg.q_heads, vocab=cfg.vocab,
+                                    max_seq_len=cfg.max_seq_len, max_batch=cfg.max_batch)
+        self.decoder = RealDecoder(self.config, cfg.device, dtype, seed=seed)
+        self.modelled = ModelledCost(cm, gpus)
+        self.steps = 0
+
+    def step_s(self, layout, n_decode: int, decode_ctx: float, prefill_tokens: int, prefill_seqs: int) -> float:
+        t = 0.0
+        if n_decode:
+            c = self.config
+            ctx = int(min(max(decode_ctx / n_decode, 0), c.max_seq_len - 1))
+            left = int(n_decode)
+            while left > 0:
+                b = min(left, c.max_batch)
+                t += self.decoder.decode_step_s([ctx] * b)
+                left -= b
+            self.steps += 1
+        if prefill_tokens:
+            t += self.modelled.step_s(layout, 0, 0.0, prefill_tokens, prefill_seqs)
+        return max(t, 1e-6)
+
+    def decode_steps_s(self, layout, n_decode: int, ctx) -> "list[float]":
+        return [self.step_s(layout, n_decode, float(c), 0, 0) for c in ctx]
+
+    def kv_capacity_tokens(self, layout, gpu_memory_utilization: float) -> int:
+        return self.modelled.kv_capacity_tokens(layout, gpu_memory_utilization)
+
+    def switch_s(self, old, new, kv_tokens: float) -> float:
+        return self.modelled.switch_s(old, new, kv_tokens)

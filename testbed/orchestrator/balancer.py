@@ -58,7 +58,7 @@ class Move:
     src: int
     dst: int
     dst_replica: int | None  # the destination replica (the least loaded one of ``dst``)
-    before: tuple[float, float]  # (L_src, L_dst)
+    before: tuple[float, float]  # (L_src, L_dst); a move inside one server: its two replicas' times
     after: tuple[float, float]
 
 
@@ -144,7 +144,7 @@ class Balancer:
                         na = nb = float(t2.max()) + max(0.0, A.view.busy_until - now)
                         gap_before = A.times[ja] - A.times[jb]
                         ok = max(t2[ja], t2[jb]) < A.times[ja] - 1e-9 and abs(t2[ja] - t2[jb]) < gap_before
-                        cand = (nl, nrep, t2, None, None, None)
+                        cand = (nl, nrep, t2, (A.times[ja], A.times[jb]), (t2[ja], t2[jb]), None)
                     else:
                         ta = self._times_of(A, ja, na_load, na_rep)
                         nb_load = B.view.load.plus_from(la, i, jb)
@@ -162,7 +162,10 @@ class Balancer:
                 break
             _, i, b, jb, cand, na, nb = best
             B = ags[b]
-            moves.append(Move(int(A.rids[i]), a, b, jb, (loads[a], loads[b]), (na, nb)))
+            if b == a:  # a move inside the server: its before/after are the two replicas' times
+                moves.append(Move(int(A.rids[i]), a, b, jb, tuple(map(float, cand[3])), tuple(map(float, cand[4]))))
+            else:
+                moves.append(Move(int(A.rids[i]), a, b, jb, (loads[a], loads[b]), (na, nb)))
             if b == a:
                 nl, nrep, t2, _, _, _ = cand
                 rid_new = np.r_[np.delete(A.rids, i), A.rids[i]]

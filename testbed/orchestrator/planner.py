@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agents.engine import Layout, dense_layouts
-from emulation.validation import require
+from emulation.validation import SpecError, require
 
 from .estimate import Estimator, ServerLoad
 
@@ -107,9 +107,13 @@ class Planner:
     switch_cost: object  # agents.engine.StepCost (its switch_s)
     settings: PlannerSettings = field(default_factory=PlannerSettings)
     moe: bool = False
+    allowed: tuple = ()  # layouts that hold the model and a longest request (settings.feasible_layouts); () = all
 
     def __post_init__(self) -> None:
-        self.candidates = candidate_layouts(self.settings, self.estimator.gpus, self.moe)
+        self.candidates = [c for c in candidate_layouts(self.settings, self.estimator.gpus, self.moe)
+                           if not self.allowed or c in self.allowed]
+        if not self.candidates:
+            raise SpecError("orchestrator.planner.layouts", "no candidate layout holds the model and a longest response")
         for lay in self.candidates:
             lay.check(self.estimator.gpus, "orchestrator.planner.layouts")
 

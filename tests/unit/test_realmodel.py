@@ -67,3 +67,23 @@ def test_bad_context_lengths_name_the_field(lens, field):
     with pytest.raises(SpecError) as e:
         RealDecoder(TINY).decode_step_s(lens)
     assert e.value.field == field
+
+
+def test_the_engine_runs_on_real_decode_steps():
+    # real-compute mode: the agent's engine times every decode step on the torch decoder (tiny, CPU)
+    from agents.costmodel import CostModel
+    from agents.engine import Engine, EngineSettings, Layout, NewRequest
+    from agents.node.realmodel import RealStepCost
+    from agents.protocol import RealComputeConfig
+
+    cost = RealStepCost(RealComputeConfig(layers=1, hidden=64, ffn=128, q_heads=2, kv_heads=1, vocab=128,
+                                          max_seq_len=256, max_batch=8), CostModel.for_names("Qwen2.5-7B", "H800"))
+    e = Engine(cost, 8, Layout(8), EngineSettings(max_num_seqs=8, max_num_batched_tokens=64))
+    e.add([NewRequest(i, 16, 5 + i) for i in range(4)], 0.0)
+    t, steps = 0.0, 0
+    while not e.idle():
+        t = e.next_event()
+        steps += len(e.advance(t))
+    # the longest request has 8 tokens: a prefill step (its first token) then 7 decode steps, each real
+    assert steps == 8 and cost.steps == 7
+    assert 0 < t < 10  # and took its measured (CPU) time

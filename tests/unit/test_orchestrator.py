@@ -1,0 +1,176 @@
+"""The orchestrator's pure parts: the makespan estimator against the engine, the planner's switch rule in
+hand-built cases where switching pays and where it does not, the load index and the migration rule (no
+ping-pong), settings and policy validation, and a run of the driver on the simulated backend."""
+import numpy as np
+import pytest
+
+from agents.costmodel import CostModel
+from agents.engine import Engine, EngineSettings, Layout, ModelledCost, NewRequest
+from emulation.scenario import ControllerSettings, Scenario
+from emulation.spec import FabricSpec, JobLayout
+from emulation.validation import SpecError
+from emulation.workload import WorkloadSpec
+from testbed.orchestrator.balancer import Balancer, BalancerSettings
+from testbed.orchestrator.estimate import Estimator, ServerLoad
+from testbed.orchestrator.planner import Planner, PlannerSettings, ServerView
+from testbed.orchestrator.settings import feasible_layouts, make_policy, orchestrator_settings
+
+CM = CostModel.for_names("Qwen2.5-7B", "H800")
+SETTINGS = EngineSettings(max_num_seqs=64)
+
+
+def load(ctx, rem, replica, running=True):
+    n = len(rem)
+    return ServerLoad(np.asarray(ctx, float), np.asarray(rem, float), np.full(n, running), np.asarray(replica))
+
+
+def test_estimator_matches_the_engine_with_exact_lengths():
+    rng = np.random.default_rng(2)
+    lengths = np.clip(rng.lognormal(np.log(400), 0.9, 400), 1, 4000).astype(int)
+    for tp in (1, 8):
+        e = Engine(ModelledCost(CM, 8), 8, Layout(tp), SETTINGS)
+        e.add([NewRequest(i, 256, int(n)) for i, n in enumerate(lengths)], 0.0)
+        e.run_until(1e9)
+        actual = max(t for _, t in e.finished_log)
+        est = Estimator(CM, 8, SETTINGS)
+        pred = est.server_s(Layout(tp), load(np.full(400, 256), lengths, np.full(400, -1), running=False))
+        assert pred == pytest.approx(actual, rel=0.06)
+
+
+def planner(**kw):
+    return Planner(Estimator(CM, 8, SETTINGS), ModelledCost(CM, 8), PlannerSettings(lookahead=False, **kw))
+
+
+def test_planner_switches_to_large_tp_for_a_long_tail():
+    # one request per TP1 replica, 3,000 tokens to go: a TP1 token takes ~6 ms at batch 1, a TP8 one ~3.6 ms
+    v = ServerView(4, Layout(1), load(np.full(8, 1256), np.full(8, 3000), np.arange(8)))
+    d = planner().evaluate(v, now=10.0)
+    assert d.switch and d.best == "TP8x1"
+    assert d.gain_s > 5 and d.switch_cost_s == pytest.approx(1.0, abs=0.2)
+
+
+def test_planner_keeps_the_layout_where_a_switch_does_not_pay():
+    # the same tail, 100 tokens from the end: the gain (~0.25 s) does not cover a ~1 s switch
+    v = ServerView(4, Layout(1), load(np.full(8, 1256), np.full(8, 100), np.arange(8)))
+    d = planner().evaluate(v, now=10.0)
+    assert not d.switch and d.predicted_s["TP8x1"] > d.predicted_s["TP1x8"]
+    # a full batch: TP1's eight replicas out-run one TP8 replica capped at 64 sequences
+    n = 512
+    v = ServerView(4, Layout(1), load(np.full(n, 300), np.full(n, 500), np.arange(n) % 8))
+    d = planner().evaluate(v, now=1.0)
+    assert not d.switch and d.best == "TP1x8"
+
+
+def test_planner_respects_a_switch_in_progress_and_the_cooldown():
+    v = ServerView(4, Layout(1), load(np.full(8, 1256), np.full(8, 3000), np.arange(8)), busy_until=11.0)
+    assert not planner().evaluate(v, now=10.0).switch
+    v = ServerView(4, Layout(1), load(np.full(8, 1256), np.full(8, 3000), np.arange(8)), last_switch_end=9.5)
+    d = planner(cooldown_s=2.0).evaluate(v, now=10.0)
+    assert not d.switch and "cooldown" in d.reason
+
+
+def test_planner_considers_only_allowed_layouts():
+    p = Planner(Estimator(CM, 8, SETTINGS), ModelledCost(CM, 8), PlannerSettings(), allowed=(Layout(1), Layout(2)))
+    assert [lay.name(8) for lay in p.candidates] == ["TP1x8", "TP2x4"]
+
+
+def agents_with_a_hot_replica():
+    # agent 4: two long requests on replica 0 with 30 short ones; agent 5 holds one short request
+    ctx = np.r_[[1000, 1000], np.full(30, 400)]
+    rem = np.r_[[3000, 3000], np.full(30, 200)]
+    a = ServerView(4, Layout(1), load(ctx, rem, np.zeros(32, int)))
+    b = ServerView(5, Layout(1), load([300], [50], [0]))
+    return {4: a, 5: b}, {4: np.arange(100, 132), 5: np.array([900])}
+
+
+def test_load_index_is_the_slowest_replicas_remaining_time():
+    views, rids = agents_with_a_hot_replica()
+    bal = Balancer(Estimator(CM, 8, SETTINGS))
+    la, lb = bal.load_index(views[4], 0.0), bal.load_index(views[5], 0.0)
+    # 3,000 tokens at >= 6 ms each, slower at batch 32 than alone
+    assert la > 3000 * 0.006 and lb < 1.0
+
+
+def test_balancer_moves_from_the_hottest_replica_and_never_back():
+    views, rids = agents_with_a_hot_replica()
+    bal = Balancer(Estimator(CM, 8, SETTINGS), BalancerSettings(max_migrations=2))
+    moves, loads = bal.decide(views, rids, now=0.0)
+    assert moves and len(moves) <= 2
+    assert all(m.src == 4 for m in moves)  # from the most loaded agent, off its slowest replica
+    for m in moves:
+        assert max(m.after) < m.before[0] and abs(m.after[0] - m.after[1]) < m.before[0] - m.before[1]
+    # apply the moves; the balancer then sees nothing worth moving back
+    a, b = views[4].load, views[5].load
+    ra, rb = list(rids[4]), list(rids[5])
+    for m in moves:
+        i = ra.index(m.rid)
+        dst = m.dst_replica if m.dst == 5 else m.dst_replica
+        if m.dst == 5:
+            b = b.plus_from(a, i, dst)
+            rb.append(m.rid)
+        else:
+            a = a.plus_from(a, i, dst)
+            ra.append(m.rid)
+        a = a.without(i)
+        ra.pop(i)
+    after = {4: ServerView(4, Layout(1), a), 5: ServerView(5, Layout(1), b)}
+    again, _ = bal.decide(after, {4: np.array(ra), 5: np.array(rb)}, now=0.0)
+    assert not any(m.rid in {mv.rid for mv in moves} for m in again)
+
+
+def test_balancer_does_nothing_below_the_threshold():
+    v = {4: ServerView(4, Layout(1), load([500] * 8, [400] * 8, np.arange(8))),
+         5: ServerView(5, Layout(1), load([500] * 8, [380] * 8, np.arange(8)))}
+    moves, _ = Balancer(Estimator(CM, 8, SETTINGS)).decide(v, {4: np.arange(8), 5: np.arange(8, 16)}, 0.0)
+    assert moves == []
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"planner": {"min_gain_s": -1}}, "orchestrator.planner.min_gain_s"),
+    ({"balancer": {"mode": "teleport"}}, "orchestrator.balancer.mode"),
+    ({"step_mode": "sometimes"}, "orchestrator.step_mode"),
+    ({"planning_interval_s": 0}, "orchestrator.planning_interval_s"),
+    ({"engine": {"max_num_seqs": 0}}, "orchestrator.engine.max_num_seqs"),
+    ({"forecast": {"order": [1, 1]}}, "orchestrator.forecast.order"),
+    ({"colour": 1}, "orchestrator.colour"),
+])
+def test_orchestrator_settings_errors_name_the_field_path(data, field):
+    with pytest.raises(SpecError) as ei:
+        orchestrator_settings(data)
+    assert ei.value.field == field
+
+
+def test_policies_and_feasible_layouts():
+    lays = feasible_layouts(CostModel.for_names("Qwen2.5-32B", "H800"), 8, EngineSettings(), 256, 20480)
+    assert [lay.name(8) for lay in lays] == ["TP2x4", "TP4x2", "TP8x1"]  # 32B at TP1 holds no 20k response
+    assert make_policy("static-low", lays, 8).layout == Layout(2)
+    assert make_policy("static-high", lays, 8).layout == Layout(8)
+    assert make_policy("orchestrrl", lays, 8).planner and make_policy("orchestrrl", lays, 8).balancer
+    for bad in ("static-TP1x8", "fastest", "static-TP3x2"):
+        with pytest.raises(SpecError):
+            make_policy(bad, lays, 8)
+
+
+def small_scenario(mode="sync"):
+    fabric = FabricSpec(pods=2, tors_per_pod=1, servers_per_tor=2, ocs_count=1, uplinks_per_tor=2)
+    w = WorkloadSpec(model="Qwen2.5-7B", prompts_per_step=16, samples_per_prompt=4, response_median_tokens=200,
+                     response_sigma=0.8, max_response_tokens=1024, prompt_sigma=0.4, steps=2)
+    return Scenario(name="tiny", seed=3, fabric=fabric, layout=JobLayout((0,), (1,)), workload=w,
+                    controller=ControllerSettings(initial_phase="train"),
+                    orchestrator={"step_mode": mode, "planning_interval_s": 0.5, "engine": {"max_num_seqs": 16}})
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_driver_on_the_simulated_backend_completes_every_response_once(mode, tmp_path):
+    from testbed.experiment import Experiment
+
+    exp = Experiment(small_scenario(mode), "simulated")
+    with exp:
+        res, files = exp.run(exp.policy("orchestrrl"), 2, tmp_path / "run")
+        again, _ = exp.run(exp.policy("orchestrrl"), 2, tmp_path / "again")
+    assert res["lost_requests"] == 0 and len(res["step_makespan_s"]) == 2
+    assert all(s["lost_requests"] == 0 and s["tokens"] > 0 for s in res["steps"])
+    assert res["step_makespan_s"] == again["step_makespan_s"]  # same seed, same run
+    assert set(files) >= {"run", "timeline", "trace", "timeline_png"}
+    if mode == "async":
+        assert res["idle_s"] is not None and res["step_mode"] == "async"
