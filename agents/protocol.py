@@ -293,6 +293,11 @@ class StatsParams:
 
 
 @dataclass(frozen=True)
+class CollectorStatsParams:
+    arrays: bool = True  # per-request arrays too (else the counts alone: cheap enough to poll)
+
+
+@dataclass(frozen=True)
 class FidelityParams:
     clear: bool = False  # start a fresh record after this report
 
@@ -386,7 +391,7 @@ METHODS: dict[str, type] = {
     "kv_incoming": KvIncomingParams,
     "migrate_commit": MigrateCommitParams,
     "reset": NoParams,
-    "collector_stats": NoParams,
+    "collector_stats": CollectorStatsParams,
     "collector_reset": NoParams,
     "fidelity": FidelityParams,
     "compute": ComputeParams,

@@ -274,10 +274,12 @@ class AgentPool:
         self.call_all([t for t in self.trainers if t not in self.failed], "collector_reset", lambda s: None, 10.0)
 
     def lost_requests(self, s: int, collected: Collected | None = None) -> dict[int, int]:
-        """Requests placed on agent ``s`` that did not finish, with the tokens the collectors already have."""
+        """Requests placed on agent ``s`` that did not finish, with how many of their tokens the collectors
+        hold from the start on without a gap (where a re-queued request resumes: a token past a gap that did
+        arrive will come again and be counted as a duplicate, never twice)."""
         col = collected or self.collected()
         done = col.finished()
-        got = col.by_rid()
+        got = dict(zip(col.rid.tolist(), col.contiguous.tolist()))
         return {rid: got.get(rid, 0) for rid, a in self.placement.items() if a == s and rid not in done}
 
 

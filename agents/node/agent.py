@@ -340,7 +340,7 @@ class Agent:
     def rpc_collector_stats(self, p) -> dict:
         if self.collector is None:
             raise SpecError("method", f"agent {self.cfg.index} hosts no token collector")
-        return self.collector.stats()
+        return self.collector.stats(p.arrays)
 
     def rpc_collector_reset(self, p) -> dict:
         if self.collector is None:

@@ -149,7 +149,8 @@ class TokenLedger:
         out = {"requests": n, "tokens_unique": int(self.count[:n].sum()), "tokens_received": int(self.tokens),
                "duplicates": int(self.dups[:n].sum()), "out_of_order": int(self.out_of_order),
                "held_aside": int(sum(len(v) for v in self.aside.values())), "corrupt": int(self.corrupt),
-               "bad_messages": int(self.bad_messages), "messages": int(self.messages)}
+               "bad_messages": int(self.bad_messages), "messages": int(self.messages),
+               "finished": int(np.count_nonzero(self.final_len[:n] >= 0))}
         if with_arrays:
             rids = np.asarray(self._rids, np.int64)
             out.update(rid=pack_array(rids), count=pack_array(self.count[:n]), contiguous=pack_array(self.next[:n]),

@@ -25,7 +25,7 @@ from agents.costmodel import CostModel
 from agents.engine import EngineSettings, Layout
 from agents.protocol import unpack_array
 from controller.ocs import Matching
-from controller.phases import sync_chains
+from controller.phases import SyncChain, sync_chains
 from emulation.capacity import load_capacity
 
 from .base import Backend, PhaseResult, ServerState, StepRequests
@@ -57,9 +57,8 @@ class EmulatedBackend(Backend):
         self.model = PhaseModel(scenario)
         self._layouts = dict(layouts)
         self._tag = 0
-        self._finished_at_start = 0
         self.phase_util: list[dict] = []
-        self._last: dict = {}
+
 
     def close(self) -> None:
         self._stack.close()
@@ -89,9 +88,6 @@ class EmulatedBackend(Backend):
                 self.set_layout(s, layouts[s], free=True)
         self.pool.placement.clear()
         self.pool.reset_collectors()
-        docs = self.pool.call_all(live, "stats", lambda s: None, 10.0)
-        self._finished_at_start = sum(d["num_requests_finished"] for d in docs.values())
-        self._last = docs
 
     def set_layout(self, server: int, layout: Layout, free: bool = False) -> dict:
         res = self.pool.call(server, "set_layout", {"layout": layout.name(self.gpus), "free": free})
@@ -115,20 +111,20 @@ class EmulatedBackend(Backend):
             pu = st.get("paused_until")
             busy = pu if (pu is not None and pu > st["now"]) else 0.0
             out[s] = ServerState(s, Layout.parse(st["layout"], self.gpus), snap, st, busy)
-        self._last = docs
         return out
 
     def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None) -> dict:
         return self.pool.migrate(rid, src, dst, mode=mode, replica=replica)
 
     def finished_count(self) -> int:
-        live = [s for s in self.gen_servers if s not in self.pool.failed]
+        """Requests whose last token reached a collector this step (the trainers' ground truth: it survives a
+        generator's death, and a request whose last tokens are still in flight is not done yet)."""
+        live = [t for t in self.train_servers if t not in self.pool.failed]
         try:
-            docs = self.pool.call_all(live, "stats", lambda s: None, 10.0)
-        except Exception:  # noqa: BLE001 - a dead agent: the planning tick's health check handles it
+            docs = self.pool.call_all(live, "collector_stats", lambda s: {"arrays": False}, 10.0)
+        except Exception:  # noqa: BLE001 - a dead trainer: the planning tick's health check handles it
             return -1
-        self._last.update(docs)
-        return sum(d["num_requests_finished"] for d in self._last.values()) - self._finished_at_start
+        return sum(d["finished"] for d in docs.values())
 
     def end_generation(self, req: StepRequests) -> dict:
         want = set(req.rid.tolist())
@@ -146,10 +142,6 @@ class EmulatedBackend(Backend):
             finish.update({int(r): float(t) for r, t, f in zip(rid, last, fl) if f >= 0})
         dup = int(col.dups.sum())
         self.pool.reset_collectors()
-        docs = self.pool.call_all([s for s in self.gen_servers if s not in self.pool.failed], "stats",
-                                  lambda s: None, 10.0)
-        self._finished_at_start = sum(d["num_requests_finished"] for d in docs.values())
-        self._last = docs
         ended = max(finish.values()) if finish else self.now()
         return {"delivered": {r: n for r, n in delivered.items() if r in want}, "finish": finish, "duplicates": dup,
                 "ended_at": min(ended, self.now())}
@@ -177,6 +169,9 @@ class EmulatedBackend(Backend):
         spec, layout = self.scenario.fabric, self.scenario.layout
         chains = sync_chains(spec, layout, self._installed_matchings(),
                              holders=[t for t in self.train_servers if t not in self.pool.failed])
+        # a failed generator drops out of its chain: its predecessor feeds its successor directly
+        chains = [c for c in (SyncChain(ch.sources, tuple(m for m in ch.members if m not in self.pool.failed))
+                              for ch in chains) if c.members]
         plan: dict[int, dict] = {}
         for ch in chains:
             head = ch.members[0]
