@@ -61,6 +61,21 @@ def _nbytes(v: int, name: str = "nbytes", minimum: int = 4) -> None:
     require(minimum <= v <= MAX_NBYTES, name, f"must be in {minimum}..{MAX_NBYTES}, got {v}")
 
 
+MAX_TAG = 2**20
+
+
+def _tag(v: int) -> None:
+    require(0 <= v < MAX_TAG, "tag", f"must be in 0..{MAX_TAG - 1}, got {v}")
+
+
+def _transfer(peer_name: str, peer: int, nbytes: int, tag: int, timeout_s: float) -> None:
+    """The checks of a point-to-point transfer's fields (P2PParams, KvIncomingParams)."""
+    require(peer >= 0, peer_name, f"must be >= 0, got {peer}")
+    _nbytes(nbytes, minimum=1)
+    _tag(tag)
+    _timeout(timeout_s)
+
+
 # ---- start-up config ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Endpoint:
@@ -229,7 +244,7 @@ class BroadcastParams:
     def __post_init__(self) -> None:
         _nbytes(self.nbytes)
         _nbytes(self.bucket_bytes, "bucket_bytes")
-        require(0 <= self.tag < 2**20, "tag", f"must be in 0..{2**20 - 1}, got {self.tag}")
+        _tag(self.tag)
         require(self.version >= 0, "version", f"must be >= 0, got {self.version}")
         for i, (r, share) in enumerate(self.sources):
             require(r >= 0, f"sources[{i}]", f"agent must be >= 0, got {r}")
@@ -251,10 +266,7 @@ class P2PParams:
     timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        require(self.peer >= 0, "peer", f"must be >= 0, got {self.peer}")
-        _nbytes(self.nbytes, minimum=1)
-        require(0 <= self.tag < 2**20, "tag", f"must be in 0..{2**20 - 1}, got {self.tag}")
-        _timeout(self.timeout_s)
+        _transfer("peer", self.peer, self.nbytes, self.tag, self.timeout_s)
 
 
 @dataclass(frozen=True)
@@ -344,10 +356,7 @@ class KvIncomingParams:
     timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        require(self.src >= 0, "src", f"must be >= 0, got {self.src}")
-        _nbytes(self.nbytes, minimum=1)
-        require(0 <= self.tag < 2**20, "tag", f"must be in 0..{2**20 - 1}, got {self.tag}")
-        _timeout(self.timeout_s)
+        _transfer("src", self.src, self.nbytes, self.tag, self.timeout_s)
 
 
 @dataclass(frozen=True)

@@ -157,8 +157,9 @@ class Driver:
             views = {s: ServerView(s, st.layout, loads_from_snapshot(st.snapshot, fc), st.busy_until,
                                    self.last_switch_end.get(s, -math.inf)) for s, st in states.items()}
             if self.planner is not None:
-                for s, v in views.items():
-                    d = self.planner.evaluate(v, now, interval)
+                decisions = self.planner.evaluate_all(views, now, interval)
+                for s, v in list(views.items()):
+                    d = decisions[s]
                     if d.switch:
                         lay = Layout.parse(d.best, self.gpus)
                         sw = b.set_layout(s, lay)

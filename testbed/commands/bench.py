@@ -77,6 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     f.set_defaults(func=_fabric)
     register_agents(bsub)
+    register_orchestrator(bsub)
 
 
 def _collectives(args: argparse.Namespace) -> int:
@@ -130,3 +131,28 @@ def register_agents(bsub) -> None:
     g.add_argument("--json", action="store_true")
     g.add_argument("-q", "--quiet", action="store_true")
     g.set_defaults(func=_generation)
+
+
+def _planner(args: argparse.Namespace) -> int:
+    from emulation.scenario import load_scenario
+    from testbed.bench_orchestrator import bench_planner
+
+    scn = load_scenario(args.scenario)
+    if not 1 <= args.requests <= 1_000_000:
+        raise UsageError(f"--requests must be in 1..1000000, got {args.requests}")
+    if not 1 <= args.ticks <= 100_000:
+        raise UsageError(f"--ticks must be in 1..100000, got {args.ticks}")
+    with tqdm(total=args.ticks, desc="planner", file=sys.stderr, disable=args.quiet) as bar:
+        res = bench_planner(scn, args.requests, args.ticks, progress=lambda n: bar.update(n - bar.n))
+    _emit(res, args.json)
+    return 0
+
+
+def register_orchestrator(bsub) -> None:
+    p = bsub.add_parser("planner", help="the planner's and balancer's decision time for N in-flight requests (JSON)")
+    p.add_argument("scenario", nargs="?", default="scenarios/default.yaml", help="scenario YAML (default: the default)")
+    p.add_argument("--requests", type=int, default=1024, help="in-flight requests (default 1024)")
+    p.add_argument("--ticks", type=int, default=50, help="planning ticks measured (default 50)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(func=_planner)

@@ -104,81 +104,112 @@ class Estimator:
             self._kv[layout] = self.cm.kv_capacity_tokens(layout.tp, reserve=1.0 - self.settings.gpu_memory_utilization)
         return self._kv[layout]
 
-    def _schedule(self, layout: Layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None):
-        """The replica's predicted decode schedule: per request its start and end (in decode steps, in the
-        given order), segment boundaries ``k`` (steps), the time of every segment and the prefill time.
-        None when nothing is left to run."""
+    def _grouped(self, layout: Layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None,
+                 group: np.ndarray, n_groups: int) -> dict:
+        """The predicted decode schedules of ``n_groups`` replicas at once (request i runs on replica
+        ``group[i]``): per request its start and end (decode steps), per segment its replica, steps and time,
+        per replica its prefill time and total time. Every replica is computed as in :meth:`replica_s`; the
+        replicas share the numpy passes (keys ``group x BIG + step`` keep them apart: in every cumulative count
+        the requests of lower replicas appear on both sides and cancel)."""
         self.calls += 1
         rem = np.ceil(np.maximum(np.asarray(rem, dtype=float), 0.0))
-        live = rem > 0
-        if not live.any():
-            return None
         ctx0 = np.asarray(ctx0, dtype=float)
         first = np.ones(len(rem), bool) if first is None else np.asarray(first, bool)
+        group = np.asarray(group, dtype=np.int64)
+        total = np.zeros(n_groups)
+        out = {"start": np.full(len(rem), np.inf), "end": np.full(len(rem), -np.inf), "total": total,
+               "prefill": np.zeros(n_groups), "seg_g": np.zeros(0, np.int64), "k0": np.zeros(0), "k1": np.zeros(0),
+               "seg": np.zeros(0)}
+        live = rem > 0
+        if not live.any():
+            return out
         idx = np.nonzero(live)[0]
-        c, r, f = ctx0[idx], rem[idx], first[idx]
-        n = len(r)
-        mean_final = float(np.mean(c + r))
-        slots = int(max(1, min(self.settings.max_num_seqs, self.kv_tokens(layout) // max(1.0, mean_final))))
-        order = np.r_[np.nonzero(f)[0], np.nonzero(~f)[0]]
-        rem_o, ctx_o = r[order], c[order]
-        start_o = np.zeros(n)
-        if n > slots:
-            free = list(rem_o[:slots])  # end steps of the requests holding the slots
+        c, r, f, g = ctx0[idx], rem[idx], first[idx], group[idx]
+        # per replica: slots (max_num_seqs, and what its KV holds at the mean final footprint)
+        cnt = np.bincount(g, minlength=n_groups)
+        mean_final = np.bincount(g, weights=c + r, minlength=n_groups) / np.maximum(cnt, 1)
+        slots = np.maximum(1, np.minimum(self.settings.max_num_seqs,
+                                         np.floor(self.kv_tokens(layout) / np.maximum(1.0, mean_final)))).astype(np.int64)
+        # order inside a replica: running requests first, then the queue, each in the given order
+        order = np.lexsort((np.arange(len(r)), ~f, g))
+        go = g[order]
+        grp_start = np.searchsorted(go, np.arange(n_groups))
+        rank = np.arange(len(go)) - grp_start[go]
+        ro = r[order]
+        start_o = np.zeros(len(ro))
+        for j in np.nonzero(cnt > slots)[0]:  # queued requests take the slots as earlier ones end
+            lo, hi, k = grp_start[j], grp_start[j] + cnt[j], slots[j]
+            free = list(ro[lo:lo + k])
             heapq.heapify(free)
-            for i in range(slots, n):
+            for i in range(lo + k, hi):
                 s0 = heapq.heappop(free)
                 start_o[i] = s0
-                heapq.heappush(free, s0 + rem_o[i])
-        end_o = start_o + rem_o
-        pts = np.unique(np.concatenate([start_o, end_o]))
+                heapq.heappush(free, s0 + ro[i])
+        end_o = start_o + ro
+        big = float(np.max(end_o)) + 1.0
+        skey = go * big + start_o
+        ekey = go * big + end_o
+        pts = np.unique(np.concatenate([skey, ekey]))
         k0, k1 = pts[:-1], pts[1:]
-        st_sorted = np.sort(start_o)
-        en_order = np.argsort(end_o, kind="stable")
-        en_sorted = end_o[en_order]
-        n_started = np.searchsorted(st_sorted, k0, side="right")
-        n_ended = np.searchsorted(en_sorted, k0, side="right")
+        g0 = np.floor(k0 / big).astype(np.int64)
+        same = g0 == np.floor(k1 / big).astype(np.int64)
+        s_order = np.argsort(skey, kind="stable")
+        e_order = np.argsort(ekey, kind="stable")
+        n_started = np.searchsorted(skey[s_order], k0, side="right")
+        n_ended = np.searchsorted(ekey[e_order], k0, side="right")
         active = n_started - n_ended
-        base = ctx_o - start_o  # a request's context at step k is base + k while it runs
-        cs_start = np.r_[0.0, np.cumsum(base[np.argsort(start_o, kind="stable")])]
-        cs_end = np.r_[0.0, np.cumsum(base[en_order])]
-        mid = (k0 + k1) / 2.0
+        base = c[order] - start_o  # a request's context at step k is base + k while it runs
+        cs_start = np.r_[0.0, np.cumsum(base[s_order])]
+        cs_end = np.r_[0.0, np.cumsum(base[e_order])]
+        mid = (k0 + k1) / 2.0 - g0 * big
         ctx = (cs_start[n_started] - cs_end[n_ended]) + active * mid
+        ok = same & (active > 0)
         seg = np.zeros(len(k0))
-        ok = active > 0
-        seg[ok] = self.cm.decode_step_s_array(active[ok].astype(float), np.maximum(ctx[ok], 0.0), layout.tp) * (k1 - k0)[ok]
-        waiting = ~f
-        pre = self.cm.prefill_s(int(waiting.sum()), float(np.mean(c[waiting])), layout.tp) if waiting.any() else 0.0
-        start = np.full(len(rem), np.inf)
-        end = np.full(len(rem), -np.inf)
-        start[idx[order]] = start_o
-        end[idx[order]] = end_o
-        return {"start": start, "end": end, "k0": k0, "k1": k1, "seg": seg, "prefill": pre}
+        seg[ok] = self.cm.decode_step_s_array(active[ok].astype(float), np.maximum(ctx[ok], 0.0), layout.tp) \
+            * (k1 - k0)[ok]
+        total += np.bincount(g0[ok], weights=seg[ok], minlength=n_groups)
+        waiting = ~f[order]
+        if waiting.any():  # the queue's prefills (recompute for preempted ones), once per replica
+            co = c[order]
+            for j in np.unique(go[waiting]):
+                m = waiting & (go == j)
+                out["prefill"][j] = self.cm.prefill_s(int(m.sum()), float(np.mean(co[m])), layout.tp)
+            total += out["prefill"]
+        out["start"][idx[order]] = start_o
+        out["end"][idx[order]] = end_o
+        out.update(seg_g=g0[ok], k0=k0[ok] - g0[ok] * big, k1=k1[ok] - g0[ok] * big, seg=seg[ok])
+        return out
 
     def replica_s(self, layout: Layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None = None) -> float:
         """Remaining decode time of one replica. ``first``: requests that hold a slot now (running), which
         start at once; the others queue in the given order."""
-        sch = self._schedule(layout, ctx0, rem, first)
-        return 0.0 if sch is None else float(sch["seg"].sum() + sch["prefill"])
+        return float(self._grouped(layout, ctx0, rem, first, np.zeros(len(rem), np.int64), 1)["total"][0])
+
+    def groups_s(self, layout: Layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None,
+                 group: np.ndarray, n_groups: int) -> np.ndarray:
+        """:meth:`replica_s` of many replicas (or variants of one) at once."""
+        return self._grouped(layout, ctx0, rem, first, group, n_groups)["total"]
 
     def progress(self, layout: Layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None,
-                 dt: float) -> np.ndarray:
-        """Tokens each request is predicted to produce in the next ``dt`` seconds on this replica."""
-        sch = self._schedule(layout, ctx0, rem, first)
-        if sch is None:
-            return np.zeros(len(rem))
-        t = dt - sch["prefill"]
-        if t <= 0:
-            return np.zeros(len(rem))
-        cum = np.cumsum(sch["seg"])
-        j = int(np.searchsorted(cum, t, side="right"))
-        if j >= len(cum):
-            k = float(sch["k1"][-1])
-        else:
-            before = cum[j - 1] if j else 0.0
-            width = sch["k1"][j] - sch["k0"][j]
-            k = float(sch["k0"][j] + (t - before) / sch["seg"][j] * width) if sch["seg"][j] > 0 else float(sch["k1"][j])
-        done = np.clip(np.floor(k) - sch["start"], 0.0, None)
+                 dt: float, group: np.ndarray | None = None, n_groups: int = 1) -> np.ndarray:
+        """Tokens each request is predicted to produce in the next ``dt`` seconds on its replica."""
+        group = np.zeros(len(rem), np.int64) if group is None else np.asarray(group, np.int64)
+        sch = self._grouped(layout, ctx0, rem, first, group, n_groups)
+        k_at = np.zeros(n_groups)
+        for j in range(n_groups):
+            m = sch["seg_g"] == j
+            t = dt - sch["prefill"][j]
+            if t <= 0 or not m.any():
+                continue
+            seg, k0, k1 = sch["seg"][m], sch["k0"][m], sch["k1"][m]
+            cum = np.cumsum(seg)
+            i = int(np.searchsorted(cum, t, side="right"))
+            if i >= len(cum):
+                k_at[j] = k1[-1]
+            else:
+                before = cum[i - 1] if i else 0.0
+                k_at[j] = k0[i] + (t - before) / seg[i] * (k1[i] - k0[i]) if seg[i] > 0 else k1[i]
+        done = np.clip(np.floor(k_at[group]) - sch["start"], 0.0, None)
         return np.where(np.isfinite(sch["start"]), np.minimum(done, np.ceil(np.maximum(rem, 0.0))), 0.0)
 
     def placement(self, layout: Layout, load: ServerLoad, current: Layout | None = None) -> np.ndarray:
@@ -202,20 +233,48 @@ class Estimator:
         r = layout.replicas(self.gpus)
         if rep is None:
             rep = self.placement(layout, load, current)
-        times = np.zeros(r)
-        for j in range(r):
-            m = rep == j
-            if m.any():
-                times[j] = self.replica_s(layout, load.ctx0[m], self._rem(load, m), load.running[m])
-        return rep, times
+        if load.n == 0:
+            return rep, np.zeros(r)
+        return rep, self.groups_s(layout, load.ctx0, self.stratified(load, rep, r), load.running, rep, r)
+
+    def stratified(self, load: ServerLoad, group: np.ndarray, n_groups: int) -> np.ndarray:
+        """Remaining tokens of every request: with a forecast, inside each group the k-th of n (by key) gets
+        the ((k + 0.5) / n)-quantile of its conditional remaining length; without one, ``load.rem``."""
+        if self.forecast is None or load.gen is None or load.key is None:
+            return load.rem
+        order = np.lexsort((load.key, group))
+        g = np.asarray(group)[order]
+        first = np.searchsorted(g, np.arange(n_groups))
+        cnt = np.bincount(g, minlength=n_groups)
+        levels = np.empty(load.n)
+        levels[order] = (np.arange(load.n) - first[g] + 0.5) / cnt[g]
+        return np.clip(np.ceil(self.forecast.remaining_quantile(load.gen, levels)), 1.0, None)
 
     def _rem(self, load: ServerLoad, m: np.ndarray) -> np.ndarray:
-        if self.forecast is None or load.gen is None or load.key is None:
-            return load.rem[m]
-        n = int(m.sum())
-        levels = np.empty(n)
-        levels[np.argsort(load.key[m], kind="stable")] = (np.arange(n) + 0.5) / n
-        return np.clip(np.ceil(self.forecast.remaining_quantile(load.gen[m], levels)), 1.0, None)
+        """:meth:`stratified` of the requests ``m`` as one group."""
+        sub = load._pick(m)
+        return self.stratified(sub, np.zeros(sub.n, np.int64), 1)
+
+    def servers_s(self, layout: Layout, loads: dict, currents: dict) -> dict:
+        """:meth:`server_s` of many servers under one ``layout`` at once (``loads[s]``, its ``currents[s]``)."""
+        r = layout.replicas(self.gpus)
+        keys = [s for s in loads if loads[s].n]
+        out = {s: 0.0 for s in loads}
+        if not keys:
+            return out
+        parts = [(s, loads[s], self.placement(layout, loads[s], currents[s])) for s in keys]
+        group = np.concatenate([k * r + rep for k, (_, _, rep) in enumerate(parts)])
+        cat = lambda f: np.concatenate([f(ld) for _, ld, _ in parts])  # noqa: E731
+        gen = None if any(ld.gen is None for _, ld, _ in parts) else cat(lambda ld: ld.gen)
+        key = None if any(ld.key is None for _, ld, _ in parts) else cat(lambda ld: ld.key)
+        allload = ServerLoad(cat(lambda ld: ld.ctx0), cat(lambda ld: ld.rem), cat(lambda ld: ld.running),
+                             group, gen, key)
+        n_groups = len(parts) * r
+        times = self.groups_s(layout, allload.ctx0, self.stratified(allload, group, n_groups), allload.running,
+                              group, n_groups).reshape(len(parts), r)
+        for k, (s, _, _) in enumerate(parts):
+            out[s] = float(times[k].max())
+        return out
 
     def server_s(self, layout: Layout, load: ServerLoad, current: Layout | None = None) -> float:
         """Remaining makespan of a server holding ``load`` if it runs ``layout`` (max over its replicas)."""
@@ -229,18 +288,11 @@ class Estimator:
         wait before switching?"."""
         if load.n == 0 or load.gen is None:
             return load
+        r = layout.replicas(self.gpus)
         rep = self.placement(layout, load, layout)
-        gained = np.zeros(load.n)
-        finished = np.zeros(load.n, bool)
-        for j in range(layout.replicas(self.gpus)):
-            m = rep == j
-            if not m.any():
-                continue
-            rem = self._rem(load, m)
-            got = self.progress(layout, load.ctx0[m], rem, load.running[m], dt)
-            gained[m] = got
-            finished[m] = got >= np.ceil(rem)
-        keep = ~finished
+        rem = self.stratified(load, rep, r)
+        gained = self.progress(layout, load.ctx0, rem, load.running, dt, rep, r)
+        keep = gained < np.ceil(rem)
         new_gen = load.gen + gained
         started = gained > 0
         return ServerLoad(ctx0=(load.ctx0 + gained)[keep], rem=np.maximum(self.forecast.remaining(new_gen[keep]), 1.0)

@@ -117,48 +117,70 @@ class Planner:
         for lay in self.candidates:
             lay.check(self.estimator.gpus, "orchestrator.planner.layouts")
 
-    def _best(self, cur: Layout, load: ServerLoad, busy: float) -> tuple[Layout, float, float, dict]:
-        """(best layout, its predicted remaining time incl. switch cost, the cost, every layout's time)."""
+    def _all_times(self, views: dict, now: float) -> dict:
+        """For every server: {layout: predicted remaining time with that layout, its switch cost and a
+        switch in progress included}, every server evaluated in one pass per layout."""
+        est = self.estimator
+        loads = {s: v.load for s, v in views.items()}
+        currents = {s: v.layout for s, v in views.items()}
+        out = {s: {} for s in views}
+        for lay in self.candidates + [lay for lay in {v.layout for v in views.values()} if lay not in self.candidates]:
+            t = est.servers_s(lay, loads, currents)
+            for s, v in views.items():
+                busy = max(0.0, v.busy_until - now)
+                if lay == v.layout:
+                    out[s][lay] = (t[s] + busy, 0.0)
+                elif lay in self.candidates:
+                    kv = float(np.sum(v.load.ctx0[v.load.running])) if v.load.n else 0.0
+                    cost = float(self.switch_cost.switch_s(v.layout, lay, kv))
+                    out[s][lay] = (t[s] + cost + busy, cost)
+        return out
+
+    def evaluate_all(self, views: dict, now: float, interval: float | None = None) -> dict:
+        """A decision for every server (see :meth:`evaluate`)."""
         gpus = self.estimator.gpus
-        base = self.estimator.server_s(cur, load, current=cur) + busy
-        kv = float(np.sum(load.ctx0[load.running])) if load.n else 0.0
-        pred = {cur.name(gpus): base}
-        best, best_t, best_cost = cur, base, 0.0
-        for lay in self.candidates:
-            if lay == cur:
-                continue
-            cost = float(self.switch_cost.switch_s(cur, lay, kv))
-            t = self.estimator.server_s(lay, load) + cost + busy
-            pred[lay.name(gpus)] = t
-            if t < best_t:
-                best, best_t, best_cost = lay, t, cost
-        return best, best_t, best_cost, pred
+        times = self._all_times(views, now)
+        out, tempted = {}, {}
+        for s, v in views.items():
+            cur = v.layout
+            pred = {lay.name(gpus): t for lay, (t, _) in times[s].items()}
+            base = times[s][cur][0]
+            best = min(times[s], key=lambda lay: (times[s][lay][0], lay != cur, lay.tp))
+            best_t, best_cost = times[s][best]
+            gain = base - best_t
+            need = max(self.settings.min_gain_s, self.settings.gain_margin * base)
+            if best == cur:
+                reason, switch = "current layout is predicted fastest", False
+            elif v.busy_until > now:
+                reason, switch = "a switch is in progress", False
+            elif now - v.last_switch_end < self.settings.cooldown_s:
+                reason, switch = "cooldown after the last switch", False
+            elif gain <= need:
+                reason, switch = f"gain {gain:.2f} s does not exceed {need:.2f} s", False
+            else:
+                reason, switch = f"gain {gain:.2f} s beyond the switch cost {best_cost:.2f} s", True
+                if self.settings.lookahead and interval:
+                    tempted[s] = best_t
+            out[s] = Decision(s, cur.name(gpus), best.name(gpus), pred, switch, gain, best_cost, reason)
+        if tempted:  # would it pay to wait one interval and switch then (to the then-best layout)?
+            later = {s: ServerView(s, views[s].layout, self.estimator.advance(views[s].layout, views[s].load, interval))
+                     for s in tempted}
+            t2 = self._all_times(later, now)
+            for s, best_t in tempted.items():
+                l2 = min(t2[s], key=lambda lay: t2[s][lay][0])
+                if interval + t2[s][l2][0] < best_t:
+                    d = out[s]
+                    out[s] = Decision(s, d.current, d.best, d.predicted_s, False, d.gain_s, d.switch_cost_s,
+                                      f"gain {d.gain_s:.2f} s now, but {interval:g} s later {l2.name(gpus)} is predicted "
+                                      f"to finish {best_t - interval - t2[s][l2][0]:.2f} s sooner: waiting")
+        return out
 
     def evaluate(self, view: ServerView, now: float, interval: float | None = None) -> Decision:
-        gpus = self.estimator.gpus
-        cur = view.layout
-        busy = max(0.0, view.busy_until - now)
-        best, best_t, best_cost, pred = self._best(cur, view.load, busy)
-        base = pred[cur.name(gpus)]
-        gain = base - best_t
-        need = max(self.settings.min_gain_s, self.settings.gain_margin * base)
-        if best == cur:
-            reason, switch = "current layout is predicted fastest", False
-        elif view.busy_until > now:
-            reason, switch = "a switch is in progress", False
-        elif now - view.last_switch_end < self.settings.cooldown_s:
-            reason, switch = "cooldown after the last switch", False
-        elif gain <= need:
-            reason, switch = f"gain {gain:.2f} s does not exceed {need:.2f} s", False
-        else:
-            reason, switch = f"gain {gain:.2f} s beyond the switch cost {best_cost:.2f} s", True
-            if self.settings.lookahead and interval and busy == 0.0:
-                later = self.estimator.advance(cur, view.load, interval)
-                l2, t2, _, _ = self._best(cur, later, 0.0)
-                if interval + t2 < best_t:
-                    reason, switch = (f"gain {gain:.2f} s now, but {interval:g} s later {l2.name(gpus)} is predicted to "
-                                      f"finish {best_t - interval - t2:.2f} s sooner: waiting"), False
-        return Decision(view.server, cur.name(gpus), best.name(gpus), pred, switch, gain, best_cost, reason)
+        """Whether ``view``'s server should switch now, and to which layout: the candidate with the smallest
+        predicted remaining makespan, its switch cost included, if it gains more than the hysteresis margin
+        over the current one, no switch is in progress or cooling down, and (lookahead) waiting one planning
+        interval is not predicted to do better."""
+        return self.evaluate_all({view.server: view}, now, interval)[view.server]
 
     def initial(self, view: ServerView) -> Decision:
         """At a step's start (the requests have not started; the new weights are being loaded anyway, so a

@@ -1,0 +1,75 @@
+"""Benchmark of the orchestrator's decision path (JSON figures; never asserts).
+
+``planner``: one planning tick's decision, as the driver makes it: the step's forecast updated with what the
+step has shown so far (online), then the planner's evaluation of every generator server (every candidate
+layout, with its one-interval lookahead) and the balancer's moves, for ``requests`` in-flight requests spread
+over the scenario's generator servers at a mid-step state (a seeded mix of progress, some waiting).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from agents.costmodel import CostModel
+from agents.engine import Layout, ModelledCost
+from emulation.scenario import Scenario
+from testbed.orchestrator.balancer import Balancer
+from testbed.orchestrator.estimate import Estimator
+from testbed.orchestrator.forecast import LengthForecast
+from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshot
+from testbed.orchestrator.settings import feasible_layouts, orchestrator_settings
+
+
+def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: int = 0,
+                  progress=None) -> dict:
+    st = orchestrator_settings(scn.orchestrator)
+    w = scn.workload
+    cm = CostModel.for_names(w.model, w.gpu)
+    gpus = scn.fabric.gpus_per_server
+    servers = scn.layout.gen_servers(scn.fabric)
+    est = Estimator(cm, gpus, st.engine)
+    lays = feasible_layouts(cm, gpus, st.engine, w.prompt_tokens, w.max_response_tokens)
+    planner = Planner(est, ModelledCost(cm, gpus), st.planner, cm.model.is_moe, tuple(lays))
+    balancer = Balancer(est, st.balancer)
+    fc0 = LengthForecast.from_workload(w, 0)
+    rng = np.random.default_rng(seed)
+    times, plan_ms, bal_ms, online_ms = [], [], [], []
+    lay = lays[0]
+    r = lay.replicas(gpus)
+    for k in range(ticks):
+        # a mid-step state: every request has made some progress, a fifth still wait, the rest run
+        n = requests
+        gen = np.minimum(rng.lognormal(np.log(300), 0.9, n).astype(np.int64), w.max_response_tokens - 1)
+        running = rng.random(n) > 0.2
+        gen[~running] = 0
+        server = np.arange(n) % len(servers)
+        done = rng.lognormal(np.log(w.response_median_tokens), w.response_sigma, n // 2).astype(np.int64) + 1
+        t0 = time.perf_counter()
+        fc = fc0.updated(np.minimum(done, w.max_response_tokens).astype(float), gen[running].astype(float),
+                         st.forecast) if st.forecast.online_update else fc0
+        t1 = time.perf_counter()
+        est.forecast = fc
+        views, rids = {}, {}
+        for j, s in enumerate(servers):
+            m = server == j
+            snap = {"rid": np.nonzero(m)[0].astype(np.int64) + 1000 * k, "generated": gen[m],
+                    "prompt": np.full(int(m.sum()), w.prompt_tokens), "running": running[m].astype(np.int8),
+                    "replica": np.arange(int(m.sum())) % r}
+            views[s] = ServerView(s, lay, loads_from_snapshot(snap, fc))
+            rids[s] = snap["rid"]
+        planner.evaluate_all(views, now=10.0, interval=st.planning_interval_s)
+        t2 = time.perf_counter()
+        balancer.decide(views, rids, now=10.0)
+        t3 = time.perf_counter()
+        times.append((t3 - t0) * 1e3)
+        online_ms.append((t1 - t0) * 1e3)
+        plan_ms.append((t2 - t1) * 1e3)
+        bal_ms.append((t3 - t2) * 1e3)
+        if progress:
+            progress(k + 1)
+    pct = lambda xs, q: round(float(np.percentile(xs, q)), 3)  # noqa: E731
+    return {"scenario": scn.name, "requests": requests, "servers": len(servers), "layouts": [x.name(gpus) for x in lays],
+            "ticks": ticks, "decision_ms_p50": pct(times, 50), "decision_ms_p99": pct(times, 99),
+            "online_forecast_ms_p50": pct(online_ms, 50), "planner_ms_p50": pct(plan_ms, 50),
+            "planner_ms_p99": pct(plan_ms, 99), "balancer_ms_p50": pct(bal_ms, 50), "balancer_ms_p99": pct(bal_ms, 99)}
