@@ -136,6 +136,10 @@ class AgentConfig:
     collectors: tuple[Endpoint, ...] = ()  # token destinations, by index (request.dest)
     real_compute: Optional[RealComputeConfig] = None
     heartbeat_s: float = 0.5
+    # the process that started it (PID, and its start time in clock ticks since boot, /proc/PID/stat field 22):
+    # when that process is gone (even killed by SIGKILL) the agent shuts itself down
+    owner_pid: Optional[int] = None
+    owner_start: Optional[int] = None
 
     def __post_init__(self) -> None:
         require(self.index >= 0, "index", f"must be >= 0, got {self.index}")

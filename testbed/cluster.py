@@ -27,6 +27,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from agents.client import AgentClient, AgentError, AgentTimeout, call_all
+from emulation.registry import proc_start_time
 from agents.engine import EngineSettings
 from agents.protocol import unpack_array
 from emulation.builder import EmulatedFabric
@@ -107,6 +108,7 @@ class AgentPool:
             "collector_port": COLLECTOR_PORT if s in self.trainers else None,
             "collectors": [{"host": spec.host_ip(t), "port": COLLECTOR_PORT} for t in self.trainers],
             "real_compute": self.real_compute,
+            "owner_pid": os.getpid(), "owner_start": proc_start_time(os.getpid()),
         }
 
     def start(self) -> "AgentPool":

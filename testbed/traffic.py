@@ -150,38 +150,3 @@ def iperf3_result(cli: subprocess.Popen, timeout_s: float) -> dict:
     end = doc["end"]
     return {"bps": float(end["sum_received"]["bits_per_second"]),
             "retransmits": int(end["sum_sent"].get("retransmits", 0))}
-
-
-def collective(fabric: EmulatedFabric, servers: list[int], op: str, nbytes: int, iters: int = 3,
-               port: int = 29500, timeout_s: float = 120.0) -> list[dict]:
-    """Run a real torch.distributed (Gloo) ``op`` among ``servers`` (rank i = servers[i]) over the fabric.
-
-    Every rank binds Gloo to its host's fabric interface (GLOO_SOCKET_IFNAME) and rank 0's fabric address is
-    the rendezvous, so the tensors cross the emulated fabric, never the management network. Returns the
-    per-rank JSON results, rank order.
-    """
-    import os as _os
-
-    if len(servers) < 2 or len(set(servers)) != len(servers):
-        raise ValueError(f"a collective needs >= 2 distinct servers, got {servers}")
-    workdir = _scratch(fabric, f"{op}-")
-    init = f"tcp://{fabric.spec.host_ip(servers[0])}:{port}"
-    procs = []
-    for rank, s in enumerate(servers):
-        env = dict(_os.environ, GLOO_SOCKET_IFNAME=fabric.intf_of(s), OMP_NUM_THREADS="1")
-        procs.append(fabric.popen(s, [sys.executable, "-m", "agents.collective", "--op", op, "--rank", str(rank),
-                                      "--world", str(len(servers)), "--init", init, "--bytes", str(nbytes),
-                                      "--iters", str(iters), "--timeout-s", str(timeout_s), "--out",
-                                      str(workdir / f"rank{rank}.json")],
-                                  stderr=subprocess.PIPE, text=True, env=env, role=f"collective-{op}"))
-    deadline = time.monotonic() + timeout_s + 30.0
-    try:
-        for rank, p in enumerate(procs):
-            _finish(p, max(1.0, deadline - time.monotonic()), f"{op} rank {rank} on host {servers[rank]}")
-    except BaseException:  # one rank failed: the others would wait for it until their timeout
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        raise
-    return [json.loads((workdir / f"rank{r}.json").read_text()) for r in range(len(servers))]

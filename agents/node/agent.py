@@ -41,6 +41,7 @@ from agents.costmodel import CostModel
 from agents.engine import Engine, Layout, ModelledCost, NewRequest
 from agents.protocol import (AgentConfig, ProtocolError, TokenBatch, decode_request, encode_error, encode_ok,
                              load_agent_config, pack_array, token_ids)
+from emulation.registry import process_alive
 from emulation.validation import SpecError
 
 log = logging.getLogger("agents.node")
@@ -226,7 +227,15 @@ class Agent:
         eng.start()
         log.info("agent %d (server %d, %s) serving on %s", self.cfg.index, self.cfg.server, self.cfg.role,
                  self.cfg.rpc.url)
+        next_owner_check = time.monotonic() + 1.0
         while not self.stopping.is_set():
+            if self.cfg.owner_pid is not None and time.monotonic() >= next_owner_check:
+                next_owner_check = time.monotonic() + 1.0
+                if not process_alive(self.cfg.owner_pid, self.cfg.owner_start):
+                    log.warning("agent %d: the process that started it (PID %d) is gone: shutting down",
+                                self.cfg.index, self.cfg.owner_pid)
+                    self.stopping.set()
+                    break
             for sock, _ in poller.poll(200):
                 if sock is replies:
                     router.send_multipart(replies.recv_multipart())

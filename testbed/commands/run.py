@@ -43,10 +43,15 @@ def _prepare(args):
     from emulation.scenario import load_scenario
     from testbed.experiment import Experiment
 
+    from rlsim.limits import check_simulatable
+
     scn = load_scenario(args.scenario)
     steps = args.steps if args.steps is not None else scn.workload.steps
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
+    if args.backend == "emulated":
+        scn.fabric.check_emulatable()  # in 0.3 s, before anything starts
+    check_simulatable(scn)  # the response-length arrays and the flow model of train/sync must fit
     if args.backend == "emulated":
         import os
 
@@ -102,12 +107,26 @@ def _compare(args) -> int:
 
 
 def format_table(report: dict) -> str:
+    pols = report["policies"]
+    idle = any(p.get("idle_s") for p in pols.values())
     rows = [f"{'policy':<16} {'makespan s (per step)':<28} {'tokens/s':>10} {'speedup':>8} {'switches':>8} "
-            f"{'migr.':>6} {'lost':>5} {'MAPE':>6}"]
-    for name, p in report["policies"].items():
+            f"{'migr.':>6} {'lost':>5} {'MAPE':>6}" + (f" {'idle s gen/train':>17}" if idle else "")]
+    for name, p in pols.items():
         ms = ", ".join(f"{x:.1f}" for x in p["step_makespan_s"])
         mape = "-" if p.get("forecast_mape") is None else f"{p['forecast_mape']:.1f}%"
-        rows.append(f"{name:<16} {ms:<28} {p['throughput_tokens_per_s']:>10.0f} {p['speedup_vs_best_static']:>7.3f}x "
-                    f"{p['layout_switches']:>8} {p['migrations']:>6} {p['lost_requests']:>5} {mape:>6}")
+        row = (f"{name:<16} {ms:<28} {p['throughput_tokens_per_s']:>10.0f} {p['speedup_vs_best_static']:>7.3f}x "
+               f"{p['layout_switches']:>8} {p['migrations']:>6} {p['lost_requests']:>5} {mape:>6}")
+        if idle and p.get("idle_s"):
+            row += f" {p['idle_s']['generators']:>8.1f}/{p['idle_s']['trainers']:<8.1f}"
+        rows.append(row)
     rows.append(f"best static layout: {report['best_static']} ({report['backend']} backend, scenario {report['scenario']})")
+    fids = {n: p.get("fidelity") or {} for n, p in pols.items()}
+    judged = {n: f for n, f in fids.items() if "distorted" in f}
+    if judged:
+        bad = {n: f for n, f in judged.items() if f["distorted"]}
+        rows.append(f"fidelity: {len(judged) - len(bad)} of {len(judged)} runs faithful"
+                    + (f"; e.g. {next(iter(bad))}: {next(iter(bad.values()))['verdict']}" if bad else ""))
+    failed = {n: p["failures"] for n, p in pols.items() if p.get("failures")}
+    for n, f in failed.items():
+        rows.append(f"{n}: agents failed mid-run {f}; their requests were re-queued ({pols[n]['lost_requests']} lost)")
     return "\n".join(rows)

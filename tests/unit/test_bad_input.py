@@ -19,7 +19,7 @@ DEFAULT = os.path.join(ROOT, "scenarios", "default.yaml")
 def nothing_starts(monkeypatch):
     """Fail the test if a fabric, a controller, RLSim or the demo is started."""
     import rlsim.sim
-    import testbed.demo
+    import testbed.cluster
     import testbed.harness
     from controller import app as ctl_app
 
@@ -28,7 +28,7 @@ def nothing_starts(monkeypatch):
 
     monkeypatch.setattr(testbed.harness, "running_testbed", boom)
     monkeypatch.setattr(rlsim.sim, "simulate_iteration", boom)
-    monkeypatch.setattr(testbed.demo, "run_demo", boom)
+    monkeypatch.setattr(testbed.cluster, "running_cluster", boom)
     monkeypatch.setattr(ctl_app, "run_controller", boom)
 
 
