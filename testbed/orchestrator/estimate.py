@@ -62,21 +62,40 @@ def engine_deal(load: ServerLoad, r: int, slots: int) -> np.ndarray:
     """Replicas of a server's requests after a layout switch, as agents.engine.Engine does it: running
     requests (in their given order) each onto the replica with the least KV held that has a slot left (of
     ``slots``); the rest, and the waiting ones, onto the replica with the fewest requests. The engine cannot
-    see remaining lengths, so neither does this deal."""
-    rep = np.empty(load.n, np.int64)
-    kv = np.zeros(r)
-    count = np.zeros(r, np.int64)
+    see remaining lengths, so neither does this deal. Ties go to the lowest replica (heaps of (KV, replica)
+    and (count, replica): the same picks as an argmin over the replicas, in O(log r) a request)."""
+    rep = np.zeros(load.n, np.int64)
+    if r <= 1 or load.n == 0:
+        return rep
+    kv = [0.0] * r
+    count = [0] * r
+    room = [(0.0, j) for j in range(r)]  # replicas with a slot left, by (KV held, replica)
     run = np.nonzero(load.running)[0]
-    for i in run:
-        room = count < slots
-        j = int(np.argmin(np.where(room, kv, np.inf))) if room.any() else int(np.argmin(count))
-        rep[i] = j
-        kv[j] += load.ctx0[i]
-        count[j] += 1
-    for i in np.nonzero(~load.running)[0]:
-        j = int(np.argmin(count))
-        rep[i] = j
-        count[j] += 1
+    picks = []
+    for c in load.ctx0[run].tolist():
+        if room:
+            j = room[0][1]
+            kv[j] += c
+            count[j] += 1
+            if count[j] < slots:
+                heapq.heapreplace(room, (kv[j], j))
+            else:
+                heapq.heappop(room)
+        else:
+            j = count.index(min(count))
+            count[j] += 1
+        picks.append(j)
+    rep[run] = picks
+    wait = np.nonzero(~load.running)[0]
+    if len(wait):
+        fewest = [(count[j], j) for j in range(r)]
+        heapq.heapify(fewest)
+        picks = []
+        for _ in range(len(wait)):
+            k, j = fewest[0]
+            heapq.heapreplace(fewest, (k + 1, j))
+            picks.append(j)
+        rep[wait] = picks
     return rep
 
 
