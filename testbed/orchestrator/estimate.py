@@ -115,8 +115,20 @@ class Estimator:
         self.gpus = gpus
         self.settings = settings
         self._kv: dict[Layout, float] = {}
+        self._prefill: dict[tuple, float] = {}
         self.calls = 0
         self.forecast = None
+
+    def _prefill_s(self, n: int, mean_ctx: float, tp: int) -> float:
+        """The cost model's prefill of ``n`` prompts of ``mean_ctx`` tokens (memoised: a pure function of its
+        arguments, asked for the same few values by every replica with a queue)."""
+        key = (n, mean_ctx, tp)
+        t = self._prefill.get(key)
+        if t is None:
+            if len(self._prefill) >= 65536:
+                self._prefill.clear()
+            t = self._prefill[key] = self.cm.prefill_s(n, mean_ctx, tp)
+        return t
 
     def kv_tokens(self, layout: Layout) -> float:
         if layout not in self._kv:
@@ -150,35 +162,38 @@ class Estimator:
         slots = np.maximum(1, np.minimum(self.settings.max_num_seqs,
                                          np.floor(self.kv_tokens(layout) / np.maximum(1.0, mean_final)))).astype(np.int64)
         # order inside a replica: running requests first, then the queue, each in the given order
-        order = np.lexsort((np.arange(len(r)), ~f, g))
+        order = np.argsort(g * 2 + ~f, kind="stable")
         go = g[order]
         grp_start = np.searchsorted(go, np.arange(n_groups))
-        rank = np.arange(len(go)) - grp_start[go]
         ro = r[order]
         start_o = np.zeros(len(ro))
-        for j in np.nonzero(cnt > slots)[0]:  # queued requests take the slots as earlier ones end
-            lo, hi, k = grp_start[j], grp_start[j] + cnt[j], slots[j]
-            free = list(ro[lo:lo + k])
+        for j in np.nonzero(cnt > slots)[0].tolist():  # queued requests take the slots as earlier ones end
+            lo, hi, k = int(grp_start[j]), int(grp_start[j] + cnt[j]), int(slots[j])
+            rs = ro[lo:hi].tolist()
+            free = rs[:k]
             heapq.heapify(free)
-            for i in range(lo + k, hi):
-                s0 = heapq.heappop(free)
-                start_o[i] = s0
-                heapq.heappush(free, s0 + ro[i])
+            starts = []
+            for x in rs[k:]:
+                s0 = free[0]
+                heapq.heapreplace(free, s0 + x)
+                starts.append(s0)
+            start_o[lo + k:hi] = starts
         end_o = start_o + ro
         big = float(np.max(end_o)) + 1.0
+        # in every replica the starts are non-decreasing in this order (running ones at 0, then the queue as
+        # the slots free up), so ``skey`` is sorted already
         skey = go * big + start_o
         ekey = go * big + end_o
         pts = np.unique(np.concatenate([skey, ekey]))
         k0, k1 = pts[:-1], pts[1:]
         g0 = np.floor(k0 / big).astype(np.int64)
         same = g0 == np.floor(k1 / big).astype(np.int64)
-        s_order = np.argsort(skey, kind="stable")
         e_order = np.argsort(ekey, kind="stable")
-        n_started = np.searchsorted(skey[s_order], k0, side="right")
+        n_started = np.searchsorted(skey, k0, side="right")
         n_ended = np.searchsorted(ekey[e_order], k0, side="right")
         active = n_started - n_ended
         base = c[order] - start_o  # a request's context at step k is base + k while it runs
-        cs_start = np.r_[0.0, np.cumsum(base[s_order])]
+        cs_start = np.r_[0.0, np.cumsum(base)]
         cs_end = np.r_[0.0, np.cumsum(base[e_order])]
         mid = (k0 + k1) / 2.0 - g0 * big
         ctx = (cs_start[n_started] - cs_end[n_ended]) + active * mid
@@ -187,13 +202,14 @@ class Estimator:
         seg[ok] = self.cm.decode_step_s_array(active[ok].astype(float), np.maximum(ctx[ok], 0.0), layout.tp) \
             * (k1 - k0)[ok]
         total += np.bincount(g0[ok], weights=seg[ok], minlength=n_groups)
-        waiting = ~f[order]
+        waiting = ~f
         if waiting.any():  # the queue's prefills (recompute for preempted ones), once per replica
-            co = c[order]
-            for j in np.unique(go[waiting]):
-                m = waiting & (go == j)
-                out["prefill"][j] = self.cm.prefill_s(int(m.sum()), float(np.mean(co[m])), layout.tp)
-            total += out["prefill"]
+            nw = np.bincount(g[waiting], minlength=n_groups)
+            sw = np.bincount(g[waiting], weights=c[waiting], minlength=n_groups)
+            pre = out["prefill"]
+            for j in np.nonzero(nw)[0].tolist():
+                pre[j] = self._prefill_s(int(nw[j]), float(sw[j] / nw[j]), layout.tp)
+            total += pre
         out["start"][idx[order]] = start_o
         out["end"][idx[order]] = end_o
         out.update(seg_g=g0[ok], k0=k0[ok] - g0[ok] * big, k1=k1[ok] - g0[ok] * big, seg=seg[ok])
