@@ -136,7 +136,8 @@ class Balancer:
         progress); a move takes a request off the slowest replica of the most loaded agent and puts it on the
         least loaded replica of the least loaded agent."""
         s = self.settings
-        ags = {a: self._agent(v, rids[a]) for a, v in views.items()}
+        many = self.estimator.replica_times_many([(v.layout, v.load, v.layout) for v in views.values()])
+        ags = {a: _Agent(v, np.asarray(rids[a]), rep, times) for (a, v), (rep, times) in zip(views.items(), many)}
         loads = {a: g.load(now) for a, g in ags.items()}
         first = dict(loads)
         moves: list[Move] = []

@@ -135,13 +135,16 @@ class Estimator:
             self._kv[layout] = self.cm.kv_capacity_tokens(layout.tp, reserve=1.0 - self.settings.gpu_memory_utilization)
         return self._kv[layout]
 
-    def _grouped(self, layout: Layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None,
+    def _grouped(self, layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None,
                  group: np.ndarray, n_groups: int) -> dict:
         """The predicted decode schedules of ``n_groups`` replicas at once (request i runs on replica
-        ``group[i]``): per request its start and end (decode steps), per segment its replica, steps and time,
-        per replica its prefill time and total time. Every replica is computed as in :meth:`replica_s`; the
-        replicas share the numpy passes (keys ``group x BIG + step`` keep them apart: in every cumulative count
-        the requests of lower replicas appear on both sides and cancel)."""
+        ``group[i]``; ``layout``: the replicas' Layout, or a sequence of one per group): per request its start
+        and end (decode steps), per segment its replica, steps and time, per replica its prefill time and
+        total time. Every replica is computed as in :meth:`replica_s`; the replicas share the numpy passes
+        (keys ``group x BIG + step`` keep them apart: in every cumulative count the requests of lower replicas
+        appear on both sides and cancel). With whole token counts (contexts, and remaining lengths, which are
+        rounded up) every key and every cumulative context is an exact integer below 2^53, so each replica's
+        result is the one it gets alone, to the bit, whatever else shares the pass."""
         self.calls += 1
         rem = np.ceil(np.maximum(np.asarray(rem, dtype=float), 0.0))
         ctx0 = np.asarray(ctx0, dtype=float)
@@ -159,8 +162,13 @@ class Estimator:
         # per replica: slots (max_num_seqs, and what its KV holds at the mean final footprint)
         cnt = np.bincount(g, minlength=n_groups)
         mean_final = np.bincount(g, weights=c + r, minlength=n_groups) / np.maximum(cnt, 1)
+        if isinstance(layout, Layout):
+            kv, tp_g = self.kv_tokens(layout), None
+        else:
+            kv = np.array([self.kv_tokens(lay) for lay in layout])
+            tp_g = np.array([lay.tp for lay in layout], np.int64)
         slots = np.maximum(1, np.minimum(self.settings.max_num_seqs,
-                                         np.floor(self.kv_tokens(layout) / np.maximum(1.0, mean_final)))).astype(np.int64)
+                                         np.floor(kv / np.maximum(1.0, mean_final)))).astype(np.int64)
         # order inside a replica: running requests first, then the queue, each in the given order
         order = np.argsort(g * 2 + ~f, kind="stable")
         go = g[order]
@@ -199,8 +207,16 @@ class Estimator:
         ctx = (cs_start[n_started] - cs_end[n_ended]) + active * mid
         ok = same & (active > 0)
         seg = np.zeros(len(k0))
-        seg[ok] = self.cm.decode_step_s_array(active[ok].astype(float), np.maximum(ctx[ok], 0.0), layout.tp) \
-            * (k1 - k0)[ok]
+        if tp_g is None:
+            seg[ok] = self.cm.decode_step_s_array(active[ok].astype(float), np.maximum(ctx[ok], 0.0), layout.tp) \
+                * (k1 - k0)[ok]
+        else:  # one cost-model pass per TP degree, over its replicas' segments
+            okk = np.nonzero(ok)[0]
+            seg_tp = tp_g[g0[okk]]
+            for tp in np.unique(seg_tp).tolist():
+                sel = okk[seg_tp == tp]
+                seg[sel] = self.cm.decode_step_s_array(active[sel].astype(float), np.maximum(ctx[sel], 0.0), tp) \
+                    * (k1 - k0)[sel]
         total += np.bincount(g0[ok], weights=seg[ok], minlength=n_groups)
         waiting = ~f
         if waiting.any():  # the queue's prefills (recompute for preempted ones), once per replica
@@ -208,7 +224,7 @@ class Estimator:
             sw = np.bincount(g[waiting], weights=c[waiting], minlength=n_groups)
             pre = out["prefill"]
             for j in np.nonzero(nw)[0].tolist():
-                pre[j] = self._prefill_s(int(nw[j]), float(sw[j] / nw[j]), layout.tp)
+                pre[j] = self._prefill_s(int(nw[j]), float(sw[j] / nw[j]), layout.tp if tp_g is None else int(tp_g[j]))
             total += pre
         out["start"][idx[order]] = start_o
         out["end"][idx[order]] = end_o
@@ -229,21 +245,35 @@ class Estimator:
                  dt: float, group: np.ndarray | None = None, n_groups: int = 1) -> np.ndarray:
         """Tokens each request is predicted to produce in the next ``dt`` seconds on its replica."""
         group = np.zeros(len(rem), np.int64) if group is None else np.asarray(group, np.int64)
-        sch = self._grouped(layout, ctx0, rem, first, group, n_groups)
+        return self._progress(self._grouped(layout, ctx0, rem, first, group, n_groups), rem, dt, group, n_groups)
+
+    @staticmethod
+    def _progress(sch: dict, rem: np.ndarray, dt: float, group: np.ndarray, n_groups: int) -> np.ndarray:
+        """:meth:`progress` from a schedule: in every replica the step reached after ``dt`` (its prefill first),
+        interpolated inside the segment that holds it; all replicas at once (each replica's running sum of
+        segment times in a row of its own, so every sum is the one it has alone)."""
+        sg = sch["seg_g"]
         k_at = np.zeros(n_groups)
-        for j in range(n_groups):
-            m = sch["seg_g"] == j
-            t = dt - sch["prefill"][j]
-            if t <= 0 or not m.any():
-                continue
-            seg, k0, k1 = sch["seg"][m], sch["k0"][m], sch["k1"][m]
-            cum = np.cumsum(seg)
-            i = int(np.searchsorted(cum, t, side="right"))
-            if i >= len(cum):
-                k_at[j] = k1[-1]
-            else:
-                before = cum[i - 1] if i else 0.0
-                k_at[j] = k0[i] + (t - before) / seg[i] * (k1[i] - k0[i]) if seg[i] > 0 else k1[i]
+        t = dt - sch["prefill"]
+        nseg = np.bincount(sg, minlength=n_groups)
+        live = (t > 0) & (nseg > 0)
+        if live.any():
+            first = np.searchsorted(sg, np.arange(n_groups))
+            col = np.arange(len(sg)) - first[sg]
+            cum = np.zeros((n_groups, int(nseg.max())))
+            cum[sg, col] = sch["seg"]
+            np.cumsum(cum, axis=1, out=cum)
+            valid = np.arange(cum.shape[1])[None, :] < nseg[:, None]
+            i = ((cum <= t[:, None]) & valid).sum(axis=1)  # searchsorted(cum, t, side="right") per replica
+            rows = np.nonzero(live)[0]
+            i, tr = i[rows], t[rows]
+            last = i >= nseg[rows]
+            at = first[rows] + np.minimum(i, nseg[rows] - 1)
+            seg, k0, k1 = sch["seg"][at], sch["k0"][at], sch["k1"][at]
+            before = np.where(i > 0, cum[rows, np.maximum(i - 1, 0)], 0.0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                inside = np.where(seg > 0, k0 + (tr - before) / seg * (k1 - k0), k1)
+            k_at[rows] = np.where(last, k1, inside)
         done = np.clip(np.floor(k_at[group]) - sch["start"], 0.0, None)
         return np.where(np.isfinite(sch["start"]), np.minimum(done, np.ceil(np.maximum(rem, 0.0))), 0.0)
 
@@ -254,61 +284,92 @@ class Estimator:
         new = load.replica < 0
         if current is not None and layout == current and bool((load.replica[~new] < r).all()):
             rep = load.replica.copy()
-            tot = np.bincount(rep[~new], weights=load.rem[~new], minlength=r)
-            for i in np.nonzero(new)[0]:
-                j = int(np.argmin(tot))
-                rep[i] = j
-                tot[j] += load.rem[i]
+            if new.any():
+                tot = np.bincount(rep[~new], weights=load.rem[~new], minlength=r)
+                for i in np.nonzero(new)[0]:
+                    j = int(np.argmin(tot))
+                    rep[i] = j
+                    tot[j] += load.rem[i]
             return rep
         return engine_deal(load, r, self.settings.max_num_seqs)
 
     def replica_times(self, layout: Layout, load: ServerLoad, current: Layout | None = None,
                       rep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(replica of every request, remaining time of every replica) under ``layout``."""
-        r = layout.replicas(self.gpus)
         if rep is None:
             rep = self.placement(layout, load, current)
-        if load.n == 0:
-            return rep, np.zeros(r)
-        return rep, self.groups_s(layout, load.ctx0, self.stratified(load, rep, r), load.running, rep, r)
+        return rep, self._blocks([(layout, load, rep)], joint=False)[0][0]
+
+    def replica_times_many(self, items: list) -> list:
+        """:meth:`replica_times` of many (layout, load, current) at once (one grouped pass)."""
+        reps = [self.placement(lay, load, cur) for lay, load, cur in items]
+        times = self._blocks([(lay, load, rep) for (lay, load, _), rep in zip(items, reps)], joint=False)[0]
+        return list(zip(reps, times))
 
     def stratified(self, load: ServerLoad, group: np.ndarray, n_groups: int) -> np.ndarray:
         """Remaining tokens of every request: with a forecast, inside each group the k-th of n (by key) gets
         the ((k + 0.5) / n)-quantile of its conditional remaining length; without one, ``load.rem``."""
         if self.forecast is None or load.gen is None or load.key is None:
             return load.rem
-        order = np.lexsort((load.key, group))
-        g = np.asarray(group)[order]
+        return self._stratified(load.gen, load.key, np.asarray(group), n_groups)
+
+    def _stratified(self, gen: np.ndarray, key: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+        order = np.lexsort((key, group))
+        g = group[order]
         first = np.searchsorted(g, np.arange(n_groups))
         cnt = np.bincount(g, minlength=n_groups)
-        levels = np.empty(load.n)
-        levels[order] = (np.arange(load.n) - first[g] + 0.5) / cnt[g]
-        return np.clip(np.ceil(self.forecast.remaining_quantile(load.gen, levels)), 1.0, None)
+        levels = np.empty(len(gen))
+        levels[order] = (np.arange(len(gen)) - first[g] + 0.5) / cnt[g]
+        return np.clip(np.ceil(self.forecast.remaining_quantile(gen, levels)), 1.0, None)
 
-    def _rem(self, load: ServerLoad, m: np.ndarray) -> np.ndarray:
-        """:meth:`stratified` of the requests ``m`` as one group."""
-        sub = load._pick(m)
-        return self.stratified(sub, np.zeros(sub.n, np.int64), 1)
+    def _blocks(self, blocks: list, joint: bool, schedule: bool = False) -> tuple[list, np.ndarray, dict | None]:
+        """Every (layout, load, rep) of ``blocks`` in one grouped pass: (the remaining time of every replica of
+        each block, the remaining tokens used, stratified as :meth:`stratified` does, per request of the
+        concatenated loads, and with ``schedule`` the pass's schedule). The stratified quantiles are taken
+        inside each replica, so sharing the pass changes none of them. ``joint``: a forecast is used for all
+        blocks or (when one load lacks what it needs) for none, as :meth:`servers_s` does; otherwise block by
+        block, as :meth:`replica_times` does."""
+        reps = [lay.replicas(self.gpus) for lay, _, _ in blocks]
+        offs = np.cumsum([0] + reps)
+        n_groups = int(offs[-1])
+        live = [(k, ld, rep) for k, (_, ld, rep) in enumerate(blocks) if ld.n]
+        if not live:
+            return [np.zeros(r) for r in reps], np.zeros(0), None
+        loads = [ld for _, ld, _ in live]
+        cat = lambda f: np.concatenate([f(ld) for ld in loads]) if len(loads) > 1 else f(loads[0])  # noqa: E731
+        group = np.concatenate([offs[k] + np.asarray(rep, np.int64) for k, _, rep in live])
+        ctx0, rem, running = cat(lambda ld: ld.ctx0), cat(lambda ld: ld.rem), cat(lambda ld: ld.running)
+        able = [ld.gen is not None and ld.key is not None for ld in loads]
+        if self.forecast is not None and all(able):
+            rem = self._stratified(cat(lambda ld: ld.gen), cat(lambda ld: ld.key), group, n_groups)
+        elif self.forecast is not None and any(able) and not joint:
+            rem = rem.astype(float, copy=True)
+            m = np.concatenate([np.full(ld.n, ok) for ld, ok in zip(loads, able)])
+            sub = [ld for ld, ok in zip(loads, able) if ok]
+            rem[m] = self._stratified(np.concatenate([ld.gen for ld in sub]), np.concatenate([ld.key for ld in sub]),
+                                      group[m], n_groups)
+        lays = [lay for lay, _, _ in blocks]
+        layout = lays[0] if all(lay == lays[0] for lay in lays) else [lay for lay, r in zip(lays, reps) for _ in range(r)]
+        sch = self._grouped(layout, ctx0, rem, running, group, n_groups)
+        tot = sch["total"]
+        return [tot[offs[k]:offs[k + 1]] for k in range(len(blocks))], rem, (sch if schedule else None)
 
     def servers_s(self, layout: Layout, loads: dict, currents: dict) -> dict:
         """:meth:`server_s` of many servers under one ``layout`` at once (``loads[s]``, its ``currents[s]``)."""
-        r = layout.replicas(self.gpus)
+        return self.servers_s_many([layout], loads, currents)[layout]
+
+    def servers_s_many(self, layouts: list, loads: dict, currents: dict) -> dict:
+        """:meth:`servers_s` under every layout of ``layouts`` at once: {layout: {server: time}}, in one grouped
+        pass (one cost-model evaluation per TP degree)."""
         keys = [s for s in loads if loads[s].n]
-        out = {s: 0.0 for s in loads}
+        out = {lay: {s: 0.0 for s in loads} for lay in layouts}
         if not keys:
             return out
-        parts = [(s, loads[s], self.placement(layout, loads[s], currents[s])) for s in keys]
-        group = np.concatenate([k * r + rep for k, (_, _, rep) in enumerate(parts)])
-        cat = lambda f: np.concatenate([f(ld) for _, ld, _ in parts])  # noqa: E731
-        gen = None if any(ld.gen is None for _, ld, _ in parts) else cat(lambda ld: ld.gen)
-        key = None if any(ld.key is None for _, ld, _ in parts) else cat(lambda ld: ld.key)
-        allload = ServerLoad(cat(lambda ld: ld.ctx0), cat(lambda ld: ld.rem), cat(lambda ld: ld.running),
-                             group, gen, key)
-        n_groups = len(parts) * r
-        times = self.groups_s(layout, allload.ctx0, self.stratified(allload, group, n_groups), allload.running,
-                              group, n_groups).reshape(len(parts), r)
-        for k, (s, _, _) in enumerate(parts):
-            out[s] = float(times[k].max())
+        cells = [(lay, s) for lay in layouts for s in keys]
+        times = self._blocks([(lay, loads[s], self.placement(lay, loads[s], currents[s])) for lay, s in cells],
+                             joint=True)[0]
+        for (lay, s), t in zip(cells, times):
+            out[lay][s] = float(t.max())
         return out
 
     def server_s(self, layout: Layout, load: ServerLoad, current: Layout | None = None) -> float:
@@ -321,16 +382,33 @@ class Estimator:
         """The load predicted ``dt`` seconds from now if the server keeps ``layout`` (its current one): every
         request's generated tokens move on, those predicted to finish leave. Used to ask "would it pay to
         wait before switching?"."""
-        if load.n == 0 or load.gen is None:
-            return load
-        r = layout.replicas(self.gpus)
-        rep = self.placement(layout, load, layout)
-        rem = self.stratified(load, rep, r)
-        gained = self.progress(layout, load.ctx0, rem, load.running, dt, rep, r)
-        keep = gained < np.ceil(rem)
-        new_gen = load.gen + gained
-        started = gained > 0
-        return ServerLoad(ctx0=(load.ctx0 + gained)[keep], rem=np.maximum(self.forecast.remaining(new_gen[keep]), 1.0)
-                          if self.forecast is not None else np.maximum(load.rem - gained, 1.0)[keep],
-                          running=(load.running | started)[keep], replica=rep[keep], gen=new_gen[keep],
-                          key=load.key[keep])
+        return self.advance_many([(layout, load)], dt)[0]
+
+    def advance_many(self, items: list, dt: float) -> list:
+        """:meth:`advance` of many (layout, load) at once (one grouped pass)."""
+        out = list(ld for _, ld in items)
+        todo = [k for k, (_, ld) in enumerate(items) if ld.n and ld.gen is not None]
+        if not todo:
+            return out
+        blocks = [(items[k][0], items[k][1], self.placement(items[k][0], items[k][1], items[k][0])) for k in todo]
+        _, rem, sch = self._blocks(blocks, joint=False, schedule=True)
+        reps = [lay.replicas(self.gpus) for lay, _, _ in blocks]
+        offs = np.cumsum([0] + reps)
+        group = np.concatenate([offs[k] + rep for k, (_, _, rep) in enumerate(blocks)])
+        gained_all = self._progress(sch, rem, dt, group, int(offs[-1]))
+        at = np.cumsum([0] + [ld.n for _, ld, _ in blocks])
+        keeps, gens = [], []
+        for k, (_, load, _) in enumerate(blocks):
+            gained, r_k = gained_all[at[k]:at[k + 1]], rem[at[k]:at[k + 1]]
+            keeps.append(gained < np.ceil(r_k))
+            gens.append((load.gen + gained)[keeps[-1]])
+        if self.forecast is not None:
+            left = np.maximum(self.forecast.remaining(np.concatenate(gens)), 1.0)
+            cut = np.cumsum([0] + [len(x) for x in gens])
+        for k, (_, load, rep) in enumerate(blocks):
+            gained, keep = gained_all[at[k]:at[k + 1]], keeps[k]
+            new_rem = left[cut[k]:cut[k + 1]] if self.forecast is not None else np.maximum(load.rem - gained, 1.0)[keep]
+            out[todo[k]] = ServerLoad(ctx0=(load.ctx0 + gained)[keep], rem=new_rem,
+                                      running=(load.running | (gained > 0))[keep], replica=rep[keep], gen=gens[k],
+                                      key=load.key[keep])
+        return out
