@@ -128,6 +128,47 @@ class Balancer:
                     on_t[t] = tot[o:o + n]
         return off, on_t
 
+    @staticmethod
+    def _best_move(A: _Agent, a: int, ja: int, cands: np.ndarray, targets: list, ags: dict, loads: dict,
+                   t_off: np.ndarray, t_on: list, busy_a: float, now: float):
+        """The best admissible move (key: the larger of the two loads after it, then their gap; the first in
+        (target, candidate) order among equals), as (key, request, dst, dst replica, times after, L_a', L_b'),
+        or None. Every candidate at once: a replica-time maximum with two entries replaced is the maximum of
+        the others' and the two new ones, so every number is the one a copy with the entries replaced gives."""
+        others_max = lambda t, skip: float(np.max(np.delete(t, skip))) if len(t) > len(set(skip)) else -np.inf  # noqa: E731
+        best = None
+        for t, (b, jb) in enumerate(targets):
+            on = t_on[t]
+            if b == a:
+                rest = others_max(A.times, [ja, jb])
+                na = np.maximum(np.maximum(t_off, on), rest) + busy_a
+                nb = na
+                ok = (np.maximum(t_off, on) < A.times[ja] - 1e-9) & (np.abs(t_off - on) < A.times[ja] - A.times[jb])
+            else:
+                B = ags[b]
+                na = (np.maximum(t_off, others_max(A.times, [ja])) if A.view.load.n > 1 else np.zeros(len(cands))) + busy_a
+                nb = np.maximum(on, others_max(B.times, [jb])) + max(0.0, B.view.busy_until - now)
+                ok = (np.abs(na - nb) < loads[a] - loads[b]) & (np.maximum(na, nb) < loads[a] - 1e-9)
+            if not ok.any():
+                continue
+            k1, k2 = np.maximum(na, nb), np.abs(na - nb)
+            idx = np.nonzero(ok)[0]
+            m1 = k1[idx].min()
+            idx = idx[k1[idx] == m1]
+            k = int(idx[np.argmin(k2[idx])])  # argmin: the first of equal keys, as a scan with "<" keeps it
+            key = (float(k1[k]), float(k2[k]))
+            if best is None or key < best[0]:
+                if b == a:
+                    t2 = A.times.copy()
+                    t2[ja], t2[jb] = t_off[k], on[k]
+                    times = (t2,)
+                else:
+                    ta, tb = A.times.copy(), ags[b].times.copy()
+                    ta[ja], tb[jb] = t_off[k], on[k]
+                    times = (ta, tb)
+                best = (key, int(cands[k]), b, jb, times, float(na[k]), float(nb[k]))
+        return best
+
     def decide(self, views: dict[int, ServerView], rids: dict[int, np.ndarray], now: float) -> tuple[list[Move], dict]:
         """Moves for this interval; ``rids[s]``: the request ids in ``views[s].load`` (same order). Returns the
         moves and the load index of every agent before them.
@@ -172,29 +213,7 @@ class Balancer:
                 break
             t_off, t_on = self._variant_times(A, ja, on, uniq, [(ags[b], jb) for b, jb in targets], la)
             busy_a = max(0.0, A.view.busy_until - now)
-            best = None
-            for t, (b, jb) in enumerate(targets):
-                B = ags[b]
-                for k, i in enumerate(uniq.tolist()):
-                    if b == a:
-                        t2 = A.times.copy()
-                        t2[ja] = t_off[k]
-                        t2[jb] = t_on[t][k]
-                        na = nb = float(t2.max()) + busy_a
-                        gap_before = A.times[ja] - A.times[jb]
-                        ok = max(t2[ja], t2[jb]) < A.times[ja] - 1e-9 and abs(t2[ja] - t2[jb]) < gap_before
-                    else:
-                        ta = A.times.copy()
-                        ta[ja] = t_off[k]
-                        tb = B.times.copy()
-                        tb[jb] = t_on[t][k]
-                        na = (float(ta.max()) if la.n > 1 else 0.0) + busy_a
-                        nb = float(tb.max()) + max(0.0, B.view.busy_until - now)
-                        ok = abs(na - nb) < loads[a] - loads[b] and max(na, nb) < loads[a] - 1e-9
-                    if ok:
-                        key = (max(na, nb), abs(na - nb))
-                        if best is None or key < best[0]:
-                            best = (key, i, b, jb, (t2,) if b == a else (ta, tb), na, nb)
+            best = self._best_move(A, a, ja, uniq, targets, ags, loads, t_off, t_on, busy_a, now)
             if best is None:
                 break
             _, i, b, jb, times, na, nb = best

@@ -116,6 +116,7 @@ class Estimator:
         self.settings = settings
         self._kv: dict[Layout, float] = {}
         self._prefill: dict[tuple, float] = {}
+        self._memo: dict[tuple, tuple] = {}
         self.calls = 0
         self.forecast = None
 
@@ -296,15 +297,21 @@ class Estimator:
     def replica_times(self, layout: Layout, load: ServerLoad, current: Layout | None = None,
                       rep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(replica of every request, remaining time of every replica) under ``layout``."""
-        if rep is None:
-            rep = self.placement(layout, load, current)
-        return rep, self._blocks([(layout, load, rep)], joint=False)[0][0]
+        if rep is not None:
+            return rep, self._blocks([(layout, load, rep)], joint=False)[0].times.copy()
+        return self.replica_times_many([(layout, load, current)])[0]
 
     def replica_times_many(self, items: list) -> list:
-        """:meth:`replica_times` of many (layout, load, current) at once (one grouped pass)."""
-        reps = [self.placement(lay, load, cur) for lay, load, cur in items]
-        times = self._blocks([(lay, load, rep) for (lay, load, _), rep in zip(items, reps)], joint=False)[0]
-        return list(zip(reps, times))
+        """:meth:`replica_times` of many (layout, load, current) at once: remembered results (see
+        :meth:`_recall`) where there are, one grouped pass for the rest."""
+        done = [self._recall(lay, load, cur) for lay, load, cur in items]
+        todo = [k for k, (d, _) in enumerate(done) if d is None]
+        if todo:
+            blocks = [(items[k][0], items[k][1], self.placement(*items[k])) for k in todo]
+            for k, d in zip(todo, self._blocks(blocks, joint=False)):
+                self._remember(done[k][1], d)
+                done[k] = (d, None)
+        return [(d.rep.copy(), d.times.copy()) for d, _ in done]
 
     def stratified(self, load: ServerLoad, group: np.ndarray, n_groups: int) -> np.ndarray:
         """Remaining tokens of every request: with a forecast, inside each group the k-th of n (by key) gets
@@ -322,37 +329,78 @@ class Estimator:
         levels[order] = (np.arange(len(gen)) - first[g] + 0.5) / cnt[g]
         return np.clip(np.ceil(self.forecast.remaining_quantile(gen, levels)), 1.0, None)
 
-    def _blocks(self, blocks: list, joint: bool, schedule: bool = False) -> tuple[list, np.ndarray, dict | None]:
-        """Every (layout, load, rep) of ``blocks`` in one grouped pass: (the remaining time of every replica of
-        each block, the remaining tokens used, stratified as :meth:`stratified` does, per request of the
-        concatenated loads, and with ``schedule`` the pass's schedule). The stratified quantiles are taken
-        inside each replica, so sharing the pass changes none of them. ``joint``: a forecast is used for all
-        blocks or (when one load lacks what it needs) for none, as :meth:`servers_s` does; otherwise block by
-        block, as :meth:`replica_times` does."""
+    def _blocks(self, blocks: list, joint: bool, store: tuple = ()) -> list:
+        """Every (layout, load, rep) of ``blocks`` in one grouped pass: a :class:`_Done` per block (the remaining
+        time of each of its replicas, the remaining tokens used, stratified as :meth:`stratified` does, and
+        where its schedule lies in the pass's). The stratified quantiles are taken inside each replica, so
+        sharing the pass changes none of them. ``joint``: a forecast is used for all blocks or (when one load
+        lacks what it needs) for none, as :meth:`servers_s` does; otherwise block by block, as
+        :meth:`replica_times` does. ``store``: (block index, memo key) of the results to remember (those
+        computed block by block's way only)."""
         reps = [lay.replicas(self.gpus) for lay, _, _ in blocks]
-        offs = np.cumsum([0] + reps)
-        n_groups = int(offs[-1])
+        offs = np.cumsum([0] + reps).tolist()
+        n_groups = offs[-1]
         live = [(k, ld, rep) for k, (_, ld, rep) in enumerate(blocks) if ld.n]
         if not live:
-            return [np.zeros(r) for r in reps], np.zeros(0), None
+            return [_Done(rep, np.zeros(r), np.zeros(0), None, 0, 0) for (_, _, rep), r in zip(blocks, reps)]
         loads = [ld for _, ld, _ in live]
         cat = lambda f: np.concatenate([f(ld) for ld in loads]) if len(loads) > 1 else f(loads[0])  # noqa: E731
         group = np.concatenate([offs[k] + np.asarray(rep, np.int64) for k, _, rep in live])
         ctx0, rem, running = cat(lambda ld: ld.ctx0), cat(lambda ld: ld.rem), cat(lambda ld: ld.running)
-        able = [ld.gen is not None and ld.key is not None for ld in loads]
-        if self.forecast is not None and all(able):
+        able = [ld.gen is not None and ld.key is not None and self.forecast is not None for ld in loads]
+        if all(able):
             rem = self._stratified(cat(lambda ld: ld.gen), cat(lambda ld: ld.key), group, n_groups)
-        elif self.forecast is not None and any(able) and not joint:
+            used = able
+        elif any(able) and not joint:
             rem = rem.astype(float, copy=True)
             m = np.concatenate([np.full(ld.n, ok) for ld, ok in zip(loads, able)])
             sub = [ld for ld, ok in zip(loads, able) if ok]
             rem[m] = self._stratified(np.concatenate([ld.gen for ld in sub]), np.concatenate([ld.key for ld in sub]),
                                       group[m], n_groups)
+            used = able
+        else:
+            used = [False] * len(loads)
         lays = [lay for lay, _, _ in blocks]
         layout = lays[0] if all(lay == lays[0] for lay in lays) else [lay for lay, r in zip(lays, reps) for _ in range(r)]
         sch = self._grouped(layout, ctx0, rem, running, group, n_groups)
         tot = sch["total"]
-        return [tot[offs[k]:offs[k + 1]] for k in range(len(blocks))], rem, (sch if schedule else None)
+        out = [_Done(rep, tot[offs[k]:offs[k + 1]], np.zeros(0), None, offs[k], 0) for k, (_, _, rep) in enumerate(blocks)]
+        e0 = 0
+        for (k, ld, _), u, ok in zip(live, used, able):
+            d = out[k]
+            d.rem, d.sch, d.e0 = rem[e0:e0 + ld.n], sch, e0
+            d.exact = u == ok  # stratified as it would be alone
+            e0 += ld.n
+        for k, key in store:
+            if out[k].exact:
+                self._remember(key, out[k])
+        return out
+
+    # ---- remembered results -------------------------------------------------------------------------------
+    @staticmethod
+    def _fingerprint(load: ServerLoad) -> tuple:
+        return tuple(None if a is None else (a.dtype.str, a.shape, a.tobytes())
+                     for a in (load.ctx0, load.rem, load.running, load.replica, load.gen, load.key))
+
+    def _recall(self, layout: Layout, load: ServerLoad, current: Layout | None) -> tuple:
+        """(the remembered :class:`_Done` of ``load`` under ``layout``, or None; its memo key). Results are
+        remembered by content (every array of the load, byte for byte), layout, whether ``layout`` is the
+        current one (the placement depends on nothing else) and forecast (the object itself): a planning
+        tick's servers under their current layouts are so computed once, by the planner's pass, and the
+        lookahead and the balancer find them. A pure function's values: a hit is the result itself."""
+        key = (layout, current is not None and layout == current, self._fingerprint(load))
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is self.forecast and hit[1] is self.settings:
+            return hit[2], key
+        return None, key
+
+    def _remember(self, key: tuple, done: "_Done") -> None:
+        if key is None:
+            return
+        self._memo.pop(key, None)
+        while len(self._memo) >= MEMO_SIZE:
+            self._memo.pop(next(iter(self._memo)))
+        self._memo[key] = (self.forecast, self.settings, done)
 
     def servers_s(self, layout: Layout, loads: dict, currents: dict) -> dict:
         """:meth:`server_s` of many servers under one ``layout`` at once (``loads[s]``, its ``currents[s]``)."""
@@ -366,10 +414,12 @@ class Estimator:
         if not keys:
             return out
         cells = [(lay, s) for lay in layouts for s in keys]
-        times = self._blocks([(lay, loads[s], self.placement(lay, loads[s], currents[s])) for lay, s in cells],
-                             joint=True)[0]
-        for (lay, s), t in zip(cells, times):
-            out[lay][s] = float(t.max())
+        store = tuple((k, self._recall(lay, loads[s], currents[s])[1]) for k, (lay, s) in enumerate(cells)
+                      if lay == currents[s])
+        done = self._blocks([(lay, loads[s], self.placement(lay, loads[s], currents[s])) for lay, s in cells],
+                            joint=True, store=store)
+        for (lay, s), d in zip(cells, done):
+            out[lay][s] = float(d.times.max())
         return out
 
     def server_s(self, layout: Layout, load: ServerLoad, current: Layout | None = None) -> float:
@@ -385,30 +435,73 @@ class Estimator:
         return self.advance_many([(layout, load)], dt)[0]
 
     def advance_many(self, items: list, dt: float) -> list:
-        """:meth:`advance` of many (layout, load) at once (one grouped pass)."""
+        """:meth:`advance` of many (layout, load) at once: the remembered schedules of the loads under their
+        current layouts where there are (the planner's pass made them), one grouped pass for the rest."""
         out = list(ld for _, ld in items)
         todo = [k for k, (_, ld) in enumerate(items) if ld.n and ld.gen is not None]
         if not todo:
             return out
-        blocks = [(items[k][0], items[k][1], self.placement(items[k][0], items[k][1], items[k][0])) for k in todo]
-        _, rem, sch = self._blocks(blocks, joint=False, schedule=True)
-        reps = [lay.replicas(self.gpus) for lay, _, _ in blocks]
-        offs = np.cumsum([0] + reps)
-        group = np.concatenate([offs[k] + rep for k, (_, _, rep) in enumerate(blocks)])
-        gained_all = self._progress(sch, rem, dt, group, int(offs[-1]))
-        at = np.cumsum([0] + [ld.n for _, ld, _ in blocks])
+        done = [self._recall(items[k][0], items[k][1], items[k][0]) for k in todo]
+        miss = [q for q, (d, _) in enumerate(done) if d is None]
+        if miss:
+            blocks = [(items[todo[q]][0], items[todo[q]][1], self.placement(items[todo[q]][0], items[todo[q]][1],
+                                                                            items[todo[q]][0])) for q in miss]
+            for q, d in zip(miss, self._blocks(blocks, joint=False)):
+                self._remember(done[q][1], d)
+                done[q] = (d, None)
+        done = [d for d, _ in done]
+        gained_all = self._progress_of(done, dt)
+        at = np.cumsum([0] + [len(d.rem) for d in done]).tolist()
         keeps, gens = [], []
-        for k, (_, load, _) in enumerate(blocks):
-            gained, r_k = gained_all[at[k]:at[k + 1]], rem[at[k]:at[k + 1]]
-            keeps.append(gained < np.ceil(r_k))
-            gens.append((load.gen + gained)[keeps[-1]])
+        for k, d in zip(todo, done):
+            q = len(keeps)
+            gained = gained_all[at[q]:at[q + 1]]
+            keeps.append(gained < np.ceil(d.rem))
+            gens.append((items[k][1].gen + gained)[keeps[-1]])
         if self.forecast is not None:
             left = np.maximum(self.forecast.remaining(np.concatenate(gens)), 1.0)
-            cut = np.cumsum([0] + [len(x) for x in gens])
-        for k, (_, load, rep) in enumerate(blocks):
-            gained, keep = gained_all[at[k]:at[k + 1]], keeps[k]
-            new_rem = left[cut[k]:cut[k + 1]] if self.forecast is not None else np.maximum(load.rem - gained, 1.0)[keep]
-            out[todo[k]] = ServerLoad(ctx0=(load.ctx0 + gained)[keep], rem=new_rem,
-                                      running=(load.running | (gained > 0))[keep], replica=rep[keep], gen=gens[k],
-                                      key=load.key[keep])
+            cut = np.cumsum([0] + [len(x) for x in gens]).tolist()
+        for q, (k, d) in enumerate(zip(todo, done)):
+            load = items[k][1]
+            gained, keep = gained_all[at[q]:at[q + 1]], keeps[q]
+            new_rem = left[cut[q]:cut[q + 1]] if self.forecast is not None else np.maximum(load.rem - gained, 1.0)[keep]
+            out[k] = ServerLoad(ctx0=(load.ctx0 + gained)[keep], rem=new_rem,
+                                running=(load.running | (gained > 0))[keep], replica=d.rep[keep], gen=gens[q],
+                                key=load.key[keep])
         return out
+
+    def _progress_of(self, done: list, dt: float) -> np.ndarray:
+        """:meth:`progress` of the blocks ``done`` (each from its own pass's schedule), in one vectorised pass."""
+        parts = {k: [] for k in ("seg_g", "seg", "k0", "k1", "prefill", "start")}
+        rem, group, off = [], [], 0
+        for d in done:
+            r, n, sch = len(d.times), len(d.rem), d.sch
+            sg = sch["seg_g"]
+            lo, hi = np.searchsorted(sg, [d.g0, d.g0 + r]).tolist()
+            parts["seg_g"].append(sg[lo:hi] - d.g0 + off)
+            for f in ("seg", "k0", "k1"):
+                parts[f].append(sch[f][lo:hi])
+            parts["prefill"].append(sch["prefill"][d.g0:d.g0 + r])
+            parts["start"].append(sch["start"][d.e0:d.e0 + n])
+            rem.append(d.rem)
+            group.append(np.asarray(d.rep, np.int64) + off)
+            off += r
+        sch = {k: np.concatenate(v) for k, v in parts.items()}
+        return self._progress(sch, np.concatenate(rem), dt, np.concatenate(group), off)
+
+
+MEMO_SIZE = 64  # remembered results (a tick's servers under their current layouts, and their lookahead)
+
+
+@dataclass
+class _Done:
+    """One block of a grouped pass: its placement, the remaining time of each replica, the remaining tokens
+    used per request, and the pass's schedule with the block's first replica and first request in it."""
+
+    rep: np.ndarray
+    times: np.ndarray
+    rem: np.ndarray
+    sch: dict | None
+    g0: int
+    e0: int
+    exact: bool = True
