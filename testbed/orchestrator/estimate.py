@@ -99,6 +99,72 @@ def engine_deal(load: ServerLoad, r: int, slots: int) -> np.ndarray:
     return rep
 
 
+class DecodeTable:
+    """``cm.decode_step_s_array(batch, ctx, tp)`` for whole batch sizes up to ``max_batch`` at a quarter of its
+    cost: a decode step is a sum of per-operator terms (agents.costmodel: ``_decode_terms``) of which only the
+    attention's depends on the context, so every other term is tabulated per batch size once, and a call
+    evaluates the attention term and adds the tabulated ones in the cost model's own order (the same
+    floating-point operations on the same values: the same numbers, to the bit). :meth:`build` checks that
+    against the cost model on a grid of batch sizes and contexts (both sides of the memory/compute bound) and
+    returns None (the cost model is then called directly) when any number differs or the cost model is not
+    agents.costmodel.CostModel's kind."""
+
+    def __init__(self, pre, post, read_b, kv_write_s, kv_gpu, flops_per_ctx, hbm, peak, floor, layers):
+        self.pre, self.post, self.read_b, self.kv_write_s = pre, post, read_b, kv_write_s
+        self.kv_gpu, self.flops_per_ctx, self.hbm, self.peak, self.floor, self.layers = \
+            kv_gpu, flops_per_ctx, hbm, peak, floor, layers
+
+    @classmethod
+    def build(cls, cm, tp: int, max_batch: int) -> "DecodeTable | None":
+        try:
+            from agents.costmodel import _ARRAY
+
+            lay = cm._layout(tp, 1)
+            m, dt = cm.model, cm.dtype_bytes
+            b = np.arange(1, max_batch + 1, dtype=float)
+            terms = cm._decode_terms(b, np.zeros(max_batch), lay, _ARRAY)
+            names = list(terms)
+            at = names.index("attention")
+            rows = np.zeros((len(names), max_batch + 1))
+            for k, name in enumerate(names):
+                rows[k, 1:] = terms[name]
+            pre = rows[0]
+            for k in range(1, at):  # the terms before the attention's, summed as sum() does
+                pre = pre + rows[k]
+            kv_gpu = 2.0 * lay.kvr * m.head_dim * dt
+            read_b = np.zeros(max_batch + 1)
+            read_b[1:] = 2.0 * b * lay.qr * m.head_dim * dt
+            kv_write_s = np.zeros(max_batch + 1)
+            kv_write_s[1:] = cm._elementwise(b * kv_gpu, cm.calib.rope)
+            tab = cls(pre, np.ascontiguousarray(rows[at + 1:]), read_b, kv_write_s, kv_gpu,
+                      (lay.qr, m.head_dim), cm.gpu.hbm_bytes_per_s * cm.eff.decode_hbm,
+                      cm.gpu.peak_flops * cm.eff.decode_mfu, cm.calib.gemm.floor_us * 1e-6, m.layers)
+            # the check: every batch size, contexts from empty to far past the memory/compute crossover
+            bb = np.repeat(b, 8)
+            ctx = bb * np.tile([0.0, 1.0, 37.0, 256.0, 1500.0, 4096.0, 20000.0, 131072.0], max_batch)
+            ctx[1::5] += 3.0
+            if not np.array_equal(tab(bb, ctx), cm.decode_step_s_array(bb, ctx, tp)):
+                return None
+            return tab
+        except Exception:  # noqa: BLE001 - another kind of cost model: it is called directly
+            return None
+
+    def covers(self, batch: np.ndarray, ctx: np.ndarray) -> bool:
+        return bool(batch.max() < len(self.pre) and batch.min() >= 1 and np.isfinite(ctx).all()
+                    and (batch == np.floor(batch)).all())
+
+    def __call__(self, batch: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+        bi = batch.astype(np.int64)
+        qr, hd = self.flops_per_ctx
+        read = ctx * self.kv_gpu + self.read_b[bi]
+        flops = 4.0 * ctx * qr * hd
+        out = self.pre[bi] + self.layers * (self.floor + np.maximum(read / self.hbm, flops / self.peak)
+                                           + self.kv_write_s[bi])
+        for row in self.post[:, bi]:
+            out = out + row
+        return out
+
+
 class Estimator:
     """Makespan estimates on one model/GPU (``cm``: agents.costmodel.CostModel).
 
@@ -117,6 +183,7 @@ class Estimator:
         self._kv: dict[Layout, float] = {}
         self._prefill: dict[tuple, float] = {}
         self._memo: dict[tuple, tuple] = {}
+        self._dec: dict[int, object] = {}
         self.calls = 0
         self.forecast = None
 
@@ -130,6 +197,16 @@ class Estimator:
                 self._prefill.clear()
             t = self._prefill[key] = self.cm.prefill_s(n, mean_ctx, tp)
         return t
+
+    def _decode_s(self, batch: np.ndarray, ctx: np.ndarray, tp: int) -> np.ndarray:
+        """The cost model's decode step times (``cm.decode_step_s_array``) for whole batch sizes, through a
+        :class:`DecodeTable` when the cost model admits one (the same numbers, to the bit)."""
+        tab = self._dec.get(tp)
+        if tab is None:
+            tab = self._dec[tp] = DecodeTable.build(self.cm, tp, self.settings.max_num_seqs) or False
+        if tab and len(batch) and tab.covers(batch, ctx):
+            return tab(batch, ctx)
+        return self.cm.decode_step_s_array(batch, ctx, tp)
 
     def kv_tokens(self, layout: Layout) -> float:
         if layout not in self._kv:
@@ -209,14 +286,14 @@ class Estimator:
         ok = same & (active > 0)
         seg = np.zeros(len(k0))
         if tp_g is None:
-            seg[ok] = self.cm.decode_step_s_array(active[ok].astype(float), np.maximum(ctx[ok], 0.0), layout.tp) \
+            seg[ok] = self._decode_s(active[ok].astype(float), np.maximum(ctx[ok], 0.0), layout.tp) \
                 * (k1 - k0)[ok]
         else:  # one cost-model pass per TP degree, over its replicas' segments
             okk = np.nonzero(ok)[0]
             seg_tp = tp_g[g0[okk]]
             for tp in np.unique(seg_tp).tolist():
                 sel = okk[seg_tp == tp]
-                seg[sel] = self.cm.decode_step_s_array(active[sel].astype(float), np.maximum(ctx[sel], 0.0), tp) \
+                seg[sel] = self._decode_s(active[sel].astype(float), np.maximum(ctx[sel], 0.0), tp) \
                     * (k1 - k0)[sel]
         total += np.bincount(g0[ok], weights=seg[ok], minlength=n_groups)
         waiting = ~f
