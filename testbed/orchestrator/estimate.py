@@ -62,40 +62,46 @@ def engine_deal(load: ServerLoad, r: int, slots: int) -> np.ndarray:
     """Replicas of a server's requests after a layout switch, as agents.engine.Engine does it: running
     requests (in their given order) each onto the replica with the least KV held that has a slot left (of
     ``slots``); the rest, and the waiting ones, onto the replica with the fewest requests. The engine cannot
-    see remaining lengths, so neither does this deal. Ties go to the lowest replica (heaps of (KV, replica)
-    and (count, replica): the same picks as an argmin over the replicas, in O(log r) a request)."""
+    see remaining lengths, so neither does this deal. Ties go to the lowest replica: a heap of (KV held,
+    replica) gives the same picks as an argmin over the replicas; once every replica is full they all hold
+    ``slots`` and the fewest-requests rule goes round them in order, and the waiting ones fill the replicas
+    with the fewest requests level by level (the lowest replica first at each level)."""
     rep = np.zeros(load.n, np.int64)
     if r <= 1 or load.n == 0:
         return rep
-    kv = [0.0] * r
-    count = [0] * r
-    room = [(0.0, j) for j in range(r)]  # replicas with a slot left, by (KV held, replica)
     run = np.nonzero(load.running)[0]
+    ctx = load.ctx0[run].tolist()
+    room = [(0.0, j) for j in range(r)]  # replicas with a slot left, by (KV held, replica)
     picks = []
-    for c in load.ctx0[run].tolist():
-        if room:
-            j = room[0][1]
-            kv[j] += c
+    push = heapq.heapreplace
+    if len(ctx) < slots:  # no replica can fill up
+        for c in ctx:
+            kv, j = room[0]
+            push(room, (kv + c, j))
+            picks.append(j)
+    else:
+        count = [0] * r
+        for q, c in enumerate(ctx):
+            kv, j = room[0]
             count[j] += 1
             if count[j] < slots:
-                heapq.heapreplace(room, (kv[j], j))
+                push(room, (kv + c, j))
             else:
                 heapq.heappop(room)
-        else:
-            j = count.index(min(count))
-            count[j] += 1
-        picks.append(j)
+            picks.append(j)
+            if not room:  # every replica holds ``slots``: the rest go round them
+                picks.extend(np.arange(len(ctx) - q - 1) % r)
+                break
     rep[run] = picks
     wait = np.nonzero(~load.running)[0]
     if len(wait):
-        fewest = [(count[j], j) for j in range(r)]
-        heapq.heapify(fewest)
-        picks = []
-        for _ in range(len(wait)):
-            k, j = fewest[0]
-            heapq.heapreplace(fewest, (k + 1, j))
-            picks.append(j)
-        rep[wait] = picks
+        # the waiting ones, one by one onto the replica with the fewest requests (the lowest of equals):
+        # the len(wait) smallest (count level, replica) pairs above each replica's count, in that order
+        count = np.bincount(rep[run], minlength=r)
+        w = len(wait)
+        levels = count[:, None] + np.arange(w)[None, :]
+        keys = np.sort((levels * r + np.arange(r)[:, None]).ravel())[:w]
+        rep[wait] = keys % r
     return rep
 
 
@@ -216,7 +222,8 @@ class Estimator:
     def _grouped(self, layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None,
                  group: np.ndarray, n_groups: int) -> dict:
         """The predicted decode schedules of ``n_groups`` replicas at once (request i runs on replica
-        ``group[i]``; ``layout``: the replicas' Layout, or a sequence of one per group): per request its start
+        ``group[i]``; ``layout``: the replicas' Layout, or (layout, replicas) per block of consecutive groups,
+        in order): per request its start
         and end (decode steps), per segment its replica, steps and time, per replica its prefill time and
         total time. Every replica is computed as in :meth:`replica_s`; the replicas share the numpy passes
         (keys ``group x BIG + step`` keep them apart: in every cumulative count the requests of lower replicas
@@ -242,9 +249,9 @@ class Estimator:
         mean_final = np.bincount(g, weights=c + r, minlength=n_groups) / np.maximum(cnt, 1)
         if isinstance(layout, Layout):
             kv, tp_g = self.kv_tokens(layout), None
-        else:
-            kv = np.array([self.kv_tokens(lay) for lay in layout])
-            tp_g = np.array([lay.tp for lay in layout], np.int64)
+        else:  # (layout, replicas) per block
+            kv = np.repeat([self.kv_tokens(lay) for lay, _ in layout], [n for _, n in layout])
+            tp_g = np.repeat([lay.tp for lay, _ in layout], [n for _, n in layout])
         slots = np.maximum(1, np.minimum(self.settings.max_num_seqs,
                                          np.floor(kv / np.maximum(1.0, mean_final)))).astype(np.int64)
         # order inside a replica: running requests first, then the queue, each in the given order
@@ -438,7 +445,7 @@ class Estimator:
         else:
             used = [False] * len(loads)
         lays = [lay for lay, _, _ in blocks]
-        layout = lays[0] if all(lay == lays[0] for lay in lays) else [lay for lay, r in zip(lays, reps) for _ in range(r)]
+        layout = lays[0] if all(lay == lays[0] for lay in lays) else list(zip(lays, reps))
         sch = self._grouped(layout, ctx0, rem, running, group, n_groups)
         tot = sch["total"]
         out = [_Done(rep, tot[offs[k]:offs[k + 1]], np.zeros(0), None, offs[k], 0) for k, (_, _, rep) in enumerate(blocks)]
