@@ -190,6 +190,11 @@ class Estimator:
         self._prefill: dict[tuple, float] = {}
         self._memo: dict[tuple, tuple] = {}
         self._dec: dict[int, object] = {}
+        tp = 1
+        while tp <= gpus:  # the decode tables of every TP degree, built once here rather than in a tick
+            if gpus % tp == 0:
+                self._decode_table(tp)
+            tp *= 2
         self.calls = 0
         self.forecast = None
 
@@ -207,12 +212,16 @@ class Estimator:
     def _decode_s(self, batch: np.ndarray, ctx: np.ndarray, tp: int) -> np.ndarray:
         """The cost model's decode step times (``cm.decode_step_s_array``) for whole batch sizes, through a
         :class:`DecodeTable` when the cost model admits one (the same numbers, to the bit)."""
-        tab = self._dec.get(tp)
-        if tab is None:
-            tab = self._dec[tp] = DecodeTable.build(self.cm, tp, self.settings.max_num_seqs) or False
+        tab = self._decode_table(tp)
         if tab and len(batch) and tab.covers(batch, ctx):
             return tab(batch, ctx)
         return self.cm.decode_step_s_array(batch, ctx, tp)
+
+    def _decode_table(self, tp: int):
+        tab = self._dec.get(tp)
+        if tab is None:
+            tab = self._dec[tp] = DecodeTable.build(self.cm, tp, self.settings.max_num_seqs) or False
+        return tab
 
     def kv_tokens(self, layout: Layout) -> float:
         if layout not in self._kv:
