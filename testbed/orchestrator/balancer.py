@@ -82,10 +82,6 @@ class Balancer:
     def load_index(self, view: ServerView, now: float) -> float:
         return self.estimator.server_s(view.layout, view.load, current=view.layout) + max(0.0, view.busy_until - now)
 
-    def _agent(self, view: ServerView, rids: np.ndarray) -> _Agent:
-        rep, times = self.estimator.replica_times(view.layout, view.load, current=view.layout)
-        return _Agent(view, np.asarray(rids), rep, times)
-
     def _variant_times(self, A: _Agent, ja: int, on: np.ndarray, cands: np.ndarray, targets: list,
                        la: ServerLoad) -> tuple[np.ndarray, list]:
         """Remaining times of the replicas a move changes, for every candidate ``cands[k]`` (a request on
@@ -117,7 +113,8 @@ class Balancer:
         off, on_t = None, [None] * len(targets)
         for layout, ps in parts.items():
             offsets = np.cumsum([0] + [p[3] for p in ps])
-            group = np.concatenate([o + np.repeat(np.arange(n), len(c) // n) for (c, _, _, n, _), o in zip(ps, offsets)])
+            group = np.concatenate([o + np.repeat(np.arange(n), len(c) // n)
+                                    for (c, _, _, n, _), o in zip(ps, offsets)])
             tot = self.estimator.groups_s(layout, np.concatenate([p[0] for p in ps]),
                                           np.concatenate([p[1] for p in ps]), np.concatenate([p[2] for p in ps]),
                                           group, int(offsets[-1]))
@@ -135,7 +132,9 @@ class Balancer:
         (target, candidate) order among equals), as (key, request, dst, dst replica, times after, L_a', L_b'),
         or None. Every candidate at once: a replica-time maximum with two entries replaced is the maximum of
         the others' and the two new ones, so every number is the one a copy with the entries replaced gives."""
-        others_max = lambda t, skip: float(np.max(np.delete(t, skip))) if len(t) > len(set(skip)) else -np.inf  # noqa: E731
+        def others_max(t, skip):  # the largest entry of ``t`` outside ``skip`` (-inf: none)
+            return float(np.max(np.delete(t, skip))) if len(t) > len(set(skip)) else -np.inf
+
         best = None
         for t, (b, jb) in enumerate(targets):
             on = t_on[t]
@@ -146,7 +145,8 @@ class Balancer:
                 ok = (np.maximum(t_off, on) < A.times[ja] - 1e-9) & (np.abs(t_off - on) < A.times[ja] - A.times[jb])
             else:
                 B = ags[b]
-                na = (np.maximum(t_off, others_max(A.times, [ja])) if A.view.load.n > 1 else np.zeros(len(cands))) + busy_a
+                na = (np.maximum(t_off, others_max(A.times, [ja])) if A.view.load.n > 1
+                      else np.zeros(len(cands))) + busy_a
                 nb = np.maximum(on, others_max(B.times, [jb])) + max(0.0, B.view.busy_until - now)
                 ok = (np.abs(na - nb) < loads[a] - loads[b]) & (np.maximum(na, nb) < loads[a] - 1e-9)
             if not ok.any():

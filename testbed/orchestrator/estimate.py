@@ -349,9 +349,9 @@ class Estimator:
         start at once; the others queue in the given order."""
         return float(self._grouped(layout, ctx0, rem, first, np.zeros(len(rem), np.int64), 1)["total"][0])
 
-    def groups_s(self, layout: Layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None,
+    def groups_s(self, layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None,
                  group: np.ndarray, n_groups: int) -> np.ndarray:
-        """:meth:`replica_s` of many replicas (or variants of one) at once."""
+        """:meth:`replica_s` of many replicas (or variants of one) at once (``layout``: as :meth:`_grouped`)."""
         return self._grouped(layout, ctx0, rem, first, group, n_groups)["total"]
 
     def progress(self, layout: Layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None,
@@ -476,7 +476,8 @@ class Estimator:
         layout = lays[0] if all(lay == lays[0] for lay in lays) else list(zip(lays, reps))
         sch = self._grouped(layout, ctx0, rem, running, group, n_groups)
         tot = sch["total"]
-        out = [_Done(rep, tot[offs[k]:offs[k + 1]], np.zeros(0), None, offs[k], 0) for k, (_, _, rep) in enumerate(blocks)]
+        out = [_Done(rep, tot[offs[k]:offs[k + 1]], np.zeros(0), None, offs[k], 0)
+               for k, (_, _, rep) in enumerate(blocks)]
         e0 = 0
         for (k, ld, _), u, ok in zip(live, used, able):
             d = out[k]
