@@ -82,15 +82,92 @@ class Balancer:
     def load_index(self, view: ServerView, now: float) -> float:
         return self.estimator.server_s(view.layout, view.load, current=view.layout) + max(0.0, view.busy_until - now)
 
-    def _agent(self, view: ServerView, rids: np.ndarray) -> _Agent:
-        rep, times = self.estimator.replica_times(view.layout, view.load, current=view.layout)
-        return _Agent(view, np.asarray(rids), rep, times)
+    def _variant_times(self, A: _Agent, ja: int, on: np.ndarray, cands: np.ndarray, targets: list,
+                       la: ServerLoad) -> tuple[np.ndarray, list]:
+        """Remaining times of the replicas a move changes, for every candidate ``cands[k]`` (a request on
+        ``A``'s replica ``ja``, whose requests are ``on``): ``off[k]``, replica ``ja`` without it, and
+        ``on_t[t][k]``, target ``t``'s replica (agent, replica) with it appended (as the engine appends an
+        arrival). Every variant is one group of one grouped estimator pass per layout, each computed as
+        :meth:`Estimator.replica_s` computes it alone (the load's conditional-mean ``rem``; running requests
+        first)."""
+        m = len(cands)
+        # variant k of replica ja: its requests in their order, candidate k left out
+        keep = np.broadcast_to(on, (m, len(on)))[on[None, :] != cands[:, None]].reshape(m, len(on) - 1)
+        parts = {}  # layout -> list of (ctx0, rem, running) per variant group, and where each result goes
 
-    def _times_of(self, ag: _Agent, j: int, load: ServerLoad, rep: np.ndarray) -> np.ndarray:
-        t = ag.times.copy()
-        m = rep == j
-        t[j] = self.estimator.replica_s(ag.view.layout, load.ctx0[m], load.rem[m], load.running[m]) if m.any() else 0.0
-        return t
+        def add(layout, ctx0, rem, run, n_groups, slot):
+            parts.setdefault(layout, []).append((ctx0, rem, run, n_groups, slot))
+
+        add(A.view.layout, la.ctx0[keep].ravel(), la.rem[keep].ravel(), la.running[keep].ravel(), m, ("off", 0))
+        for t, (B, jb) in enumerate(targets):
+            lb = B.view.load
+            base = np.nonzero(B.rep == jb)[0]
+            nb = len(base)
+            # variant k of target t: the target replica's requests, then candidate k of ``la``
+            ctx0 = np.empty((m, nb + 1))
+            rem = np.empty((m, nb + 1))
+            run = np.empty((m, nb + 1), bool)
+            ctx0[:, :nb], rem[:, :nb], run[:, :nb] = lb.ctx0[base], lb.rem[base], lb.running[base]
+            ctx0[:, nb], rem[:, nb], run[:, nb] = la.ctx0[cands], la.rem[cands], la.running[cands]
+            add(B.view.layout, ctx0.ravel(), rem.ravel(), run.ravel(), m, ("on", t))
+        off, on_t = None, [None] * len(targets)
+        for layout, ps in parts.items():
+            offsets = np.cumsum([0] + [p[3] for p in ps])
+            group = np.concatenate([o + np.repeat(np.arange(n), len(c) // n)
+                                    for (c, _, _, n, _), o in zip(ps, offsets)])
+            tot = self.estimator.groups_s(layout, np.concatenate([p[0] for p in ps]),
+                                          np.concatenate([p[1] for p in ps]), np.concatenate([p[2] for p in ps]),
+                                          group, int(offsets[-1]))
+            for (_, _, _, n, (kind, t)), o in zip(ps, offsets):
+                if kind == "off":
+                    off = tot[o:o + n]
+                else:
+                    on_t[t] = tot[o:o + n]
+        return off, on_t
+
+    @staticmethod
+    def _best_move(A: _Agent, a: int, ja: int, cands: np.ndarray, targets: list, ags: dict, loads: dict,
+                   t_off: np.ndarray, t_on: list, busy_a: float, now: float):
+        """The best admissible move (key: the larger of the two loads after it, then their gap; the first in
+        (target, candidate) order among equals), as (key, request, dst, dst replica, times after, L_a', L_b'),
+        or None. Every candidate at once: a replica-time maximum with two entries replaced is the maximum of
+        the others' and the two new ones, so every number is the one a copy with the entries replaced gives."""
+        def others_max(t, skip):  # the largest entry of ``t`` outside ``skip`` (-inf: none)
+            return float(np.max(np.delete(t, skip))) if len(t) > len(set(skip)) else -np.inf
+
+        best = None
+        for t, (b, jb) in enumerate(targets):
+            on = t_on[t]
+            if b == a:
+                rest = others_max(A.times, [ja, jb])
+                na = np.maximum(np.maximum(t_off, on), rest) + busy_a
+                nb = na
+                ok = (np.maximum(t_off, on) < A.times[ja] - 1e-9) & (np.abs(t_off - on) < A.times[ja] - A.times[jb])
+            else:
+                B = ags[b]
+                na = (np.maximum(t_off, others_max(A.times, [ja])) if A.view.load.n > 1
+                      else np.zeros(len(cands))) + busy_a
+                nb = np.maximum(on, others_max(B.times, [jb])) + max(0.0, B.view.busy_until - now)
+                ok = (np.abs(na - nb) < loads[a] - loads[b]) & (np.maximum(na, nb) < loads[a] - 1e-9)
+            if not ok.any():
+                continue
+            k1, k2 = np.maximum(na, nb), np.abs(na - nb)
+            idx = np.nonzero(ok)[0]
+            m1 = k1[idx].min()
+            idx = idx[k1[idx] == m1]
+            k = int(idx[np.argmin(k2[idx])])  # argmin: the first of equal keys, as a scan with "<" keeps it
+            key = (float(k1[k]), float(k2[k]))
+            if best is None or key < best[0]:
+                if b == a:
+                    t2 = A.times.copy()
+                    t2[ja], t2[jb] = t_off[k], on[k]
+                    times = (t2,)
+                else:
+                    ta, tb = A.times.copy(), ags[b].times.copy()
+                    ta[ja], tb[jb] = t_off[k], on[k]
+                    times = (ta, tb)
+                best = (key, int(cands[k]), b, jb, times, float(na[k]), float(nb[k]))
+        return best
 
     def decide(self, views: dict[int, ServerView], rids: dict[int, np.ndarray], now: float) -> tuple[list[Move], dict]:
         """Moves for this interval; ``rids[s]``: the request ids in ``views[s].load`` (same order). Returns the
@@ -100,7 +177,8 @@ class Balancer:
         progress); a move takes a request off the slowest replica of the most loaded agent and puts it on the
         least loaded replica of the least loaded agent."""
         s = self.settings
-        ags = {a: self._agent(v, rids[a]) for a, v in views.items()}
+        many = self.estimator.replica_times_many([(v.layout, v.load, v.layout) for v in views.values()])
+        ags = {a: _Agent(v, np.asarray(rids[a]), rep, times) for (a, v), (rep, times) in zip(views.items(), many)}
         loads = {a: g.load(now) for a, g in ags.items()}
         first = dict(loads)
         moves: list[Move] = []
@@ -130,52 +208,30 @@ class Balancer:
             on = np.nonzero(A.rep == ja)[0]
             order = on[np.argsort(-la.rem[on], kind="stable")]
             cands = list(order[: s.candidates]) + [int(i) for i in on[~la.running[on]][: s.candidates]]
-            best = None
-            for b, jb in targets:
-                B = ags[b]
-                for i in dict.fromkeys(int(c) for c in cands):
-                    na_load = la.without(i)
-                    na_rep = np.delete(A.rep, i)
-                    if b == a:
-                        nl = na_load.plus_from(la, i, jb)
-                        nrep = np.r_[na_rep, jb]
-                        t2 = self._times_of(A, ja, nl, nrep)
-                        t2[jb] = self._times_of(A, jb, nl, nrep)[jb]
-                        na = nb = float(t2.max()) + max(0.0, A.view.busy_until - now)
-                        gap_before = A.times[ja] - A.times[jb]
-                        ok = max(t2[ja], t2[jb]) < A.times[ja] - 1e-9 and abs(t2[ja] - t2[jb]) < gap_before
-                        cand = (nl, nrep, t2, (A.times[ja], A.times[jb]), (t2[ja], t2[jb]), None)
-                    else:
-                        ta = self._times_of(A, ja, na_load, na_rep)
-                        nb_load = B.view.load.plus_from(la, i, jb)
-                        nb_rep = np.r_[B.rep, jb]
-                        tb = self._times_of(B, jb, nb_load, nb_rep)
-                        na = (float(ta.max()) if na_load.n else 0.0) + max(0.0, A.view.busy_until - now)
-                        nb = float(tb.max()) + max(0.0, B.view.busy_until - now)
-                        ok = abs(na - nb) < loads[a] - loads[b] and max(na, nb) < loads[a] - 1e-9
-                        cand = (na_load, na_rep, ta, nb_load, nb_rep, tb)
-                    if ok:
-                        key = (max(na, nb), abs(na - nb))
-                        if best is None or key < best[0]:
-                            best = (key, i, b, jb, cand, na, nb)
+            uniq = np.array(list(dict.fromkeys(int(c) for c in cands)), np.int64)
+            if not len(uniq):
+                break
+            t_off, t_on = self._variant_times(A, ja, on, uniq, [(ags[b], jb) for b, jb in targets], la)
+            busy_a = max(0.0, A.view.busy_until - now)
+            best = self._best_move(A, a, ja, uniq, targets, ags, loads, t_off, t_on, busy_a, now)
             if best is None:
                 break
-            _, i, b, jb, cand, na, nb = best
+            _, i, b, jb, times, na, nb = best
             B = ags[b]
+            na_load, na_rep = la.without(i), np.delete(A.rep, i)
             if b == a:  # a move inside the server: its before/after are the two replicas' times
-                moves.append(Move(int(A.rids[i]), a, b, jb, tuple(map(float, cand[3])), tuple(map(float, cand[4]))))
-            else:
-                moves.append(Move(int(A.rids[i]), a, b, jb, (loads[a], loads[b]), (na, nb)))
-            if b == a:
-                nl, nrep, t2, _, _, _ = cand
+                (t2,) = times
+                moves.append(Move(int(A.rids[i]), a, b, jb, (float(A.times[ja]), float(A.times[jb])),
+                                  (float(t2[ja]), float(t2[jb]))))
                 rid_new = np.r_[np.delete(A.rids, i), A.rids[i]]
-                ags[a] = _Agent(ServerView(a, A.view.layout, nl, A.view.busy_until, A.view.last_switch_end),
-                                rid_new, nrep, t2)
+                ags[a] = _Agent(ServerView(a, A.view.layout, na_load.plus_from(la, i, jb), A.view.busy_until,
+                                           A.view.last_switch_end), rid_new, np.r_[na_rep, jb], t2)
                 loads[a] = na
             else:
-                na_load, na_rep, ta, nb_load, nb_rep, tb = cand
-                ags[b] = _Agent(ServerView(b, B.view.layout, nb_load, B.view.busy_until, B.view.last_switch_end),
-                                np.r_[B.rids, A.rids[i]], nb_rep, tb)
+                ta, tb = times
+                moves.append(Move(int(A.rids[i]), a, b, jb, (loads[a], loads[b]), (na, nb)))
+                ags[b] = _Agent(ServerView(b, B.view.layout, B.view.load.plus_from(la, i, jb), B.view.busy_until,
+                                           B.view.last_switch_end), np.r_[B.rids, A.rids[i]], np.r_[B.rep, jb], tb)
                 ags[a] = _Agent(ServerView(a, A.view.layout, na_load, A.view.busy_until, A.view.last_switch_end),
                                 np.delete(A.rids, i), na_rep, ta)
                 loads[a], loads[b] = na, nb

@@ -13,6 +13,25 @@ the sum over steps is evaluated per segment (exact in the batch, context at the 
 Requests are dealt to the replicas of a layout the way the engine deals them (running requests keep their
 replica in the current layout; after a switch, the engine's own rule: :func:`engine_deal`), so a candidate
 layout is never predicted with a better placement than it would get.
+
+**Cost on the decision path** (``orchestrrl bench planner``: 1,024 requests on 4 servers, 4 layouts, a few
+ms a tick on 2 cores). No approximation is made for speed: every number is the one the plain computation
+gives, to the bit (tests/unit/test_orchestrator_pinned.py pins them against the implementation before these
+changes). What makes it fast:
+
+- one grouped pass (:meth:`Estimator._grouped`) for many replicas at once: every layout and server of a
+  planning pass (:meth:`Estimator.servers_s_many`), the lookahead's servers (:meth:`Estimator.advance_many`),
+  the balancer's candidate moves (every variant of a replica is a group). With whole token counts (the
+  contexts; remaining lengths are rounded up) every key and cumulative context in the pass is an exact
+  integer below 2^53, so a replica's result does not depend on what shares its pass (with fractional
+  contexts it would to the last bits only);
+- the decode step times through :class:`DecodeTable` (the context-free terms of the cost model tabulated per
+  batch size; checked against the cost model when built, which is called directly when any number differs);
+- memoised prefills (a pure function of few distinct arguments) and per-server results under the current
+  layout (:meth:`Estimator._recall`: by the load's content, the forecast object and the settings), so the
+  balancer's load indices and the lookahead's progress reuse the planner's pass;
+- :func:`engine_deal` on heaps instead of an argmin per request; the list scheduling of queued requests on a
+  heap of Python floats; the lookahead's progress and the balancer's comparison of candidate moves vectorised.
 """
 from __future__ import annotations
 
@@ -62,22 +81,113 @@ def engine_deal(load: ServerLoad, r: int, slots: int) -> np.ndarray:
     """Replicas of a server's requests after a layout switch, as agents.engine.Engine does it: running
     requests (in their given order) each onto the replica with the least KV held that has a slot left (of
     ``slots``); the rest, and the waiting ones, onto the replica with the fewest requests. The engine cannot
-    see remaining lengths, so neither does this deal."""
-    rep = np.empty(load.n, np.int64)
-    kv = np.zeros(r)
-    count = np.zeros(r, np.int64)
+    see remaining lengths, so neither does this deal. Ties go to the lowest replica: a heap of (KV held,
+    replica) gives the same picks as an argmin over the replicas; once every replica is full they all hold
+    ``slots`` and the fewest-requests rule goes round them in order, and the waiting ones fill the replicas
+    with the fewest requests level by level (the lowest replica first at each level)."""
+    rep = np.zeros(load.n, np.int64)
+    if r <= 1 or load.n == 0:
+        return rep
     run = np.nonzero(load.running)[0]
-    for i in run:
-        room = count < slots
-        j = int(np.argmin(np.where(room, kv, np.inf))) if room.any() else int(np.argmin(count))
-        rep[i] = j
-        kv[j] += load.ctx0[i]
-        count[j] += 1
-    for i in np.nonzero(~load.running)[0]:
-        j = int(np.argmin(count))
-        rep[i] = j
-        count[j] += 1
+    ctx = load.ctx0[run].tolist()
+    room = [(0.0, j) for j in range(r)]  # replicas with a slot left, by (KV held, replica)
+    picks = []
+    push = heapq.heapreplace
+    if len(ctx) < slots:  # no replica can fill up
+        for c in ctx:
+            kv, j = room[0]
+            push(room, (kv + c, j))
+            picks.append(j)
+    else:
+        count = [0] * r
+        for q, c in enumerate(ctx):
+            kv, j = room[0]
+            count[j] += 1
+            if count[j] < slots:
+                push(room, (kv + c, j))
+            else:
+                heapq.heappop(room)
+            picks.append(j)
+            if not room:  # every replica holds ``slots``: the rest go round them
+                picks.extend(np.arange(len(ctx) - q - 1) % r)
+                break
+    rep[run] = picks
+    wait = np.nonzero(~load.running)[0]
+    if len(wait):
+        # the waiting ones, one by one onto the replica with the fewest requests (the lowest of equals):
+        # the len(wait) smallest (count level, replica) pairs above each replica's count, in that order
+        count = np.bincount(rep[run], minlength=r)
+        w = len(wait)
+        levels = count[:, None] + np.arange(w)[None, :]
+        keys = np.sort((levels * r + np.arange(r)[:, None]).ravel())[:w]
+        rep[wait] = keys % r
     return rep
+
+
+class DecodeTable:
+    """``cm.decode_step_s_array(batch, ctx, tp)`` for whole batch sizes up to ``max_batch`` at a quarter of its
+    cost: a decode step is a sum of per-operator terms (agents.costmodel: ``_decode_terms``) of which only the
+    attention's depends on the context, so every other term is tabulated per batch size once, and a call
+    evaluates the attention term and adds the tabulated ones in the cost model's own order (the same
+    floating-point operations on the same values: the same numbers, to the bit). :meth:`build` checks that
+    against the cost model on a grid of batch sizes and contexts (both sides of the memory/compute bound) and
+    returns None (the cost model is then called directly) when any number differs or the cost model is not
+    agents.costmodel.CostModel's kind."""
+
+    def __init__(self, pre, post, read_b, kv_write_s, kv_gpu, flops_per_ctx, hbm, peak, floor, layers):
+        self.pre, self.post, self.read_b, self.kv_write_s = pre, post, read_b, kv_write_s
+        self.kv_gpu, self.flops_per_ctx, self.hbm, self.peak, self.floor, self.layers = \
+            kv_gpu, flops_per_ctx, hbm, peak, floor, layers
+
+    @classmethod
+    def build(cls, cm, tp: int, max_batch: int) -> "DecodeTable | None":
+        try:
+            from agents.costmodel import _ARRAY
+
+            lay = cm._layout(tp, 1)
+            m, dt = cm.model, cm.dtype_bytes
+            b = np.arange(1, max_batch + 1, dtype=float)
+            terms = cm._decode_terms(b, np.zeros(max_batch), lay, _ARRAY)
+            names = list(terms)
+            at = names.index("attention")
+            rows = np.zeros((len(names), max_batch + 1))
+            for k, name in enumerate(names):
+                rows[k, 1:] = terms[name]
+            pre = rows[0]
+            for k in range(1, at):  # the terms before the attention's, summed as sum() does
+                pre = pre + rows[k]
+            kv_gpu = 2.0 * lay.kvr * m.head_dim * dt
+            read_b = np.zeros(max_batch + 1)
+            read_b[1:] = 2.0 * b * lay.qr * m.head_dim * dt
+            kv_write_s = np.zeros(max_batch + 1)
+            kv_write_s[1:] = cm._elementwise(b * kv_gpu, cm.calib.rope)
+            tab = cls(pre, np.ascontiguousarray(rows[at + 1:]), read_b, kv_write_s, kv_gpu,
+                      (lay.qr, m.head_dim), cm.gpu.hbm_bytes_per_s * cm.eff.decode_hbm,
+                      cm.gpu.peak_flops * cm.eff.decode_mfu, cm.calib.gemm.floor_us * 1e-6, m.layers)
+            # the check: every batch size, contexts from empty to far past the memory/compute crossover
+            bb = np.repeat(b, 8)
+            ctx = bb * np.tile([0.0, 1.0, 37.0, 256.0, 1500.0, 4096.0, 20000.0, 131072.0], max_batch)
+            ctx[1::5] += 3.0
+            if not np.array_equal(tab(bb, ctx), cm.decode_step_s_array(bb, ctx, tp)):
+                return None
+            return tab
+        except Exception:  # noqa: BLE001 - another kind of cost model: it is called directly
+            return None
+
+    def covers(self, batch: np.ndarray, ctx: np.ndarray) -> bool:
+        return bool(batch.max() < len(self.pre) and batch.min() >= 1 and np.isfinite(ctx).all()
+                    and (batch == np.floor(batch)).all())
+
+    def __call__(self, batch: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+        bi = batch.astype(np.int64)
+        qr, hd = self.flops_per_ctx
+        read = ctx * self.kv_gpu + self.read_b[bi]
+        flops = 4.0 * ctx * qr * hd
+        out = self.pre[bi] + self.layers * (self.floor + np.maximum(read / self.hbm, flops / self.peak)
+                                           + self.kv_write_s[bi])
+        for row in self.post[:, bi]:
+            out = out + row
+        return out
 
 
 class Estimator:
@@ -96,21 +206,58 @@ class Estimator:
         self.gpus = gpus
         self.settings = settings
         self._kv: dict[Layout, float] = {}
+        self._prefill: dict[tuple, float] = {}
+        self._memo: dict[tuple, tuple] = {}
+        self._dec: dict[int, object] = {}
+        tp = 1
+        while tp <= gpus:  # the decode tables of every TP degree, built once here rather than in a tick
+            if gpus % tp == 0:
+                self._decode_table(tp)
+            tp *= 2
         self.calls = 0
         self.forecast = None
+
+    def _prefill_s(self, n: int, mean_ctx: float, tp: int) -> float:
+        """The cost model's prefill of ``n`` prompts of ``mean_ctx`` tokens (memoised: a pure function of its
+        arguments, asked for the same few values by every replica with a queue)."""
+        key = (n, mean_ctx, tp)
+        t = self._prefill.get(key)
+        if t is None:
+            if len(self._prefill) >= 65536:
+                self._prefill.clear()
+            t = self._prefill[key] = self.cm.prefill_s(n, mean_ctx, tp)
+        return t
+
+    def _decode_s(self, batch: np.ndarray, ctx: np.ndarray, tp: int) -> np.ndarray:
+        """The cost model's decode step times (``cm.decode_step_s_array``) for whole batch sizes, through a
+        :class:`DecodeTable` when the cost model admits one (the same numbers, to the bit)."""
+        tab = self._decode_table(tp)
+        if tab and len(batch) and tab.covers(batch, ctx):
+            return tab(batch, ctx)
+        return self.cm.decode_step_s_array(batch, ctx, tp)
+
+    def _decode_table(self, tp: int):
+        tab = self._dec.get(tp)
+        if tab is None:
+            tab = self._dec[tp] = DecodeTable.build(self.cm, tp, self.settings.max_num_seqs) or False
+        return tab
 
     def kv_tokens(self, layout: Layout) -> float:
         if layout not in self._kv:
             self._kv[layout] = self.cm.kv_capacity_tokens(layout.tp, reserve=1.0 - self.settings.gpu_memory_utilization)
         return self._kv[layout]
 
-    def _grouped(self, layout: Layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None,
+    def _grouped(self, layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None,
                  group: np.ndarray, n_groups: int) -> dict:
         """The predicted decode schedules of ``n_groups`` replicas at once (request i runs on replica
-        ``group[i]``): per request its start and end (decode steps), per segment its replica, steps and time,
-        per replica its prefill time and total time. Every replica is computed as in :meth:`replica_s`; the
-        replicas share the numpy passes (keys ``group x BIG + step`` keep them apart: in every cumulative count
-        the requests of lower replicas appear on both sides and cancel)."""
+        ``group[i]``; ``layout``: the replicas' Layout, or (layout, replicas) per block of consecutive groups,
+        in order): per request its start
+        and end (decode steps), per segment its replica, steps and time, per replica its prefill time and
+        total time. Every replica is computed as in :meth:`replica_s`; the replicas share the numpy passes
+        (keys ``group x BIG + step`` keep them apart: in every cumulative count the requests of lower replicas
+        appear on both sides and cancel). With whole token counts (contexts, and remaining lengths, which are
+        rounded up) every key and every cumulative context is an exact integer below 2^53, so each replica's
+        result is the one it gets alone, to the bit, whatever else shares the pass."""
         self.calls += 1
         rem = np.ceil(np.maximum(np.asarray(rem, dtype=float), 0.0))
         ctx0 = np.asarray(ctx0, dtype=float)
@@ -128,53 +275,70 @@ class Estimator:
         # per replica: slots (max_num_seqs, and what its KV holds at the mean final footprint)
         cnt = np.bincount(g, minlength=n_groups)
         mean_final = np.bincount(g, weights=c + r, minlength=n_groups) / np.maximum(cnt, 1)
+        if isinstance(layout, Layout):
+            kv, tp_g = self.kv_tokens(layout), None
+        else:  # (layout, replicas) per block
+            kv = np.repeat([self.kv_tokens(lay) for lay, _ in layout], [n for _, n in layout])
+            tp_g = np.repeat([lay.tp for lay, _ in layout], [n for _, n in layout])
         slots = np.maximum(1, np.minimum(self.settings.max_num_seqs,
-                                         np.floor(self.kv_tokens(layout) / np.maximum(1.0, mean_final)))).astype(np.int64)
+                                         np.floor(kv / np.maximum(1.0, mean_final)))).astype(np.int64)
         # order inside a replica: running requests first, then the queue, each in the given order
-        order = np.lexsort((np.arange(len(r)), ~f, g))
+        order = np.argsort(g * 2 + ~f, kind="stable")
         go = g[order]
         grp_start = np.searchsorted(go, np.arange(n_groups))
-        rank = np.arange(len(go)) - grp_start[go]
         ro = r[order]
         start_o = np.zeros(len(ro))
-        for j in np.nonzero(cnt > slots)[0]:  # queued requests take the slots as earlier ones end
-            lo, hi, k = grp_start[j], grp_start[j] + cnt[j], slots[j]
-            free = list(ro[lo:lo + k])
+        for j in np.nonzero(cnt > slots)[0].tolist():  # queued requests take the slots as earlier ones end
+            lo, hi, k = int(grp_start[j]), int(grp_start[j] + cnt[j]), int(slots[j])
+            rs = ro[lo:hi].tolist()
+            free = rs[:k]
             heapq.heapify(free)
-            for i in range(lo + k, hi):
-                s0 = heapq.heappop(free)
-                start_o[i] = s0
-                heapq.heappush(free, s0 + ro[i])
+            starts = []
+            for x in rs[k:]:
+                s0 = free[0]
+                heapq.heapreplace(free, s0 + x)
+                starts.append(s0)
+            start_o[lo + k:hi] = starts
         end_o = start_o + ro
         big = float(np.max(end_o)) + 1.0
+        # in every replica the starts are non-decreasing in this order (running ones at 0, then the queue as
+        # the slots free up), so ``skey`` is sorted already
         skey = go * big + start_o
         ekey = go * big + end_o
         pts = np.unique(np.concatenate([skey, ekey]))
         k0, k1 = pts[:-1], pts[1:]
         g0 = np.floor(k0 / big).astype(np.int64)
         same = g0 == np.floor(k1 / big).astype(np.int64)
-        s_order = np.argsort(skey, kind="stable")
         e_order = np.argsort(ekey, kind="stable")
-        n_started = np.searchsorted(skey[s_order], k0, side="right")
+        n_started = np.searchsorted(skey, k0, side="right")
         n_ended = np.searchsorted(ekey[e_order], k0, side="right")
         active = n_started - n_ended
         base = c[order] - start_o  # a request's context at step k is base + k while it runs
-        cs_start = np.r_[0.0, np.cumsum(base[s_order])]
+        cs_start = np.r_[0.0, np.cumsum(base)]
         cs_end = np.r_[0.0, np.cumsum(base[e_order])]
         mid = (k0 + k1) / 2.0 - g0 * big
         ctx = (cs_start[n_started] - cs_end[n_ended]) + active * mid
         ok = same & (active > 0)
         seg = np.zeros(len(k0))
-        seg[ok] = self.cm.decode_step_s_array(active[ok].astype(float), np.maximum(ctx[ok], 0.0), layout.tp) \
-            * (k1 - k0)[ok]
+        if tp_g is None:
+            seg[ok] = self._decode_s(active[ok].astype(float), np.maximum(ctx[ok], 0.0), layout.tp) \
+                * (k1 - k0)[ok]
+        else:  # one cost-model pass per TP degree, over its replicas' segments
+            okk = np.nonzero(ok)[0]
+            seg_tp = tp_g[g0[okk]]
+            for tp in np.unique(seg_tp).tolist():
+                sel = okk[seg_tp == tp]
+                seg[sel] = self._decode_s(active[sel].astype(float), np.maximum(ctx[sel], 0.0), tp) \
+                    * (k1 - k0)[sel]
         total += np.bincount(g0[ok], weights=seg[ok], minlength=n_groups)
-        waiting = ~f[order]
+        waiting = ~f
         if waiting.any():  # the queue's prefills (recompute for preempted ones), once per replica
-            co = c[order]
-            for j in np.unique(go[waiting]):
-                m = waiting & (go == j)
-                out["prefill"][j] = self.cm.prefill_s(int(m.sum()), float(np.mean(co[m])), layout.tp)
-            total += out["prefill"]
+            nw = np.bincount(g[waiting], minlength=n_groups)
+            sw = np.bincount(g[waiting], weights=c[waiting], minlength=n_groups)
+            pre = out["prefill"]
+            for j in np.nonzero(nw)[0].tolist():
+                pre[j] = self._prefill_s(int(nw[j]), float(sw[j] / nw[j]), layout.tp if tp_g is None else int(tp_g[j]))
+            total += pre
         out["start"][idx[order]] = start_o
         out["end"][idx[order]] = end_o
         out.update(seg_g=g0[ok], k0=k0[ok] - g0[ok] * big, k1=k1[ok] - g0[ok] * big, seg=seg[ok])
@@ -185,30 +349,44 @@ class Estimator:
         start at once; the others queue in the given order."""
         return float(self._grouped(layout, ctx0, rem, first, np.zeros(len(rem), np.int64), 1)["total"][0])
 
-    def groups_s(self, layout: Layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None,
+    def groups_s(self, layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None,
                  group: np.ndarray, n_groups: int) -> np.ndarray:
-        """:meth:`replica_s` of many replicas (or variants of one) at once."""
+        """:meth:`replica_s` of many replicas (or variants of one) at once (``layout``: as :meth:`_grouped`)."""
         return self._grouped(layout, ctx0, rem, first, group, n_groups)["total"]
 
     def progress(self, layout: Layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None,
                  dt: float, group: np.ndarray | None = None, n_groups: int = 1) -> np.ndarray:
         """Tokens each request is predicted to produce in the next ``dt`` seconds on its replica."""
         group = np.zeros(len(rem), np.int64) if group is None else np.asarray(group, np.int64)
-        sch = self._grouped(layout, ctx0, rem, first, group, n_groups)
+        return self._progress(self._grouped(layout, ctx0, rem, first, group, n_groups), rem, dt, group, n_groups)
+
+    @staticmethod
+    def _progress(sch: dict, rem: np.ndarray, dt: float, group: np.ndarray, n_groups: int) -> np.ndarray:
+        """:meth:`progress` from a schedule: in every replica the step reached after ``dt`` (its prefill first),
+        interpolated inside the segment that holds it; all replicas at once (each replica's running sum of
+        segment times in a row of its own, so every sum is the one it has alone)."""
+        sg = sch["seg_g"]
         k_at = np.zeros(n_groups)
-        for j in range(n_groups):
-            m = sch["seg_g"] == j
-            t = dt - sch["prefill"][j]
-            if t <= 0 or not m.any():
-                continue
-            seg, k0, k1 = sch["seg"][m], sch["k0"][m], sch["k1"][m]
-            cum = np.cumsum(seg)
-            i = int(np.searchsorted(cum, t, side="right"))
-            if i >= len(cum):
-                k_at[j] = k1[-1]
-            else:
-                before = cum[i - 1] if i else 0.0
-                k_at[j] = k0[i] + (t - before) / seg[i] * (k1[i] - k0[i]) if seg[i] > 0 else k1[i]
+        t = dt - sch["prefill"]
+        nseg = np.bincount(sg, minlength=n_groups)
+        live = (t > 0) & (nseg > 0)
+        if live.any():
+            first = np.searchsorted(sg, np.arange(n_groups))
+            col = np.arange(len(sg)) - first[sg]
+            cum = np.zeros((n_groups, int(nseg.max())))
+            cum[sg, col] = sch["seg"]
+            np.cumsum(cum, axis=1, out=cum)
+            valid = np.arange(cum.shape[1])[None, :] < nseg[:, None]
+            i = ((cum <= t[:, None]) & valid).sum(axis=1)  # searchsorted(cum, t, side="right") per replica
+            rows = np.nonzero(live)[0]
+            i, tr = i[rows], t[rows]
+            last = i >= nseg[rows]
+            at = first[rows] + np.minimum(i, nseg[rows] - 1)
+            seg, k0, k1 = sch["seg"][at], sch["k0"][at], sch["k1"][at]
+            before = np.where(i > 0, cum[rows, np.maximum(i - 1, 0)], 0.0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                inside = np.where(seg > 0, k0 + (tr - before) / seg * (k1 - k0), k1)
+            k_at[rows] = np.where(last, k1, inside)
         done = np.clip(np.floor(k_at[group]) - sch["start"], 0.0, None)
         return np.where(np.isfinite(sch["start"]), np.minimum(done, np.ceil(np.maximum(rem, 0.0))), 0.0)
 
@@ -219,61 +397,142 @@ class Estimator:
         new = load.replica < 0
         if current is not None and layout == current and bool((load.replica[~new] < r).all()):
             rep = load.replica.copy()
-            tot = np.bincount(rep[~new], weights=load.rem[~new], minlength=r)
-            for i in np.nonzero(new)[0]:
-                j = int(np.argmin(tot))
-                rep[i] = j
-                tot[j] += load.rem[i]
+            if new.any():
+                tot = np.bincount(rep[~new], weights=load.rem[~new], minlength=r)
+                for i in np.nonzero(new)[0]:
+                    j = int(np.argmin(tot))
+                    rep[i] = j
+                    tot[j] += load.rem[i]
             return rep
         return engine_deal(load, r, self.settings.max_num_seqs)
 
     def replica_times(self, layout: Layout, load: ServerLoad, current: Layout | None = None,
                       rep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(replica of every request, remaining time of every replica) under ``layout``."""
-        r = layout.replicas(self.gpus)
-        if rep is None:
-            rep = self.placement(layout, load, current)
-        if load.n == 0:
-            return rep, np.zeros(r)
-        return rep, self.groups_s(layout, load.ctx0, self.stratified(load, rep, r), load.running, rep, r)
+        if rep is not None:
+            return rep, self._blocks([(layout, load, rep)], joint=False)[0].times.copy()
+        return self.replica_times_many([(layout, load, current)])[0]
+
+    def replica_times_many(self, items: list) -> list:
+        """:meth:`replica_times` of many (layout, load, current) at once: remembered results (see
+        :meth:`_recall`) where there are, one grouped pass for the rest."""
+        done = [self._recall(lay, load, cur) for lay, load, cur in items]
+        todo = [k for k, (d, _) in enumerate(done) if d is None]
+        if todo:
+            blocks = [(items[k][0], items[k][1], self.placement(*items[k])) for k in todo]
+            for k, d in zip(todo, self._blocks(blocks, joint=False)):
+                self._remember(done[k][1], d)
+                done[k] = (d, None)
+        return [(d.rep.copy(), d.times.copy()) for d, _ in done]
 
     def stratified(self, load: ServerLoad, group: np.ndarray, n_groups: int) -> np.ndarray:
         """Remaining tokens of every request: with a forecast, inside each group the k-th of n (by key) gets
         the ((k + 0.5) / n)-quantile of its conditional remaining length; without one, ``load.rem``."""
         if self.forecast is None or load.gen is None or load.key is None:
             return load.rem
-        order = np.lexsort((load.key, group))
-        g = np.asarray(group)[order]
+        return self._stratified(load.gen, load.key, np.asarray(group), n_groups)
+
+    def _stratified(self, gen: np.ndarray, key: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+        order = np.lexsort((key, group))
+        g = group[order]
         first = np.searchsorted(g, np.arange(n_groups))
         cnt = np.bincount(g, minlength=n_groups)
-        levels = np.empty(load.n)
-        levels[order] = (np.arange(load.n) - first[g] + 0.5) / cnt[g]
-        return np.clip(np.ceil(self.forecast.remaining_quantile(load.gen, levels)), 1.0, None)
+        levels = np.empty(len(gen))
+        levels[order] = (np.arange(len(gen)) - first[g] + 0.5) / cnt[g]
+        return np.clip(np.ceil(self.forecast.remaining_quantile(gen, levels)), 1.0, None)
 
-    def _rem(self, load: ServerLoad, m: np.ndarray) -> np.ndarray:
-        """:meth:`stratified` of the requests ``m`` as one group."""
-        sub = load._pick(m)
-        return self.stratified(sub, np.zeros(sub.n, np.int64), 1)
+    def _blocks(self, blocks: list, joint: bool, store: tuple = ()) -> list:
+        """Every (layout, load, rep) of ``blocks`` in one grouped pass: a :class:`_Done` per block (the remaining
+        time of each of its replicas, the remaining tokens used, stratified as :meth:`stratified` does, and
+        where its schedule lies in the pass's). The stratified quantiles are taken inside each replica, so
+        sharing the pass changes none of them. ``joint``: a forecast is used for all blocks or (when one load
+        lacks what it needs) for none, as :meth:`servers_s` does; otherwise block by block, as
+        :meth:`replica_times` does. ``store``: (block index, memo key) of the results to remember (those
+        computed block by block's way only)."""
+        reps = [lay.replicas(self.gpus) for lay, _, _ in blocks]
+        offs = np.cumsum([0] + reps).tolist()
+        n_groups = offs[-1]
+        live = [(k, ld, rep) for k, (_, ld, rep) in enumerate(blocks) if ld.n]
+        if not live:
+            return [_Done(rep, np.zeros(r), np.zeros(0), None, 0, 0) for (_, _, rep), r in zip(blocks, reps)]
+        loads = [ld for _, ld, _ in live]
+        cat = lambda f: np.concatenate([f(ld) for ld in loads]) if len(loads) > 1 else f(loads[0])  # noqa: E731
+        group = np.concatenate([offs[k] + np.asarray(rep, np.int64) for k, _, rep in live])
+        ctx0, rem, running = cat(lambda ld: ld.ctx0), cat(lambda ld: ld.rem), cat(lambda ld: ld.running)
+        able = [ld.gen is not None and ld.key is not None and self.forecast is not None for ld in loads]
+        if all(able):
+            rem = self._stratified(cat(lambda ld: ld.gen), cat(lambda ld: ld.key), group, n_groups)
+            used = able
+        elif any(able) and not joint:
+            rem = rem.astype(float, copy=True)
+            m = np.concatenate([np.full(ld.n, ok) for ld, ok in zip(loads, able)])
+            sub = [ld for ld, ok in zip(loads, able) if ok]
+            rem[m] = self._stratified(np.concatenate([ld.gen for ld in sub]), np.concatenate([ld.key for ld in sub]),
+                                      group[m], n_groups)
+            used = able
+        else:
+            used = [False] * len(loads)
+        lays = [lay for lay, _, _ in blocks]
+        layout = lays[0] if all(lay == lays[0] for lay in lays) else list(zip(lays, reps))
+        sch = self._grouped(layout, ctx0, rem, running, group, n_groups)
+        tot = sch["total"]
+        out = [_Done(rep, tot[offs[k]:offs[k + 1]], np.zeros(0), None, offs[k], 0)
+               for k, (_, _, rep) in enumerate(blocks)]
+        e0 = 0
+        for (k, ld, _), u, ok in zip(live, used, able):
+            d = out[k]
+            d.rem, d.sch, d.e0 = rem[e0:e0 + ld.n], sch, e0
+            d.exact = u == ok  # stratified as it would be alone
+            e0 += ld.n
+        for k, key in store:
+            if out[k].exact:
+                self._remember(key, out[k])
+        return out
+
+    # ---- remembered results -------------------------------------------------------------------------------
+    @staticmethod
+    def _fingerprint(load: ServerLoad) -> tuple:
+        return tuple(None if a is None else (a.dtype.str, a.shape, a.tobytes())
+                     for a in (load.ctx0, load.rem, load.running, load.replica, load.gen, load.key))
+
+    def _recall(self, layout: Layout, load: ServerLoad, current: Layout | None) -> tuple:
+        """(the remembered :class:`_Done` of ``load`` under ``layout``, or None; its memo key). Results are
+        remembered by content (every array of the load, byte for byte), layout, whether ``layout`` is the
+        current one (the placement depends on nothing else) and forecast (the object itself): a planning
+        tick's servers under their current layouts are so computed once, by the planner's pass, and the
+        lookahead and the balancer find them. A pure function's values: a hit is the result itself."""
+        key = (layout, current is not None and layout == current, self._fingerprint(load))
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is self.forecast and hit[1] is self.settings:
+            return hit[2], key
+        return None, key
+
+    def _remember(self, key: tuple, done: "_Done") -> None:
+        if key is None:
+            return
+        self._memo.pop(key, None)
+        while len(self._memo) >= MEMO_SIZE:
+            self._memo.pop(next(iter(self._memo)))
+        self._memo[key] = (self.forecast, self.settings, done)
 
     def servers_s(self, layout: Layout, loads: dict, currents: dict) -> dict:
         """:meth:`server_s` of many servers under one ``layout`` at once (``loads[s]``, its ``currents[s]``)."""
-        r = layout.replicas(self.gpus)
+        return self.servers_s_many([layout], loads, currents)[layout]
+
+    def servers_s_many(self, layouts: list, loads: dict, currents: dict) -> dict:
+        """:meth:`servers_s` under every layout of ``layouts`` at once: {layout: {server: time}}, in one grouped
+        pass (one cost-model evaluation per TP degree)."""
         keys = [s for s in loads if loads[s].n]
-        out = {s: 0.0 for s in loads}
+        out = {lay: {s: 0.0 for s in loads} for lay in layouts}
         if not keys:
             return out
-        parts = [(s, loads[s], self.placement(layout, loads[s], currents[s])) for s in keys]
-        group = np.concatenate([k * r + rep for k, (_, _, rep) in enumerate(parts)])
-        cat = lambda f: np.concatenate([f(ld) for _, ld, _ in parts])  # noqa: E731
-        gen = None if any(ld.gen is None for _, ld, _ in parts) else cat(lambda ld: ld.gen)
-        key = None if any(ld.key is None for _, ld, _ in parts) else cat(lambda ld: ld.key)
-        allload = ServerLoad(cat(lambda ld: ld.ctx0), cat(lambda ld: ld.rem), cat(lambda ld: ld.running),
-                             group, gen, key)
-        n_groups = len(parts) * r
-        times = self.groups_s(layout, allload.ctx0, self.stratified(allload, group, n_groups), allload.running,
-                              group, n_groups).reshape(len(parts), r)
-        for k, (s, _, _) in enumerate(parts):
-            out[s] = float(times[k].max())
+        cells = [(lay, s) for lay in layouts for s in keys]
+        store = tuple((k, self._recall(lay, loads[s], currents[s])[1]) for k, (lay, s) in enumerate(cells)
+                      if lay == currents[s])
+        done = self._blocks([(lay, loads[s], self.placement(lay, loads[s], currents[s])) for lay, s in cells],
+                            joint=True, store=store)
+        for (lay, s), d in zip(cells, done):
+            out[lay][s] = float(d.times.max())
         return out
 
     def server_s(self, layout: Layout, load: ServerLoad, current: Layout | None = None) -> float:
@@ -286,16 +545,76 @@ class Estimator:
         """The load predicted ``dt`` seconds from now if the server keeps ``layout`` (its current one): every
         request's generated tokens move on, those predicted to finish leave. Used to ask "would it pay to
         wait before switching?"."""
-        if load.n == 0 or load.gen is None:
-            return load
-        r = layout.replicas(self.gpus)
-        rep = self.placement(layout, load, layout)
-        rem = self.stratified(load, rep, r)
-        gained = self.progress(layout, load.ctx0, rem, load.running, dt, rep, r)
-        keep = gained < np.ceil(rem)
-        new_gen = load.gen + gained
-        started = gained > 0
-        return ServerLoad(ctx0=(load.ctx0 + gained)[keep], rem=np.maximum(self.forecast.remaining(new_gen[keep]), 1.0)
-                          if self.forecast is not None else np.maximum(load.rem - gained, 1.0)[keep],
-                          running=(load.running | started)[keep], replica=rep[keep], gen=new_gen[keep],
-                          key=load.key[keep])
+        return self.advance_many([(layout, load)], dt)[0]
+
+    def advance_many(self, items: list, dt: float) -> list:
+        """:meth:`advance` of many (layout, load) at once: the remembered schedules of the loads under their
+        current layouts where there are (the planner's pass made them), one grouped pass for the rest."""
+        out = list(ld for _, ld in items)
+        todo = [k for k, (_, ld) in enumerate(items) if ld.n and ld.gen is not None]
+        if not todo:
+            return out
+        done = [self._recall(items[k][0], items[k][1], items[k][0]) for k in todo]
+        miss = [q for q, (d, _) in enumerate(done) if d is None]
+        if miss:
+            blocks = [(items[todo[q]][0], items[todo[q]][1], self.placement(items[todo[q]][0], items[todo[q]][1],
+                                                                            items[todo[q]][0])) for q in miss]
+            for q, d in zip(miss, self._blocks(blocks, joint=False)):
+                self._remember(done[q][1], d)
+                done[q] = (d, None)
+        done = [d for d, _ in done]
+        gained_all = self._progress_of(done, dt)
+        at = np.cumsum([0] + [len(d.rem) for d in done]).tolist()
+        keeps, gens = [], []
+        for k, d in zip(todo, done):
+            q = len(keeps)
+            gained = gained_all[at[q]:at[q + 1]]
+            keeps.append(gained < np.ceil(d.rem))
+            gens.append((items[k][1].gen + gained)[keeps[-1]])
+        if self.forecast is not None:
+            left = np.maximum(self.forecast.remaining(np.concatenate(gens)), 1.0)
+            cut = np.cumsum([0] + [len(x) for x in gens]).tolist()
+        for q, (k, d) in enumerate(zip(todo, done)):
+            load = items[k][1]
+            gained, keep = gained_all[at[q]:at[q + 1]], keeps[q]
+            new_rem = left[cut[q]:cut[q + 1]] if self.forecast is not None else np.maximum(load.rem - gained, 1.0)[keep]
+            out[k] = ServerLoad(ctx0=(load.ctx0 + gained)[keep], rem=new_rem,
+                                running=(load.running | (gained > 0))[keep], replica=d.rep[keep], gen=gens[q],
+                                key=load.key[keep])
+        return out
+
+    def _progress_of(self, done: list, dt: float) -> np.ndarray:
+        """:meth:`progress` of the blocks ``done`` (each from its own pass's schedule), in one vectorised pass."""
+        parts = {k: [] for k in ("seg_g", "seg", "k0", "k1", "prefill", "start")}
+        rem, group, off = [], [], 0
+        for d in done:
+            r, n, sch = len(d.times), len(d.rem), d.sch
+            sg = sch["seg_g"]
+            lo, hi = np.searchsorted(sg, [d.g0, d.g0 + r]).tolist()
+            parts["seg_g"].append(sg[lo:hi] - d.g0 + off)
+            for f in ("seg", "k0", "k1"):
+                parts[f].append(sch[f][lo:hi])
+            parts["prefill"].append(sch["prefill"][d.g0:d.g0 + r])
+            parts["start"].append(sch["start"][d.e0:d.e0 + n])
+            rem.append(d.rem)
+            group.append(np.asarray(d.rep, np.int64) + off)
+            off += r
+        sch = {k: np.concatenate(v) for k, v in parts.items()}
+        return self._progress(sch, np.concatenate(rem), dt, np.concatenate(group), off)
+
+
+MEMO_SIZE = 64  # remembered results (a tick's servers under their current layouts, and their lookahead)
+
+
+@dataclass
+class _Done:
+    """One block of a grouped pass: its placement, the remaining time of each replica, the remaining tokens
+    used per request, and the pass's schedule with the block's first replica and first request in it."""
+
+    rep: np.ndarray
+    times: np.ndarray
+    rem: np.ndarray
+    sch: dict | None
+    g0: int
+    e0: int
+    exact: bool = True

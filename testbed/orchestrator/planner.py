@@ -124,15 +124,17 @@ class Planner:
         loads = {s: v.load for s, v in views.items()}
         currents = {s: v.layout for s, v in views.items()}
         out = {s: {} for s in views}
-        for lay in self.candidates + [lay for lay in {v.layout for v in views.values()} if lay not in self.candidates]:
-            t = est.servers_s(lay, loads, currents)
+        lays = self.candidates + [lay for lay in {v.layout for v in views.values()} if lay not in self.candidates]
+        times = est.servers_s_many(lays, loads, currents)
+        kv = {s: float(np.sum(v.load.ctx0[v.load.running])) if v.load.n else 0.0 for s, v in views.items()}
+        for lay in lays:
+            t = times[lay]
             for s, v in views.items():
                 busy = max(0.0, v.busy_until - now)
                 if lay == v.layout:
                     out[s][lay] = (t[s] + busy, 0.0)
                 elif lay in self.candidates:
-                    kv = float(np.sum(v.load.ctx0[v.load.running])) if v.load.n else 0.0
-                    cost = float(self.switch_cost.switch_s(v.layout, lay, kv))
+                    cost = float(self.switch_cost.switch_s(v.layout, lay, kv[s]))
                     out[s][lay] = (t[s] + cost + busy, cost)
         return out
 
@@ -163,8 +165,8 @@ class Planner:
                     tempted[s] = best_t
             out[s] = Decision(s, cur.name(gpus), best.name(gpus), pred, switch, gain, best_cost, reason)
         if tempted:  # would it pay to wait one interval and switch then (to the then-best layout)?
-            later = {s: ServerView(s, views[s].layout, self.estimator.advance(views[s].layout, views[s].load, interval))
-                     for s in tempted}
+            ahead = self.estimator.advance_many([(views[s].layout, views[s].load) for s in tempted], interval)
+            later = {s: ServerView(s, views[s].layout, ld) for s, ld in zip(tempted, ahead)}
             t2 = self._all_times(later, now)
             for s, best_t in tempted.items():
                 l2 = min(t2[s], key=lambda lay: t2[s][lay][0])

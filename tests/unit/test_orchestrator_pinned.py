@@ -1,0 +1,149 @@
+"""The decision path decides as it did before it was optimised: every case of orchestrator_cases.py (bench-like
+ticks at 1,024 requests, mixed layouts, switches in progress and cooling down, arrivals, draining tails where
+the lookahead runs, hot replicas and cross-server moves, exact lengths) gives the planner's decisions (reasons
+included), the balancer's moves and load indices, and the estimator's schedules, placements, stratified
+lengths, progress and advanced loads of the pinned file, written by the implementation of commit d7f5f6f:
+strings, flags and integers equal, every float within 1e-9 relative."""
+import json
+import math
+import os
+
+import pytest
+
+from orchestrator_cases import cases
+
+PINNED = os.path.join(os.path.dirname(__file__), "data", "orchestrator_pinned.json")
+REL = 1e-9
+
+
+def _same(got, want, path, diffs):
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or set(got) != set(want):
+            diffs.append(f"{path}: keys {sorted(got) if isinstance(got, dict) else got!r} != {sorted(want)}")
+            return
+        for k in want:
+            _same(got[k], want[k], f"{path}/{k}", diffs)
+    elif isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            diffs.append(f"{path}: length {len(got) if isinstance(got, list) else got!r} != {len(want)}")
+            return
+        for i, (g, w) in enumerate(zip(got, want)):
+            _same(g, w, f"{path}[{i}]", diffs)
+    elif isinstance(want, float) and not isinstance(got, bool) and isinstance(got, (int, float)):
+        if not (got == want or math.isclose(got, want, rel_tol=REL, abs_tol=1e-12)):
+            diffs.append(f"{path}: {got!r} != {want!r}")
+    elif got != want or type(got) is not type(want):
+        diffs.append(f"{path}: {got!r} != {want!r}")
+
+
+with open(PINNED) as f:
+    WANT = json.load(f)
+
+
+@pytest.mark.parametrize("name, go", cases(), ids=[n for n, _ in cases()])
+def test_decision_path_matches_the_pinned_results(name, go):
+    got = json.loads(json.dumps(go()))  # the same JSON types as the pinned file
+    diffs = []
+    _same(got, WANT[name], name, diffs)
+    assert not diffs, f"{len(diffs)} differences, first: " + "; ".join(diffs[:5])
+
+
+def test_every_pinned_case_is_run():
+    assert set(WANT) == {n for n, _ in cases()}
+
+
+# ---- the pieces the fast path is made of, each against its plain form ----------------------------------------
+import numpy as np  # noqa: E402
+
+from agents.costmodel import CostModel  # noqa: E402
+from agents.engine import EngineSettings, Layout  # noqa: E402
+from testbed.orchestrator.estimate import DecodeTable, Estimator, ServerLoad, engine_deal  # noqa: E402
+
+
+def _deal_by_argmin(load, r, slots):
+    """The engine's deal as agents.engine.Engine states it: an argmin over the replicas per request."""
+    rep = np.empty(load.n, np.int64)
+    kv, count = np.zeros(r), np.zeros(r, np.int64)
+    for i in np.nonzero(load.running)[0]:
+        room = count < slots
+        j = int(np.argmin(np.where(room, kv, np.inf))) if room.any() else int(np.argmin(count))
+        rep[i] = j
+        kv[j] += load.ctx0[i]
+        count[j] += 1
+    for i in np.nonzero(~load.running)[0]:
+        j = int(np.argmin(count))
+        rep[i] = j
+        count[j] += 1
+    return rep
+
+
+def test_engine_deal_picks_as_an_argmin_per_request_does():
+    rng = np.random.default_rng(5)
+    for t in range(400):
+        n, r, slots = int(rng.integers(0, 300)), int(rng.choice([1, 2, 4, 8])), int(rng.integers(1, 80))
+        ctx = rng.choice([256.0, 300.0, 512.0], n) if t % 2 else rng.integers(256, 3000, n).astype(float)
+        ld = ServerLoad(ctx, np.ones(n), rng.random(n) < rng.random(), -np.ones(n, np.int64))
+        assert (engine_deal(ld, r, slots) == _deal_by_argmin(ld, r, slots)).all()
+
+
+@pytest.mark.parametrize("model", ["Qwen2.5-7B", "Qwen2.5-32B", "Qwen3-30B-A3B"])
+def test_decode_table_gives_the_cost_models_numbers_to_the_bit(model):
+    cm = CostModel.for_names(model, "H800")
+    rng = np.random.default_rng(1)
+    for tp in (1, 2, 4, 8):
+        tab = DecodeTable.build(cm, tp, 64)
+        assert tab is not None
+        b = rng.integers(1, 65, 2000).astype(float)
+        ctx = b * rng.integers(0, 30000, 2000)
+        assert np.array_equal(tab(b, ctx), cm.decode_step_s_array(b, ctx, tp))
+
+
+def test_decode_table_steps_aside_for_a_cost_model_it_does_not_reproduce():
+    class Shifted(CostModel):
+        def decode_step_s_array(self, batch, context_tokens, tp=1, ep=1):
+            return super().decode_step_s_array(batch, context_tokens, tp, ep) * (1 + 1e-12)
+
+    base = CostModel.for_names("Qwen2.5-7B", "H800")
+    cm = Shifted(base.model, base.gpu)
+    assert DecodeTable.build(cm, 2, 64) is None
+    est = Estimator(cm, 8, EngineSettings(max_num_seqs=64))
+    b, ctx = np.array([3.0, 17.0]), np.array([900.0, 40000.0])
+    assert np.array_equal(est._decode_s(b, ctx, 2), cm.decode_step_s_array(b, ctx, 2))
+
+
+def test_a_replica_in_a_grouped_pass_gets_what_it_gets_alone():
+    est = Estimator(CostModel.for_names("Qwen2.5-7B", "H800"), 8, EngineSettings(max_num_seqs=16))
+    rng = np.random.default_rng(3)
+    n = 300
+    ctx, rem = 256 + rng.integers(0, 4000, n).astype(float), rng.integers(1, 3000, n).astype(float)
+    first, group = rng.random(n) < 0.6, rng.integers(0, 9, n)
+    lays = [(Layout(1), 4), (Layout(4), 2), (Layout(2), 3)]  # per block of consecutive groups
+    tot = est.groups_s(lays, ctx, rem, first, group, 9)
+    per_group = [Layout(1)] * 4 + [Layout(4)] * 2 + [Layout(2)] * 3
+    for j in range(9):
+        m = group == j
+        assert tot[j] == est.replica_s(per_group[j], ctx[m], rem[m], first[m])
+
+
+def test_remembered_results_follow_the_loads_content_and_the_forecast():
+    from testbed.orchestrator.forecast import LengthForecast
+    from emulation.workload import WorkloadSpec
+
+    est = Estimator(CostModel.for_names("Qwen2.5-7B", "H800"), 8, EngineSettings(max_num_seqs=64))
+    rng = np.random.default_rng(4)
+    n = 120
+    gen = rng.integers(0, 2000, n).astype(float)
+    load = ServerLoad(256 + gen, np.full(n, 400.0), rng.random(n) < 0.8, np.arange(n) % 4, gen, rng.random(n))
+    lay = Layout(2)
+    est.forecast = LengthForecast.from_workload(WorkloadSpec(model="Qwen2.5-7B"), 0)
+    est.servers_s_many([lay], {0: load}, {0: lay})  # remembers server 0 under its current layout
+    fresh = Estimator(est.cm, 8, est.settings)
+    fresh.forecast = est.forecast
+    assert np.array_equal(est.replica_times(lay, load, lay)[1], fresh.replica_times(lay, load, lay)[1])
+    load.ctx0[:10] += 500  # changed in place: the remembered result no longer applies
+    again = Estimator(est.cm, 8, est.settings)
+    again.forecast = est.forecast
+    assert np.array_equal(est.replica_times(lay, load, lay)[1], again.replica_times(lay, load, lay)[1])
+    est.forecast = LengthForecast.from_workload(WorkloadSpec(model="Qwen2.5-7B", response_median_tokens=900), 0)
+    again.forecast = est.forecast
+    assert np.array_equal(est.replica_times(lay, load, lay)[1], again.replica_times(lay, load, lay)[1])
