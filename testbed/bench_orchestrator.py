@@ -5,9 +5,9 @@ step has shown so far (online), then the planner's evaluation of every generator
 layout, with its one-interval lookahead) and the balancer's moves, for ``requests`` in-flight requests spread
 over the scenario's generator servers at a mid-step state (a seeded mix of progress, some waiting).
 
-The ticks start from a collected heap (``gc.collect()`` first, as timeit-style harnesses do): the process's
-first full collection after its imports takes ~12 ms on the 2-core machine (~45k objects) and would otherwise
-land in one of the 50 ticks and be their p99. ``gc_full_collections`` counts the full collections that still
+The ticks start from the heap the driver's decision path starts from (testbed.driver.settle_heap: collected
+and frozen after the imports and the set-up): the process's first full collection after its imports takes
+~12 ms on the 2-core machine (~45k objects) and would otherwise land in one of the 50 ticks and be their p99. ``gc_full_collections`` counts the full collections that still
 ran during the ticks (their time is in the figures).
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 from agents.costmodel import CostModel
 from agents.engine import Layout, ModelledCost
 from emulation.scenario import Scenario
+from testbed.driver import settle_heap
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator
 from testbed.orchestrator.forecast import LengthForecast
@@ -45,7 +46,7 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
     r = lay.replicas(gpus)
     full = []
     watch = lambda phase, info: full.append(1) if phase == "stop" and info["generation"] == 2 else None  # noqa: E731
-    gc.collect()
+    settle_heap()
     gc.callbacks.append(watch)
     for k in range(ticks):
         # a mid-step state: every request has made some progress, a fifth still wait, the rest run

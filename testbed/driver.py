@@ -322,6 +322,7 @@ class Driver:
         ``FIT_WAIT_S``) only at the next step boundary: never inside a generation phase."""
         history = self.schedule.history(self.rng_history)
         prior = None if self.schedule.is_trace else LengthForecast.from_workload(self.w, 0)
+        settle_heap()
         with ForecastService(self.settings.forecast, history, prior=prior) as svc:
             def forecast_for(step: int) -> LengthForecast:
                 if self._ticket:
@@ -437,6 +438,16 @@ class Driver:
                                f"waited {waited:.2f} s for weights in all, so the step makespans are unaffected; "
                                f"the train and sync phase times are not faithful)")
         return fid
+
+
+def settle_heap() -> None:
+    """Collect once and freeze what survives (the imports, the cluster, the scenario) before the decision
+    path starts: the process's first full collection otherwise lands in some planning tick (~12 ms for ~45k
+    objects on the 2-core machine; testbed/bench_orchestrator.py measures the path after the same call)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 def backend_cost(cm, gpus: int):

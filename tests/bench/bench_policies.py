@@ -11,7 +11,8 @@ layout switches and migrations; per case the median over seeds. Cases:
 
 * ``default``: the scenario as shipped (lognormal, median 460, log-sigma 0.93, cap 4,096);
 * ``heavy-tail``: log-sigma 1.2 (a longer tail at the same median);
-* ``light-tail``: log-sigma 0.5;
+* ``light-tail``: log-sigma 0.5 (prompt difficulty 0.3 of it);
+* ``independent``: prompt difficulty 0 (a prompt's samples independent: servers get more even loads);
 * ``short``: median 230 (half the default; the same cap);
 * ``mixture``: 85% median 350 / 15% median 1,800 (a bimodal reasoning workload);
 * ``drift``: the median grows 25% per step (DAPO/R1-like growth, compressed);
@@ -42,7 +43,8 @@ from testbed.experiment import Experiment  # noqa: E402
 CASES = {
     "default": {},
     "heavy-tail": {"response_sigma": 1.2},
-    "light-tail": {"response_sigma": 0.5},
+    "light-tail": {"response_sigma": 0.5, "prompt_sigma": 0.3},
+    "independent": {"prompt_sigma": 0.0},
     "short": {"response_median_tokens": 230.0},
     "mixture": {"mixture": (LengthComponent(0.85, 350.0, 0.7), LengthComponent(0.15, 1800.0, 0.5))},
     "drift": {"median_growth_per_step": 0.25},
