@@ -364,6 +364,19 @@ class KvIncomingParams:
 
 
 @dataclass(frozen=True)
+class KvWaitParams:
+    """Agent to agent (migration): answer once the announced KV transfers ``tags`` have all arrived."""
+
+    tags: tuple[int, ...]
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        require(len(self.tags) >= 1, "tags", "must name at least one transfer")
+        require(math.isfinite(self.timeout_s) and 0 < self.timeout_s <= 3600, "timeout_s",
+                f"must be in (0, 3600], got {self.timeout_s}")
+
+
+@dataclass(frozen=True)
 class MigrateCommitParams:
     """Agent to agent (migration): the request's state at the stop; the receiver resumes it."""
 
@@ -402,6 +415,7 @@ METHODS: dict[str, type] = {
     "set_layout": LayoutParams,
     "migrate": MigrateParams,
     "kv_incoming": KvIncomingParams,
+    "kv_wait": KvWaitParams,
     "migrate_commit": MigrateCommitParams,
     "reset": NoParams,
     "collector_stats": CollectorStatsParams,

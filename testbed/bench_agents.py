@@ -4,9 +4,11 @@
   on its own ToR so every byte crosses the OCS, with bus bandwidth (nccl-tests convention: all-reduce
   ``2 (n-1)/n x bytes / t``, broadcast ``bytes / t``) and ``efficiency`` = bus bandwidth / the TCP goodput one
   iperf3 stream reaches over the same shaped links in the same run (what htb lets through).
-* ``generation``: tokens streamed per second, the decode-step overshoot of an agent at batch 64 (wall time of
-  a step beyond its modelled time), and migration downtime and total time against the KV bytes moved, for
-  the multi-stage and the stop-and-copy modes side by side.
+* ``generation``: tokens streamed per second (counted at the collectors) beside the modelled rate (replicas x
+  batch / the modelled step time), the decode-step overshoot of an agent at batch 64 (wall time of a step
+  beyond its modelled time), and migration downtime and total time against the KV bytes moved, for the
+  multi-stage and the stop-and-copy modes side by side (median of ``repeats`` migrations each, every value
+  listed).
 """
 from __future__ import annotations
 
@@ -94,7 +96,8 @@ def bench_collectives(sizes_mib=(1, 4, 16, 64, 256), rate_mbps: float = 400.0, b
 
 
 def bench_generation(rate_mbps: float = 400.0, batch: int = 64, measure_s: float = 8.0,
-                     kv_tokens=(512, 2048, 8192, 16384), progress: Callable[[int], None] | None = None) -> dict:
+                     kv_tokens=(512, 2048, 8192, 16384), repeats: int = 5,
+                     progress: Callable[[int], None] | None = None) -> dict:
     scn = bench_scenario(rate_mbps)
     gen = 2
     out: dict = {"batch": batch, "rate_mbps": rate_mbps, "model": scn.workload.model}
@@ -111,7 +114,8 @@ def bench_generation(rate_mbps: float = 400.0, batch: int = 64, measure_s: float
         fid = pool.call(gen, "fidelity")
         st = pool.call(gen, "stats")
         out.update(tokens_per_s=round((c1 - c0) / (t1 - t0), 1),
-                   modelled_tokens_per_s=round(st["decode_tokens_per_s"], 1),
+                   modelled_tokens_per_s=round(n / (fid["modelled_step_ms_p50"] / 1e3), 1),
+                   engine_decode_tokens_per_s=round(st["decode_tokens_per_s"], 1),
                    step_overhead_ms_p50=round(fid["overshoot_ms_p50"], 4),
                    step_overhead_ms_p99=round(fid["overshoot_ms_p99"], 4),
                    modelled_step_ms_p50=round(fid["modelled_step_ms_p50"], 3), steps=fid["steps"],
@@ -123,18 +127,24 @@ def bench_generation(rate_mbps: float = 400.0, batch: int = 64, measure_s: float
         rid = 50_000
         for k in kv_tokens:
             for mode in ("stop_copy", "multi_stage"):
-                rid += 1
-                pool.submit(gen, [{"rid": rid, "prompt": k, "target": 100_000, "dest": 0}])
-                deadline = time.monotonic() + 30
-                while time.monotonic() < deadline:  # until it decodes (its prefill is done)
-                    if pool.collected().by_rid().get(rid, 0) >= 5:
-                        break
-                    time.sleep(0.05)
-                res = pool.migrate(rid, gen, 3, mode=mode)
-                pool.call(3, "reset")
-                rows.append({"mode": mode, "kv_tokens": int(k), "kv_bytes": res.get("kv_bytes"),
-                             "downtime_ms": round(res["downtime_s"] * 1e3, 3), "total_ms": round(res["total_s"] * 1e3, 3),
-                             "stages": len(res["stages"])})
+                down, total, stages, kvb = [], [], [], None
+                for _ in range(repeats):
+                    rid += 1
+                    pool.submit(gen, [{"rid": rid, "prompt": k, "target": 100_000, "dest": 0}])
+                    deadline = time.monotonic() + 30
+                    while time.monotonic() < deadline:  # until it decodes (its prefill is done)
+                        if pool.collected().by_rid().get(rid, 0) >= 5:
+                            break
+                        time.sleep(0.05)
+                    res = pool.migrate(rid, gen, 3, mode=mode)
+                    pool.call(3, "reset")
+                    down.append(res["downtime_s"] * 1e3)
+                    total.append(res["total_s"] * 1e3)
+                    stages.append(len(res["stages"]))
+                    kvb = res.get("kv_bytes")
+                rows.append({"mode": mode, "kv_tokens": int(k), "kv_bytes": kvb,
+                             "downtime_ms": round(statistics.median(down), 3), "total_ms": round(statistics.median(total), 3),
+                             "downtime_ms_each": [round(x, 3) for x in down], "stages": int(statistics.median(stages))})
             if progress:
                 progress(1)
         out["migration"] = rows

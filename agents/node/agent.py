@@ -263,7 +263,7 @@ class Agent:
             if req.method in ("dist_init", "form_group", "all_reduce", "all_to_all", "broadcast", "send", "recv"):
                 self._async(self.comm_pool, ident, req.id, lambda: fn(req.params))
                 return None
-            if req.method in ("migrate", "migrate_commit", "compute"):
+            if req.method in ("migrate", "migrate_commit", "kv_wait", "compute"):
                 self._async(self.work_pool, ident, req.id, lambda: fn(req.params))
                 return None
             return encode_ok(req.id, fn(req.params))
@@ -456,6 +456,9 @@ class Agent:
                                           "timeout_s": p.timeout_s})
                 t0 = self.now()
                 self.comm.p2p(P2PParams(peer=p.dst, nbytes=nbytes, tag=tag, timeout_s=p.timeout_s), send=True)
+                if stage == "live":  # the send returns once the bytes are in the socket: wait for their arrival,
+                    # or the stop would wait for the rest of this stage's bytes (downtime growing with the KV)
+                    peer.call("kv_wait", {"tags": [tag], "timeout_s": p.timeout_s}, timeout_s=p.timeout_s + 5)
                 tags.append(tag)
                 stages.append({"stage": stage, "tokens": tokens, "bytes": nbytes, "s": self.now() - t0})
 
@@ -506,6 +509,15 @@ class Agent:
         q = P2PParams(peer=p.src, nbytes=p.nbytes, tag=p.tag, timeout_s=p.timeout_s)
         self.kv_recvs[p.tag] = self.p2p_pool.submit(self.comm.p2p, q, False)
         return {"posted": p.tag}
+
+    def rpc_kv_wait(self, p) -> dict:
+        for tag in p.tags:
+            f = self.kv_recvs.get(tag)
+            if f is None:
+                raise SpecError("params.tags", f"no KV transfer {tag} was announced")
+            if not f.result(timeout=p.timeout_s).get("correct"):
+                raise SpecError("params.tags", f"KV transfer {tag} arrived corrupted")
+        return {"arrived": list(p.tags)}
 
     def rpc_migrate_commit(self, p) -> dict:
         for tag in p.tags:

@@ -40,6 +40,8 @@ EP = {"host": "10.0.1.2", "port": 7000}
     ("migrate", {"rid": 1, "dst": 2, "dst_rpc": EP, "mode": "teleport"}, "params.mode"),
     ("migrate", {"rid": 1, "dst": 2, "dst_rpc": EP, "max_stages": 0}, "params.max_stages"),
     ("kv_incoming", {"rid": 1, "src": 0, "nbytes": 8, "tag": 2**21}, "params.tag"),
+    ("kv_wait", {"tags": []}, "params.tags"),
+    ("kv_wait", {"tags": [1], "timeout_s": 0}, "params.timeout_s"),
     ("migrate_commit", {"request": {"rid": 1, "prompt": 5, "target": 9}, "kv_tokens": -1}, "params.kv_tokens"),
     ("compute", {"seconds": -1}, "params.seconds"),
     ("ping", {"extra": 1}, "params.extra"),
