@@ -194,11 +194,16 @@ class Estimator:
     """Makespan estimates on one model/GPU (``cm``: agents.costmodel.CostModel).
 
     ``forecast`` (a testbed.orchestrator.forecast.LengthForecast, set by the caller for each planning tick):
-    a replica's requests are then given remaining lengths stratified *within the replica*: ranked by their
+    a server's requests are then given remaining lengths stratified *within the server*: ranked by their
     fixed keys, the k-th of n gets the ((k + 0.5) / n)-quantile of its own conditional remaining length
-    given what it has generated. Each replica so holds its fair share of the tail, whatever the grouping, and
-    two layouts are compared without the noise (and the optimism of taking the minimum of noisy estimates) a
-    single random draw of lengths would bring. Without a forecast, ``rem`` is used as given (exact lengths).
+    given what it has generated. Two layouts of a server are so compared on the same lengths, without the
+    noise (and the optimism of taking the minimum of noisy estimates) a single random draw would bring.
+    The levels are ranked per server, not per replica: ranked inside each of R replicas, a server's longest
+    request would sit at the 1 - 0.5 / (n / R) quantile, so a many-replica layout was predicted with a
+    shorter tail than a one-replica layout of the same requests (its tail spread over R short strata), and
+    the planner switched large-TP servers to small TP on that bias (scenarios/dapo-32b.yaml: 729 switches
+    and 0.93x the best static layout; ranked per server: no switch, 1.00x; bench_policies: see
+    docs/orchestrator.md). Without a forecast, ``rem`` is used as given (exact lengths).
     """
 
     def __init__(self, cm, gpus: int, settings: EngineSettings = EngineSettings()):
@@ -425,12 +430,12 @@ class Estimator:
                 done[k] = (d, None)
         return [(d.rep.copy(), d.times.copy()) for d, _ in done]
 
-    def stratified(self, load: ServerLoad, group: np.ndarray, n_groups: int) -> np.ndarray:
-        """Remaining tokens of every request: with a forecast, inside each group the k-th of n (by key) gets
-        the ((k + 0.5) / n)-quantile of its conditional remaining length; without one, ``load.rem``."""
+    def stratified(self, load: ServerLoad) -> np.ndarray:
+        """Remaining tokens of every request of the server: with a forecast, the k-th of n (by key) gets the
+        ((k + 0.5) / n)-quantile of its conditional remaining length; without one, ``load.rem``."""
         if self.forecast is None or load.gen is None or load.key is None:
             return load.rem
-        return self._stratified(load.gen, load.key, np.asarray(group), n_groups)
+        return self._stratified(load.gen, load.key, np.zeros(len(load.gen), np.int64), 1)
 
     def _stratified(self, gen: np.ndarray, key: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
         order = np.lexsort((key, group))
@@ -444,8 +449,8 @@ class Estimator:
     def _blocks(self, blocks: list, joint: bool, store: tuple = ()) -> list:
         """Every (layout, load, rep) of ``blocks`` in one grouped pass: a :class:`_Done` per block (the remaining
         time of each of its replicas, the remaining tokens used, stratified as :meth:`stratified` does, and
-        where its schedule lies in the pass's). The stratified quantiles are taken inside each replica, so
-        sharing the pass changes none of them. ``joint``: a forecast is used for all blocks or (when one load
+        where its schedule lies in the pass's). The stratified quantiles are taken inside each block (a
+        server's load), so sharing the pass changes none of them. ``joint``: a forecast is used for all blocks or (when one load
         lacks what it needs) for none, as :meth:`servers_s` does; otherwise block by block, as
         :meth:`replica_times` does. ``store``: (block index, memo key) of the results to remember (those
         computed block by block's way only)."""
@@ -460,15 +465,17 @@ class Estimator:
         group = np.concatenate([offs[k] + np.asarray(rep, np.int64) for k, _, rep in live])
         ctx0, rem, running = cat(lambda ld: ld.ctx0), cat(lambda ld: ld.rem), cat(lambda ld: ld.running)
         able = [ld.gen is not None and ld.key is not None and self.forecast is not None for ld in loads]
+        # levels are ranked within each server (block), not each replica: see the class docstring
+        block = np.concatenate([np.full(ld.n, k, np.int64) for k, ld, _ in live])
         if all(able):
-            rem = self._stratified(cat(lambda ld: ld.gen), cat(lambda ld: ld.key), group, n_groups)
+            rem = self._stratified(cat(lambda ld: ld.gen), cat(lambda ld: ld.key), block, len(blocks))
             used = able
         elif any(able) and not joint:
             rem = rem.astype(float, copy=True)
             m = np.concatenate([np.full(ld.n, ok) for ld, ok in zip(loads, able)])
             sub = [ld for ld, ok in zip(loads, able) if ok]
             rem[m] = self._stratified(np.concatenate([ld.gen for ld in sub]), np.concatenate([ld.key for ld in sub]),
-                                      group[m], n_groups)
+                                      block[m], len(blocks))
             used = able
         else:
             used = [False] * len(loads)

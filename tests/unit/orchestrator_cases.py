@@ -2,9 +2,10 @@
 ``orchestrrl bench planner``'s, plus mixed layouts, switches in progress, arrivals, a draining tail, hot
 replicas and exact lengths) and everything the planner, the balancer and the estimator return for them.
 
-``python tests/unit/orchestrator_cases.py OUT.json`` writes the results; the pinned file
-(tests/unit/data/orchestrator_pinned.json) was written by the implementation of commit d7f5f6f, before the
-decision path was optimised, so the test checks that the faster code decides exactly as the old one did.
+``PYTHONPATH=.:tests/unit python tests/unit/orchestrator_cases.py OUT.json`` writes the results; the pinned
+file (tests/unit/data/orchestrator_pinned.json) was written by the implementation of commit d7f5f6f, before
+the decision path was optimised, so the test checks that the faster code decides exactly as the old one did;
+it was re-written once, deliberately, when the stratified quantiles moved from per replica to per server.
 """
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ def _estimator_outputs(est: Estimator, lays, views: dict, interval: float) -> di
     out[f"advance/{s0}"] = _load_dict(adv)
     r = v.layout.replicas(GPUS)
     rep = est.placement(v.layout, v.load, v.layout)
-    rem = est.stratified(v.load, rep, r)
+    rem = est.stratified(v.load)
     out[f"stratified/{s0}"] = _arr(rem)
     out[f"progress/{s0}"] = _arr(est.progress(v.layout, v.load.ctx0, rem, v.load.running, interval, rep, r))
     return out

@@ -2,8 +2,10 @@
 ticks at 1,024 requests, mixed layouts, switches in progress and cooling down, arrivals, draining tails where
 the lookahead runs, hot replicas and cross-server moves, exact lengths) gives the planner's decisions (reasons
 included), the balancer's moves and load indices, and the estimator's schedules, placements, stratified
-lengths, progress and advanced loads of the pinned file, written by the implementation of commit d7f5f6f:
-strings, flags and integers equal, every float within 1e-9 relative."""
+lengths, progress and advanced loads of the pinned file: strings, flags and integers equal, every float within
+1e-9 relative. The file was written by the implementation of commit d7f5f6f (before the decision path was
+optimised) and re-written once since, on purpose, when the estimator's stratified quantiles moved from being
+ranked per replica to per server (a model change; see Estimator's docstring)."""
 import json
 import math
 import os
