@@ -39,6 +39,7 @@ with warnings.catch_warnings():  # eventlet 0.41 (imported by os-ken) warns that
     from os_ken.ofproto import ofproto_v1_3
 
 from .config import ControllerConfig
+from .datapath import FlowCache, FlowCacheError, open_flow_cache
 from .ocs import COOKIE_MASK, OCS_COOKIE, OCS_PRIORITY, TOR_COOKIE, FlowSpec
 from .reconfig import PreciseClock
 from .rest import RestApp, make_server
@@ -74,7 +75,10 @@ class OrlControllerApp(app_manager.OSKenApp):
         self.fresh_tors: set[int] = set()  # ToRs read back since their last full sync
         self._send_locks: dict[int, threading.Lock] = {}  # dpid -> lock over xid assignment + send
         self._send_locks_guard = threading.Lock()
-        self.driver = OsKenDriver(self)
+        flow_cache = open_flow_cache(cfg.datapath_flush)
+        log.info("datapath flow cache: %s", f"purged around reconfigurations ({flow_cache.path})" if flow_cache
+                 else f"not flushed (datapath_flush={cfg.datapath_flush})")
+        self.driver = OsKenDriver(self, flow_cache)
         self.core = FabricController(cfg.spec, cfg.layout, self.driver, PreciseClock(time.sleep),
                                      threading.Lock(), initial_phase=cfg.initial_phase,
                                      delay_ms=cfg.delay_ms, state_path=cfg.state_file,
@@ -321,10 +325,22 @@ def group_mod(dp, group_id: int, ports: Sequence[int], command: str):
 
 
 class OsKenDriver:
-    """:class:`controller.reconfig.Driver` over the app's connected datapaths."""
+    """:class:`controller.reconfig.Driver` over the app's connected datapaths; ``flow_cache``: the
+    ovs-vswitchd flow cache to flush around reconfigurations (controller/datapath.py), or None."""
 
-    def __init__(self, app: OrlControllerApp):
+    def __init__(self, app: OrlControllerApp, flow_cache: FlowCache | None = None):
         self.app = app
+        self.flow_cache = flow_cache
+        self.flushes_flow_cache = flow_cache is not None
+        self.flush_failures = 0
+
+    def flush_flow_cache(self) -> None:
+        try:
+            ms = self.flow_cache.purge()
+            log.debug("datapath flow cache purged in %.2f ms", ms)
+        except FlowCacheError as e:  # fidelity, not correctness: the cache still catches up by itself
+            self.flush_failures += 1
+            log.warning("datapath flow cache not purged (%d so far): %s", self.flush_failures, e)
 
     def _dp(self, dpid: int):
         dp = self.app.dps.get(dpid)

@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping
 from emulation.spec import FabricSpec, JobLayout, check_delay_ms, check_phase
 from emulation.validation import SpecError, from_dict, require
 
+from .datapath import FLUSH_MODES, open_flow_cache
 from .runtime import load_state
 
 PROG = "python -m controller"
@@ -52,6 +53,9 @@ class ControllerOptions:
     initial_phase: str | None = _opt(None, "phase installed on a fresh fabric (default: the scenario's, else train)")
     delay_ms: float | None = _opt(None, "default OCS switching delay in ms (default: the scenario's, else the "
                                         "fabric's reconfig_delay_ms)")
+    datapath_flush: str = _opt("auto", "purge Open vSwitch's cached datapath flows when a reconfiguration's deletes "
+                                       "and adds are confirmed, so changed paths are dark for D and no longer "
+                                       "(controller/datapath.py): auto (when the local ovs-vswitchd is found), on, off")
     verbose: int = _opt(0, "more logging (-vv: debug)", action="count")
 
 
@@ -148,6 +152,7 @@ class ControllerConfig:
     state_file: str | None = None
     initial_phase: str = "train"
     delay_ms: float | None = None
+    datapath_flush: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("of_port", "rest_port"):
@@ -156,6 +161,8 @@ class ControllerConfig:
                     f"must be a TCP port 1..65535, got {v!r}")
         require(self.of_port != self.rest_port, "rest_port", f"must differ from of_port ({self.of_port})")
         check_delay_ms(self.delay_ms, "delay_ms")
+        require(self.datapath_flush in FLUSH_MODES, "datapath_flush",
+                f"must be one of {', '.join(FLUSH_MODES)}, got {self.datapath_flush!r}")
 
 
 def read_or_create_token(path: str) -> str:
@@ -218,10 +225,13 @@ def check_config(opts: ControllerOptions) -> ControllerConfig:
     if not opts.no_auth:
         require(bool(opts.token_file), "token_file", "give --token-file FILE (or --no-auth explicitly)")
         token_file = str(opts.token_file)
-    return ControllerConfig(spec=spec, layout=layout, of_port=opts.of_port, rest_port=opts.rest_port,
-                            rest_host=opts.rest_host, of_host=opts.of_host, token=None,
-                            token_file=token_file, state_file=opts.state_file,
-                            initial_phase=initial_phase, delay_ms=delay_ms)
+    cfg = ControllerConfig(spec=spec, layout=layout, of_port=opts.of_port, rest_port=opts.rest_port,
+                           rest_host=opts.rest_host, of_host=opts.of_host, token=None,
+                           token_file=token_file, state_file=opts.state_file,
+                           initial_phase=initial_phase, delay_ms=delay_ms, datapath_flush=opts.datapath_flush)
+    if cfg.datapath_flush == "on":
+        open_flow_cache("on")  # no ovs-vswitchd to flush: stop here (exit 2), not at the first reconfiguration
+    return cfg
 
 
 def with_token(cfg: ControllerConfig) -> ControllerConfig:

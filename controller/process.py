@@ -46,8 +46,9 @@ class ControllerProcess:
                  rest_port: int | None = None, initial_phase: str = "train", delay_ms: float | None = None,
                  state_file: str | os.PathLike | None = None, token: str | None = None,
                  start_timeout_s: float = 30.0, stop_timeout_s: float = 5.0, verbose: bool = False,
-                 workdir: str | os.PathLike | None = None):
+                 workdir: str | os.PathLike | None = None, datapath_flush: str = "auto"):
         self.spec = spec
+        self.datapath_flush = datapath_flush
         self.layout = layout
         self.of_port = of_port or free_port()
         self.rest_port = rest_port or free_port()
@@ -89,7 +90,8 @@ class ControllerProcess:
         spec_json = json.dumps({"fabric": to_dict(self.spec), "layout": to_dict(self.layout)})
         return ControllerOptions(spec_json=spec_json, of_port=self.of_port, rest_port=self.rest_port,
                                  token_file=str(self.token_file), state_file=str(self.state_file),
-                                 initial_phase=self.initial_phase, delay_ms=self.delay_ms, verbose=int(self.verbose))
+                                 initial_phase=self.initial_phase, delay_ms=self.delay_ms,
+                                 datapath_flush=self.datapath_flush, verbose=int(self.verbose))
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "controller"] + to_argv(self.options())

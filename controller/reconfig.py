@@ -315,6 +315,14 @@ def plan_reconfig(spec: FabricSpec, current: Mapping[int, Matching], current_rou
 class Driver(Protocol):
     """What the executor needs from the datapaths (the os-ken app; a fake in unit tests)."""
 
+    #: the datapaths forward from a flow cache that lags the flow tables (Open vSwitch's userspace
+    #: datapath: controller/datapath.py); the executor then calls :meth:`flush_flow_cache` when the
+    #: deletes and when the adds are confirmed
+    flushes_flow_cache: bool
+
+    def flush_flow_cache(self) -> None:
+        """Make the datapaths drop their cached flows now, so that they forward by the tables at once."""
+
     def apply_route_changes(self, changes: Any, full: bool = False) -> None:
         """Send route changes to the ToRs and return once every touched ToR confirmed (barrier).
 
@@ -368,13 +376,14 @@ class PreciseClock:
 
 
 TIMESTAMPS = ("received", "started", "planned", "write_started", "routes_moved", "dark_sent", "dark_confirmed",
-              "dark_routes", "new_sent", "confirmed", "final_routes")
+              "dark_flushed", "dark_routes", "new_sent", "adds_confirmed", "confirmed", "final_routes")
 # the control overhead (received -> confirmed, minus D), stage by stage: (name, from, to). The state file is
 # written beside them (runtime._StateWrite; the record's persist_wait_ms says if the answer waited for it).
 STAGES = (("queue", "received", "started"), ("plan", "started", "planned"),
           ("start_state_write", "planned", "write_started"), ("move_routes", "write_started", "routes_moved"),
           ("send_deletes", "routes_moved", "dark_sent"),
-          ("dark_minus_delay", "dark_sent", "new_sent"), ("confirm_adds", "new_sent", "confirmed"))
+          ("dark_minus_delay", "dark_sent", "new_sent"), ("confirm_adds", "new_sent", "adds_confirmed"),
+          ("flush_cache", "adds_confirmed", "confirmed"))
 
 
 @dataclass
@@ -411,6 +420,11 @@ def execute_plan(plan: ReconfigPlan, delay_ms: float, driver: Driver, clock: Clo
     """Run ``plan`` on ``driver``: move routes; deletes; dark routes; adds at (deletes sent + delay), once the
     dark routes are confirmed; final routes. ``t``: timestamps taken before (started, planned, write_started).
 
+    A driver whose datapaths cache flows (``flushes_flow_cache``) has the cache flushed once the deletes are
+    confirmed (before the dark routes and the adds; for a delay > 0: the wait for the deletes' barrier then
+    precedes the dark routes) and once the adds are: the path is dark from the deletes to the adds, not from
+    when the cache next catches up with either.
+
     A no-op plan sends nothing (but still reports its timestamps).
     """
     ex = Execution(delay_ms=float(delay_ms))
@@ -436,6 +450,11 @@ def execute_plan(plan: ReconfigPlan, delay_ms: float, driver: Driver, clock: Clo
                 dark_barrier = None
 
         try:
+            if driver.flushes_flow_cache and delay_ms > 0 and any(s.deletes for s in plan.ocs_steps):
+                # the cache forgets the old circuits as soon as the tables have, before the dark routes
+                deletes_confirmed()
+                driver.flush_flow_cache()
+                ex.t["dark_flushed"] = clock.now()
             # routes toward the new circuits, in place (confirmed) before they light up
             for i, ch in enumerate(plan.dark_steps):
                 if plan.dark_wait is not None and i >= plan.dark_wait:
@@ -461,6 +480,11 @@ def execute_plan(plan: ReconfigPlan, delay_ms: float, driver: Driver, clock: Clo
                     pass
             raise
         ex.t.setdefault("dark_confirmed", dark_sent)
+        ex.t["adds_confirmed"] = clock.now()
+        if driver.flushes_flow_cache:
+            driver.flush_flow_cache()
+    else:
+        ex.t["adds_confirmed"] = clock.now()
     ex.t["confirmed"] = clock.now()
     for i, ch in enumerate(plan.final_steps):
         driver.apply_route_changes(ch, full=plan.routes_full and i == 0)
@@ -505,10 +529,12 @@ class FakeDriver:
     A flow-mod takes effect ``install_s`` after it is sent (like a real switch); a barrier returns once every
     queued flow-mod took effect, plus ``rtt_s``. ``log`` records every call in order (``("routes", changes,
     full)``, ``("ocs", ocs, deletes, adds)``, ``("barrier", ocses)``) so tests can check the order and that
-    nothing at all was sent.
+    nothing at all was sent. ``flush_s``: with it, the datapaths cache flows (``flushes_flow_cache``) and a
+    flush (``("flush",)`` in the log) takes that long.
     """
 
-    def __init__(self, clock: FakeClock, n_ocs: int, install_s: float = 0.0035, rtt_s: float = 0.0005):
+    def __init__(self, clock: FakeClock, n_ocs: int, install_s: float = 0.0035, rtt_s: float = 0.0005,
+                 flush_s: float | None = None):
         from .ocs import FakeFlowTable
 
         self.clock = clock
@@ -516,6 +542,12 @@ class FakeDriver:
         self.rtt_s = rtt_s
         self.tables = {o: FakeFlowTable(clock.now) for o in range(n_ocs)}
         self.log: list[tuple] = []
+        self.flushes_flow_cache = flush_s is not None
+        self.flush_s = flush_s or 0.0
+
+    def flush_flow_cache(self) -> None:
+        self.log.append(("flush",))
+        self.clock.advance_to(self.clock.now() + self.flush_s)
 
     def apply_route_changes(self, changes: Any, full: bool = False) -> None:
         self.log.append(("routes", changes, full))
@@ -532,8 +564,8 @@ class FakeDriver:
         return _FakeBarrier(self.clock, max(self.clock.pending_until(), self.clock.now()) + self.rtt_s)
 
     def sent(self) -> list[tuple]:
-        """Calls that changed something on a switch (route changes and flow-mods; not barriers)."""
-        return [e for e in self.log if e[0] != "barrier"]
+        """Calls that changed something on a switch (route changes and flow-mods; not barriers, not flushes)."""
+        return [e for e in self.log if e[0] not in ("barrier", "flush")]
 
 
 class _FakeBarrier:

@@ -72,8 +72,9 @@ def _stage_p50(recs: list[dict]) -> dict[str, float]:
 
 
 def bench_reconfig(delay_ms: float, samples: int = 20, pps: float = 2000.0, spacing_s: float = 0.15,
-                   progress: Callable[[int], None] | None = None) -> dict:
-    """Both cases (CASES), ``samples`` reconfigurations each, under one pair of probe streams."""
+                   progress: Callable[[int], None] | None = None, datapath_flush: str = "auto") -> dict:
+    """Both cases (CASES), ``samples`` reconfigurations each, under one pair of probe streams.
+    ``datapath_flush``: the controller's option (controller/datapath.py)."""
     if samples < 1:
         raise ValueError("samples must be >= 1")
     spec, layout = RECONFIG_SPEC, RECONFIG_LAYOUT
@@ -81,7 +82,8 @@ def bench_reconfig(delay_ms: float, samples: int = 20, pps: float = 2000.0, spac
     duration = 0.6 + len(CASES) * (samples * per_sample_s + 0.5) + 0.6
     interval = 1.0 / pps
     recs: dict[str, list[dict]] = {case: [] for case in CASES}
-    with running_testbed(spec, layout, initial_phase="train", delay_ms=delay_ms) as tb:
+    with running_testbed(spec, layout, initial_phase="train", delay_ms=delay_ms,
+                         datapath_flush=datapath_flush) as tb:
         tb.client.set_circuits({0: CASES["repaired"][0]}, delay_ms=0)
         streams = [ProbeStream(tb.fabric, *CHANGED, pps=pps, duration_s=duration, port=47001),
                    ProbeStream(tb.fabric, *UNCHANGED, pps=pps, duration_s=duration, port=47002)]
@@ -108,7 +110,7 @@ def bench_reconfig(delay_ms: float, samples: int = 20, pps: float = 2000.0, spac
             log.warning("reconfigurations ran past the probe streams; later samples may be unmeasured")
         changed, unchanged = (s.summary() for s in streams)
         unchanged_sent_at = {int(r[0]): float(r[1]) for r in unchanged["records"]}
-    out: dict = {"delay_ms": float(delay_ms)}
+    out: dict = {"delay_ms": float(delay_ms), "datapath_flush": datapath_flush}
     for case, rs in recs.items():
         blackouts, losses = [], 0
         for rec in rs:

@@ -8,6 +8,7 @@ import sys
 
 from tqdm import tqdm
 
+from controller.datapath import FLUSH_MODES
 from testbed.cli import UsageError
 
 
@@ -30,7 +31,7 @@ def _reconfig(args: argparse.Namespace) -> int:
     with tqdm(total=len(CASES) * args.samples, desc=f"reconfig D={args.delay_ms:g} ms", file=sys.stderr,
               disable=args.quiet) as bar:
         res = bench_reconfig(args.delay_ms, samples=args.samples, pps=args.pps,
-                             progress=lambda n: bar.update(n - bar.n))
+                             progress=lambda n: bar.update(n - bar.n), datapath_flush=args.datapath_flush)
     _emit(res, args.json)
     return 0
 
@@ -66,6 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--pps", type=float, default=2000.0,
                    help="probe packets per second (default 2000: 0.5 ms resolution; faster probes load the "
                         "2 cores and widen the tail they measure)")
+    r.add_argument("--datapath-flush", choices=FLUSH_MODES, default="auto",
+                   help="the controller's datapath_flush (default auto: purge Open vSwitch's cached flows when "
+                        "deletes and adds are confirmed; off: leave the cache to the revalidators)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=_reconfig)

@@ -194,6 +194,41 @@ def test_executor_step_order():
     assert routes == list(plan.move_steps + plan.dark_steps + plan.final_steps)
 
 
+@pytest.mark.parametrize("delay_ms", [0.0, 10.0])
+def test_flow_cache_is_flushed_when_deletes_and_when_adds_are_confirmed(delay_ms):
+    clock = FakeClock()
+    # switches as fast as this machine's (barrier ~1 ms, a route step ~1.5 ms): the deletes' barrier, the flush
+    # and the dark routes fit in D, so the adds still go at deletes sent + D
+    drv = FakeDriver(clock, 1, install_s=0.001, flush_s=0.0005)
+    old = phases.phase_matchings(SPEC, LAYOUT, "train")
+    first = plan_reconfig(SPEC, {0: Matching.empty(8)}, None, old)
+    plan = plan_reconfig(SPEC, old, first.final_routes, phases.phase_matchings(SPEC, LAYOUT, "gen"))
+    ex = execute_plan(plan, delay_ms, drv, clock)
+    kinds = [e[0] if e[0] != "ocs" else ("deletes" if e[2] else "adds") for e in drv.log]
+    n_move, n_dark, n_final = len(plan.move_steps), len(plan.dark_steps), len(plan.final_steps)
+    dark_flush = ["flush"] if delay_ms > 0 else []  # with no dark time there is nothing to flush before the adds
+    assert kinds == (["routes"] * n_move + ["deletes", "barrier"] + dark_flush + ["routes"] * n_dark
+                     + ["adds", "barrier", "flush"] + ["routes"] * n_final)
+    # the flush before the adds waits for the deletes to be confirmed, and the adds still go at sent + D
+    if delay_ms:  # (with D = 0 the dark routes alone set when the adds go)
+        assert ex.metrics()["dark_ms"] == pytest.approx(delay_ms, abs=1e-6)
+        assert ex.t["dark_sent"] < ex.t["dark_confirmed"] <= ex.t["dark_flushed"] < ex.t["dark_routes"] < ex.t["new_sent"]
+    m_ = ex.metrics()
+    assert m_["overhead_stages_ms"]["flush_cache"] == pytest.approx(0.5, abs=1e-6)
+    assert sum(m_["overhead_stages_ms"].values()) == pytest.approx(m_["overhead_ms"], abs=0.01)
+
+
+def test_no_flush_without_a_flow_cache_nor_for_a_noop():
+    clock = FakeClock()
+    drv = FakeDriver(clock, 1)
+    cur = {0: m((1, 7), (2, 6))}
+    execute_plan(plan_reconfig(SPEC, cur, None, {0: m((1, 6), (2, 7))}, with_routes=False), 10.0, drv, clock)
+    assert not drv.flushes_flow_cache and ("flush",) not in drv.log
+    drv = FakeDriver(clock, 1, flush_s=0.0)
+    execute_plan(plan_reconfig(SPEC, cur, None, {0: m((2, 6), (1, 7))}, with_routes=False), 10.0, drv, clock)
+    assert drv.log == []
+
+
 def _flows(matching: Matching) -> list[FlowSpec]:
     from controller.ocs import circuit_flows
 

@@ -327,7 +327,7 @@ def test_options_round_trip_through_argv(tmp_path):
 
     opts = ControllerOptions(spec_json='{"fabric": {}}', of_port=1234, of_host="127.0.0.2", rest_port=4321,
                              rest_host="127.0.0.3", token_file=str(tmp_path / "t"), state_file=str(tmp_path / "s"),
-                             initial_phase="gen", delay_ms=2.5, verbose=2)
+                             initial_phase="gen", delay_ms=2.5, datapath_flush="off", verbose=2)
     assert all(getattr(opts, f.name) != f.default for f in dataclasses.fields(ControllerOptions)
                if f.name not in ("scenario", "no_auth"))  # every option is exercised
     assert options_from_args(build_arg_parser().parse_args(to_argv(opts))) == opts
