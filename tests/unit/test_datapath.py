@@ -6,7 +6,6 @@ import json
 import os
 import socket
 import threading
-import time
 
 import pytest
 
@@ -22,6 +21,7 @@ class FakeVswitchd:
         self.path = rundir / f"ovs-vswitchd.{pid}.ctl"
         (rundir / "ovs-vswitchd.pid").write_text(f"{pid}\n")
         self.reply, self.got = reply, []
+        self.closed = threading.Event()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(str(self.path))
         self.sock.listen(4)
@@ -39,13 +39,14 @@ class FakeVswitchd:
                 self.got.append((req["method"], req["params"]))
                 out = self.reply(req["method"], req["params"])
                 if out is None:
-                    time.sleep(1.0)  # silent: the client's timeout ends it
+                    self.closed.wait(5.0)  # silent until the test is done: the client's timeout ends it
                 else:
                     data = json.dumps(dict(out, id=req["id"])).encode()
                     conn.sendall(data[:5])  # a reply in pieces is read whole
                     conn.sendall(data[5:])
 
     def close(self):
+        self.closed.set()
         self.sock.close()
 
 
