@@ -372,8 +372,7 @@ class KvWaitParams:
 
     def __post_init__(self) -> None:
         require(len(self.tags) >= 1, "tags", "must name at least one transfer")
-        require(math.isfinite(self.timeout_s) and 0 < self.timeout_s <= 3600, "timeout_s",
-                f"must be in (0, 3600], got {self.timeout_s}")
+        _timeout(self.timeout_s)
 
 
 @dataclass(frozen=True)

@@ -331,8 +331,11 @@ class OsKenDriver:
     def __init__(self, app: OrlControllerApp, flow_cache: FlowCache | None = None):
         self.app = app
         self.flow_cache = flow_cache
-        self.flushes_flow_cache = flow_cache is not None
         self.flush_failures = 0
+
+    @property
+    def flushes_flow_cache(self) -> bool:
+        return self.flow_cache is not None
 
     def flush_flow_cache(self) -> None:
         try:

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 from emulation.spec import FabricSpec, JobLayout, check_delay_ms, check_phase
 from emulation.validation import SpecError, from_dict, require
 
-from .datapath import FLUSH_MODES, open_flow_cache
+from .datapath import check_flush_mode, open_flow_cache
 from .runtime import load_state
 
 PROG = "python -m controller"
@@ -161,8 +161,7 @@ class ControllerConfig:
                     f"must be a TCP port 1..65535, got {v!r}")
         require(self.of_port != self.rest_port, "rest_port", f"must differ from of_port ({self.of_port})")
         check_delay_ms(self.delay_ms, "delay_ms")
-        require(self.datapath_flush in FLUSH_MODES, "datapath_flush",
-                f"must be one of {', '.join(FLUSH_MODES)}, got {self.datapath_flush!r}")
+        check_flush_mode(self.datapath_flush)
 
 
 def read_or_create_token(path: str) -> str:

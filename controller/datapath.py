@@ -22,7 +22,7 @@ import socket
 import time
 from pathlib import Path
 
-from emulation.validation import SpecError
+from emulation.validation import SpecError, require
 
 FLUSH_MODES = ("auto", "on", "off")
 PURGE = "revalidator/purge"
@@ -33,10 +33,20 @@ class FlowCacheError(RuntimeError):
     """ovs-vswitchd could not be reached or refused the request."""
 
 
+def check_flush_mode(mode: str) -> str:
+    """``mode`` if it is a ``datapath_flush`` mode, else SpecError naming the field."""
+    require(mode in FLUSH_MODES, "datapath_flush", f"must be one of {', '.join(FLUSH_MODES)}, got {mode!r}")
+    return mode
+
+
+def _rundir(rundir: str | None) -> Path:
+    return Path(rundir or os.environ.get("OVS_RUNDIR") or DEFAULT_RUNDIR)
+
+
 def vswitchd_socket(rundir: str | None = None) -> Path | None:
     """ovs-vswitchd's unixctl socket (``<rundir>/ovs-vswitchd.<pid>.ctl``, the pid from its pidfile), or
     None when no ovs-vswitchd runs there. ``rundir``: default $OVS_RUNDIR, else /var/run/openvswitch."""
-    d = Path(rundir or os.environ.get("OVS_RUNDIR") or DEFAULT_RUNDIR)
+    d = _rundir(rundir)
     try:
         pid = int((d / "ovs-vswitchd.pid").read_text().strip())
     except (OSError, ValueError):
@@ -88,14 +98,12 @@ class FlowCache:
 def open_flow_cache(mode: str, rundir: str | None = None) -> FlowCache | None:
     """The flow cache to flush for ``mode`` (``datapath_flush``): ``off`` None; ``auto`` the local
     ovs-vswitchd's when one runs (else None); ``on`` it, or SpecError naming ``datapath_flush``."""
-    if mode not in FLUSH_MODES:
-        raise SpecError("datapath_flush", f"must be one of {', '.join(FLUSH_MODES)}, got {mode!r}")
-    if mode == "off":
+    if check_flush_mode(mode) == "off":
         return None
     sock = vswitchd_socket(rundir)
     if sock is None:
         if mode == "on":
-            d = rundir or os.environ.get("OVS_RUNDIR") or DEFAULT_RUNDIR
-            raise SpecError("datapath_flush", f"'on' needs a running ovs-vswitchd: no pidfile and socket in {d}")
+            raise SpecError("datapath_flush",
+                            f"'on' needs a running ovs-vswitchd: no pidfile and socket in {_rundir(rundir)}")
         return None
     return FlowCache(sock)

@@ -48,12 +48,12 @@ class ControllerProcess:
                  start_timeout_s: float = 30.0, stop_timeout_s: float = 5.0, verbose: bool = False,
                  workdir: str | os.PathLike | None = None, datapath_flush: str = "auto"):
         self.spec = spec
-        self.datapath_flush = datapath_flush
         self.layout = layout
         self.of_port = of_port or free_port()
         self.rest_port = rest_port or free_port()
         self.initial_phase = initial_phase
         self.delay_ms = delay_ms
+        self.datapath_flush = datapath_flush
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.verbose = verbose

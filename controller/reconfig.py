@@ -480,11 +480,9 @@ def execute_plan(plan: ReconfigPlan, delay_ms: float, driver: Driver, clock: Clo
                     pass
             raise
         ex.t.setdefault("dark_confirmed", dark_sent)
-        ex.t["adds_confirmed"] = clock.now()
-        if driver.flushes_flow_cache:
-            driver.flush_flow_cache()
-    else:
-        ex.t["adds_confirmed"] = clock.now()
+    ex.t["adds_confirmed"] = clock.now()
+    if plan.ocs_steps and driver.flushes_flow_cache:
+        driver.flush_flow_cache()
     ex.t["confirmed"] = clock.now()
     for i, ch in enumerate(plan.final_steps):
         driver.apply_route_changes(ch, full=plan.routes_full and i == 0)

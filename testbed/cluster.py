@@ -27,10 +27,10 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from agents.client import AgentClient, AgentError, AgentTimeout, call_all
-from emulation.registry import proc_start_time
 from agents.engine import EngineSettings
 from agents.protocol import unpack_array
 from emulation.builder import EmulatedFabric
+from emulation.registry import proc_start_time
 from emulation.scenario import Scenario
 from emulation.validation import SpecError, to_dict
 from testbed.harness import Testbed, running_testbed

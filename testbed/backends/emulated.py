@@ -59,7 +59,6 @@ class EmulatedBackend(Backend):
         self._tag = 0
         self.phase_util: list[dict] = []
 
-
     def close(self) -> None:
         self._stack.close()
 

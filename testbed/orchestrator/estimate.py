@@ -446,12 +446,28 @@ class Estimator:
         levels[order] = (np.arange(len(gen)) - first[g] + 0.5) / cnt[g]
         return np.clip(np.ceil(self.forecast.remaining_quantile(gen, levels)), 1.0, None)
 
+    def _stratified_loads(self, loads: list) -> np.ndarray:
+        """:meth:`stratified` of every load of ``loads``, concatenated: a load that stands in several blocks (one
+        server under every candidate layout) is stratified once, all in one call of the forecast (which is
+        elementwise: the same numbers as load by load)."""
+        first: dict[int, int] = {}  # id(load) -> its index among the distinct loads
+        distinct: list = []
+        for ld in loads:
+            if id(ld) not in first:
+                first[id(ld)] = len(distinct)
+                distinct.append(ld)
+        block = np.concatenate([np.full(ld.n, k, np.int64) for k, ld in enumerate(distinct)])
+        flat = self._stratified(np.concatenate([ld.gen for ld in distinct]),
+                                np.concatenate([ld.key for ld in distinct]), block, len(distinct))
+        ends = np.cumsum([0] + [ld.n for ld in distinct])
+        return np.concatenate([flat[ends[first[id(ld)]]:ends[first[id(ld)] + 1]] for ld in loads])
+
     def _blocks(self, blocks: list, joint: bool, store: tuple = ()) -> list:
         """Every (layout, load, rep) of ``blocks`` in one grouped pass: a :class:`_Done` per block (the remaining
         time of each of its replicas, the remaining tokens used, stratified as :meth:`stratified` does, and
-        where its schedule lies in the pass's). The stratified quantiles are taken inside each block (a
-        server's load), so sharing the pass changes none of them. ``joint``: a forecast is used for all blocks or (when one load
-        lacks what it needs) for none, as :meth:`servers_s` does; otherwise block by block, as
+        where its schedule lies in the pass's). The stratified quantiles are taken inside each server's load,
+        so sharing the pass changes none of them. ``joint``: a forecast is used for all blocks or (when one
+        load lacks what it needs) for none, as :meth:`servers_s` does; otherwise block by block, as
         :meth:`replica_times` does. ``store``: (block index, memo key) of the results to remember (those
         computed block by block's way only)."""
         reps = [lay.replicas(self.gpus) for lay, _, _ in blocks]
@@ -465,17 +481,13 @@ class Estimator:
         group = np.concatenate([offs[k] + np.asarray(rep, np.int64) for k, _, rep in live])
         ctx0, rem, running = cat(lambda ld: ld.ctx0), cat(lambda ld: ld.rem), cat(lambda ld: ld.running)
         able = [ld.gen is not None and ld.key is not None and self.forecast is not None for ld in loads]
-        # levels are ranked within each server (block), not each replica: see the class docstring
-        block = np.concatenate([np.full(ld.n, k, np.int64) for k, ld, _ in live])
         if all(able):
-            rem = self._stratified(cat(lambda ld: ld.gen), cat(lambda ld: ld.key), block, len(blocks))
+            rem = self._stratified_loads(loads)
             used = able
         elif any(able) and not joint:
             rem = rem.astype(float, copy=True)
             m = np.concatenate([np.full(ld.n, ok) for ld, ok in zip(loads, able)])
-            sub = [ld for ld, ok in zip(loads, able) if ok]
-            rem[m] = self._stratified(np.concatenate([ld.gen for ld in sub]), np.concatenate([ld.key for ld in sub]),
-                                      block[m], len(blocks))
+            rem[m] = self._stratified_loads([ld for ld, ok in zip(loads, able) if ok])
             used = able
         else:
             used = [False] * len(loads)

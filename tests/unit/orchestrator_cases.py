@@ -138,45 +138,36 @@ def cases():
             return out
         return go
 
-    def mixed(seed, cap, seqs):
+    def seeded(name, seed, cap, seqs, n, pick, adjust=None, **state):
+        """A case of one seeded tick state: ``pick(lays)`` the servers' layouts, ``state`` passed on to
+        _bench_state, ``adjust(views)`` any change to the views before the run."""
         def go():
             setup = _setup(cap, seqs)
             w, est, lays = setup[:3]
             rng = np.random.default_rng(seed)
-            layouts = [lays[j % len(lays)] for j in range(4)]
-            views, rids = _bench_state(w, est, lays, rng, 600, layouts, arrivals=0.05)
-            views[5] = dataclasses.replace(views[5], busy_until=10.4)
-            views[6] = dataclasses.replace(views[6], last_switch_end=9.0)
-            return _run("mixed", setup, views, rids)
+            views, rids = _bench_state(w, est, lays, rng, n, pick(lays), **state)
+            if adjust is not None:
+                adjust(views)
+            return _run(name, setup, views, rids)
         return go
+
+    def mixed_views(views):
+        views[5] = dataclasses.replace(views[5], busy_until=10.4)
+        views[6] = dataclasses.replace(views[6], last_switch_end=9.0)
+
+    def mixed(seed, cap, seqs):
+        return seeded("mixed", seed, cap, seqs, 600, lambda lays: [lays[j % len(lays)] for j in range(4)],
+                      mixed_views, arrivals=0.05)
 
     def tail(seed, cap, seqs, n, gen_scale, layout_index=0):
-        def go():
-            setup = _setup(cap, seqs)
-            w, est, lays = setup[:3]
-            rng = np.random.default_rng(seed)
-            views, rids = _bench_state(w, est, lays, rng, n, [lays[layout_index]] * 4, gen_scale=gen_scale,
-                                       waiting=0.0)
-            return _run("tail", setup, views, rids)
-        return go
+        return seeded("tail", seed, cap, seqs, n, lambda lays: [lays[layout_index]] * 4, gen_scale=gen_scale,
+                      waiting=0.0)
 
     def imbalanced(seed, cap, seqs, n, weights, layout_index=0):
-        def go():
-            setup = _setup(cap, seqs)
-            w, est, lays = setup[:3]
-            rng = np.random.default_rng(seed)
-            views, rids = _bench_state(w, est, lays, rng, n, [lays[layout_index]] * 4, weights=weights)
-            return _run("imbalanced", setup, views, rids)
-        return go
+        return seeded("imbalanced", seed, cap, seqs, n, lambda lays: [lays[layout_index]] * 4, weights=weights)
 
     def offline(seed, cap, seqs):
-        def go():
-            setup = _setup(cap, seqs)
-            w, est, lays = setup[:3]
-            rng = np.random.default_rng(seed)
-            views, rids = _bench_state(w, est, lays, rng, 400, [lays[0]] * 4, online=False, waiting=0.5)
-            return _run("offline", setup, views, rids)
-        return go
+        return seeded("offline", seed, cap, seqs, 400, lambda lays: [lays[0]] * 4, online=False, waiting=0.5)
 
     def exact(seed, seqs):
         def go():
