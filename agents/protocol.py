@@ -400,6 +400,16 @@ class ComputeParams:
                 f"must be in 0..{MAX_TIMEOUT_S:g}, got {self.seconds}")
 
 
+@dataclass(frozen=True)
+class PeerDownParams:
+    """The driver tells an agent that agent ``agent`` failed: a migration to or from it gives up at once."""
+
+    agent: int
+
+    def __post_init__(self) -> None:
+        require(self.agent >= 0, "agent", f"must be >= 0, got {self.agent}")
+
+
 METHODS: dict[str, type] = {
     "ping": NoParams,
     "dist_init": DistInitParams,
@@ -421,6 +431,7 @@ METHODS: dict[str, type] = {
     "collector_reset": NoParams,
     "fidelity": FidelityParams,
     "compute": ComputeParams,
+    "peer_down": PeerDownParams,
     "shutdown": NoParams,
 }
 

@@ -34,6 +34,7 @@ from testbed.orchestrator.estimate import Estimator, ServerLoad
 from testbed.orchestrator.forecast import ForecastErrors, ForecastService, LengthForecast, forecast_next
 from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshot, request_levels
 from testbed.orchestrator.settings import OrchestratorSettings, Policy, feasible_layouts
+from testbed.ticks import IntervalBudget, TickClock, tick_deadline_s
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class Driver:
         self.lost_total = 0
         self.failed: dict[int, str] = {}
         self.decision_ms: list[float] = []
+        self.tick_log: list[dict] = []  # every planning tick: when it was due, started, how long it took
         self._ticket = 0
 
     # ---- workload ----
@@ -113,6 +115,7 @@ class Driver:
         at every poll (the asynchronous mode runs training and weight sync beside it)."""
         b = self.backend
         lengths, prompt_ids = self.lengths(step)
+        self._failures(None)  # one that died between steps gets no share of this step
         servers = [s for s in b.gen_servers if s not in self.failed]
         placed = deal(len(lengths), servers, self.rng_deal, self.settings.dispatch)
         dest = np.zeros(len(lengths), np.int64)
@@ -126,30 +129,33 @@ class Driver:
             self.phase("gen", first_step_s=self.cm.prefill_s(1, self.w.prompt_tokens, 1))
         t_gen = b.now()
         for s, idx in placed.items():
-            b.submit(s, req.specs(idx), chunked=self.settings.dispatch == "contiguous")
+            self._place(s, req.specs(idx), chunked=self.settings.dispatch == "contiguous")
         self.timeline.event(t_gen, "phase_start", phase="gen", step=step)
         switches = migrations = 0
         fc = forecast
         interval = self.settings.planning_interval_s
         poll = min(interval, POLL_S)
-        next_tick = t_gen + interval
+        ticks = TickClock(t_gen, interval)  # on the clock: a late tick is never made up for
+        budget = IntervalBudget(t_gen, interval, self.settings.balancer.max_migrations)
+        deadline = tick_deadline_s(interval)  # no tick waits longer than this on the servers
+        acct = self._accounting_start()
         while True:
-            b.wait_until(min(next_tick, b.now() + poll))
+            b.wait_until(min(ticks.next_at, b.now() + poll))
             if on_tick is not None:
                 on_tick(b.now())
-            if b.finished_count() >= req.n and not b.in_flight():
+            self._failures(req)  # a process exit is acted on at once, not at the next tick
+            if b.finished_count(deadline) >= req.n and not b.in_flight():
                 break
-            if b.now() + 1e-9 < next_tick:
+            if not ticks.due(b.now()):
                 continue
-            next_tick += interval
-            now = b.now()
-            states = b.states()
-            self._sample(now, states, fc)
-            new_fail = {s: why for s, why in b.failures().items() if s not in self.failed}
-            if new_fail:
-                self._requeue(new_fail, req, states)
+            tick = ticks.begin(b.now())
+            now = tick["t"]
+            states = b.states(deadline)  # every server at once; one that misses the deadline is failed
+            if self._failures(req, states):
                 states = {s: st for s, st in states.items() if s not in self.failed}
+            self._sample(now, states, fc)
             if self.planner is None and self.balancer is None:
+                ticks.end(tick, b.now())
                 continue
             t_dec = time.perf_counter()
             fc = self._online(forecast, states, req)
@@ -160,35 +166,54 @@ class Driver:
                 decisions = self.planner.evaluate_all(views, now, interval)
                 for s, v in list(views.items()):
                     d = decisions[s]
-                    if d.switch:
+                    if d.switch and s not in self.failed:
                         lay = Layout.parse(d.best, self.gpus)
-                        sw = b.set_layout(s, lay)
+                        t_sw = b.now()
+                        try:
+                            sw = b.set_layout(s, lay)
+                        except Exception as e:  # noqa: BLE001 - the server failed meanwhile: next tick re-plans
+                            self.timeline.event(t_sw, "layout_switch_failed", server=s, step=step, to=d.best,
+                                                error=str(e))
+                            continue
                         self.last_switch_end[s] = sw["end"]
                         switches += 1
                         views[s] = ServerView(s, lay, ServerLoad(v.load.ctx0, v.load.rem, v.load.running,
                                                                  np.full(v.load.n, -1), v.load.gen, v.load.key),
                                               sw["end"], sw["end"])
-                        self.timeline.event(now, "layout_switch", server=s, step=step, frm=d.current, to=d.best,
+                        self.timeline.event(t_sw, "layout_switch", server=s, step=step, frm=d.current, to=d.best,
                                             gain_s=round(d.gain_s, 3), cost_s=round(d.switch_cost_s, 3),
                                             start=sw["start"], end=sw["end"], predicted=d.predicted_s,
-                                            reason=d.reason)
+                                            reason=d.reason, decided=now)
             if self.balancer is not None:
                 # a server in a layout switch neither gives nor takes requests: its replicas are being rebuilt
                 steady = {s: v for s, v in views.items() if v.busy_until <= now}
                 rids = {s: states[s].snapshot["rid"] for s in steady}
                 moves, loads = self.balancer.decide(steady, rids, now)
                 for m in moves:
+                    t_m = b.now()
+                    if m.src in self.failed or m.dst in self.failed:
+                        continue  # one of them failed during this tick
+                    if budget.left(t_m) <= 0:  # this tick ran into the next interval: that one's limit holds
+                        self.timeline.event(t_m, "migration_deferred", rid=m.rid, src=m.src, dst=m.dst,
+                                            reason=f"max_migrations ({budget.limit}) reached in this interval")
+                        break
+                    budget.spend(t_m)
                     try:
                         res = b.migrate(m.rid, m.src, m.dst, self.settings.balancer.mode, m.dst_replica)
-                    except Exception as e:  # noqa: BLE001 - a request that finished meanwhile, a busy agent
-                        self.timeline.event(now, "migration_failed", rid=m.rid, src=m.src, dst=m.dst, error=str(e))
+                    except Exception as e:  # noqa: BLE001 - a request that finished meanwhile, a failed agent
+                        self.timeline.event(t_m, "migration_failed", rid=m.rid, src=m.src, dst=m.dst, error=str(e),
+                                            end=b.now())
+                        self._failures(req)  # if an agent died under the migration: re-queued now
                         continue
                     migrations += 1
-                    self.timeline.event(now, "migration", rid=m.rid, src=m.src, dst=m.dst, dst_replica=m.dst_replica,
+                    self.timeline.event(t_m, "migration", rid=m.rid, src=m.src, dst=m.dst, dst_replica=m.dst_replica,
                                         step=step, before=[round(x, 3) for x in m.before],
                                         after=[round(x, 3) for x in m.after], downtime_s=res.get("downtime_s"),
-                                        kv_bytes=res.get("kv_bytes"), result=res.get("result"))
+                                        kv_bytes=res.get("kv_bytes"), result=res.get("result"), end=b.now(),
+                                        decided=now)
             self.decision_ms.append((time.perf_counter() - t_dec) * 1e3)
+            self._failures(req)
+            ticks.end(tick, b.now())
         out = b.end_generation(req)
         t_gen_end = out["ended_at"]  # the last token, not the tick that noticed it
         for m in getattr(b, "migrations", [])[:]:  # simulated hand-overs: their downtime once they happened
@@ -199,8 +224,11 @@ class Driver:
         delivered = out["delivered"]
         lost = sum(1 for r, n in zip(req.rid.tolist(), req.target.tolist()) if delivered.get(r, 0) != n)
         self.lost_total += lost
+        self.tick_log.extend(dict(r, step=step) for r in ticks.ticks)
         return {"step": step, "req": req, "lengths": lengths, "start": t_start, "gen_start": t_gen,
-                "gen_end": t_gen_end, "out": out, "switches": switches, "migrations": migrations, "lost": lost}
+                "gen_end": t_gen_end, "out": out, "switches": switches, "migrations": migrations, "lost": lost,
+                "ticks": dict(ticks.summary(), migrations_per_interval_max=budget.most()),
+                "accounting": self._accounting_end(acct, req, out)}
 
     def _record(self, g: dict, forecast: LengthForecast, tr: PhaseResult, sy: PhaseResult, period_end: float,
                 extra: dict | None = None) -> dict:
@@ -216,7 +244,7 @@ class Driver:
                             "ape": rec.ape},
                "finish_times": {"p50": float(np.median(list(fin.values()))) - g["gen_start"] if fin else None,
                                 "max": float(max(fin.values())) - g["gen_start"] if fin else None},
-               "train": tr.detail, "sync": sy.detail, **(extra or {})}
+               "train": tr.detail, "sync": sy.detail, "accounting": g["accounting"], "ticks": g["ticks"], **(extra or {})}
         self.steps.append(res)
         self.timeline.event(period_end, "step_end", step=step, makespan_s=res["makespan_s"])
         return res
@@ -269,7 +297,7 @@ class Driver:
         done = [int(n) for r, n in zip(req.rid.tolist(), req.target.tolist()) if r not in held]
         # requests not on any server finished (or are moving): their length is known once finished; count only
         # those the backends report finished
-        k = self.backend.finished_count()
+        k = self.backend.finished_count(tick_deadline_s(self.settings.planning_interval_s))
         done = done[:k] if len(done) > k else done
         try:
             return forecast.updated(np.asarray(done, dtype=float), running.astype(float), self.settings.forecast)
@@ -291,13 +319,54 @@ class Driver:
                             + max(0.0, st.busy_until - now), 3)
         self.timeline.samples.append({"t": round(now, 4), "servers": srv, "load": load})
 
+    def _place(self, s: int, specs: list[dict], chunked: bool = False) -> None:
+        """Submit ``specs`` to server ``s``; if it failed (or fails now), to the next live generator."""
+        b = self.backend
+        order = [s] + [x for x in b.gen_servers if x != s]
+        for cand in order:
+            if cand in self.failed or cand in b.failures():
+                continue
+            try:
+                b.submit(cand, specs, chunked=chunked)
+                return
+            except Exception as e:  # noqa: BLE001 - it failed under the call: try the next one
+                if cand not in b.failures():
+                    raise
+                log.warning("submit to server %d failed (%s); placing its requests elsewhere", cand, e)
+        raise RuntimeError("every generator failed")
+
+    def _failures(self, req: StepRequests | None, states: dict | None = None) -> bool:
+        """Act on servers newly failed (a process exit is seen at once; a missed deadline by states()): their
+        requests are re-queued on the live generators now. ``states``: this tick's, when fresh; else the live
+        servers are asked now (what they hold is not re-queued). True when there were any."""
+        b = self.backend
+        new = {s: why for s, why in b.failures().items() if s not in self.failed}
+        if not new:
+            return False
+        if req is None:  # between steps: nothing of this step is placed yet
+            for s, why in new.items():
+                self.failed[s] = why
+                self.timeline.event(b.now(), "agent_failed", server=s, why=why, requests=0)
+            return True
+        gone_trainers = sorted(s for s in new if s not in b.gen_servers)
+        if gone_trainers:
+            self.failed.update(new)
+            raise RuntimeError(f"trainer agent(s) {gone_trainers} failed ({new[gone_trainers[0]]}): their token "
+                               "collectors held this step's responses, so the run cannot go on")
+        if states is None or any(s in new for s in states):
+            states = b.states(tick_deadline_s(self.settings.planning_interval_s))
+        self._requeue({s: why for s, why in b.failures().items() if s not in self.failed}, req, states)
+        return True
+
     def _requeue(self, failed: dict[int, str], req: StepRequests, states) -> None:
         b = self.backend
         live = [s for s in b.gen_servers if s not in self.failed and s not in failed]
+        held = set(np.concatenate([st.snapshot["rid"] for s, st in states.items() if s in live]).tolist()) \
+            if any(s in live for s in states) else set()
         now = b.now()
         for s, why in failed.items():
             self.failed[s] = why
-            lost = b.lost_requests(s)
+            lost = b.lost_requests(s, held=held)
             self.timeline.event(now, "agent_failed", server=s, why=why, requests=len(lost))
             if not live:
                 raise RuntimeError(f"every generator failed ({why})")
@@ -306,14 +375,30 @@ class Driver:
             dest = dict(zip(req.rid.tolist(), req.dest.tolist()))
             per: dict[int, list[dict]] = {}
             for k, (rid, got) in enumerate(sorted(lost.items())):
-                if got >= tgt[rid]:
+                if rid not in tgt or got >= tgt[rid]:
                     continue
                 per.setdefault(live[k % len(live)], []).append(
                     {"rid": rid, "prompt": pr[rid], "target": tgt[rid], "dest": dest[rid], "generated": got})
             for s2, specs in per.items():
-                b.submit(s2, specs)
-            self.timeline.event(now, "requeued", server=s, to=sorted(per), requests=sum(len(v) for v in per.values()),
-                                delivered_tokens=int(sum(lost.values())))
+                self._place(s2, specs)
+            self.timeline.event(b.now(), "requeued", server=s, to=sorted(per), requests=sum(len(v) for v in per.values()),
+                                delivered_tokens=int(sum(lost.values())), noticed=now)
+
+    # ---- accounting ----
+    def _accounting_start(self) -> dict:
+        return {"failed": set(self.failed)}
+
+    def _accounting_end(self, acct: dict, req: StepRequests, out: dict) -> dict:
+        """The step's tokens: every response's target, the distinct tokens that reached the collectors, the
+        duplicates among what arrived, and what arrived from each server (a failed one's up to its death)."""
+        by_agent = {int(a): {"received": int(v["received"]), "unique": int(v["unique"])}
+                    for a, v in out.get("tokens_by_agent", {}).items()}
+        target = int(req.target.sum())
+        unique = int(out.get("tokens_unique", sum(out["delivered"].values())))
+        return {"tokens_target": target, "tokens_unique": unique, "tokens_duplicate": int(out.get("duplicates", 0)),
+                "exactly_once": unique == target and all(out["delivered"].get(r, 0) == n for r, n in
+                                                         zip(req.rid.tolist(), req.target.tolist())),
+                "by_agent": by_agent, "failed_during_step": sorted(set(self.failed) - acct["failed"])}
 
     # ---- the run ----
     def run(self, steps: int) -> dict:
@@ -419,9 +504,37 @@ class Driver:
                 "idle_s": {"generators": sum(s.get("async", {}).get("generator_idle_s", 0.0) for s in st),
                            "trainers": sum(s.get("async", {}).get("trainer_idle_s", 0.0) for s in st)}
                 if self.settings.step_mode == "async" else None,
+                **self._tokens_total(), "ticks": self._ticks_total(),
                 "decision_ms_p50": float(np.percentile(self.decision_ms, 50)) if self.decision_ms else None,
                 "decision_ms_p99": float(np.percentile(self.decision_ms, 99)) if self.decision_ms else None,
                 "fidelity": self._fidelity(total_t)}
+
+    def _tokens_total(self) -> dict:
+        """The run's token accounting (the steps' summed): exactly once is shown, not inferred. ``tokens_by_agent``:
+        per server, the tokens the collectors received from it (``received``; a failed one's up to its death)
+        and how many of those were new (``unique``)."""
+        out = {"tokens_target": 0, "tokens_unique": 0, "tokens_duplicate": 0, "tokens_by_agent": {}}
+        for st in self.steps:
+            t = st["accounting"]
+            for k in ("tokens_target", "tokens_unique", "tokens_duplicate"):
+                out[k] += t[k]
+            for a, v in t["by_agent"].items():
+                acc = out["tokens_by_agent"].setdefault(str(a), {"received": 0, "unique": 0})
+                acc["received"] += v["received"]
+                acc["unique"] += v["unique"]
+        out["exactly_once"] = bool(self.steps) and all(st["accounting"]["exactly_once"] for st in self.steps)
+        return out
+
+    def _ticks_total(self) -> dict:
+        interval = self.settings.planning_interval_s
+        took = [r["took_s"] for r in self.tick_log if r["took_s"] is not None]
+        return {"interval_s": interval, "deadline_s": tick_deadline_s(interval), "ticks": len(self.tick_log),
+                "took_s_max": max(took) if took else None,
+                "took_s_p50": float(np.percentile(took, 50)) if took else None,
+                "late_s_max": max((r["late_s"] for r in self.tick_log), default=None),
+                "skipped_intervals": sum(st["ticks"]["skipped_intervals"] for st in self.steps),
+                "migrations_per_interval_max": max((st["ticks"]["migrations_per_interval_max"] for st in self.steps),
+                                                   default=0)}
 
     def _fidelity(self, total_t: float) -> dict:
         """The backend's fidelity report, plus whether its distortions reached the step makespans: in the async

@@ -34,6 +34,7 @@ from .phases import PhaseModel
 log = logging.getLogger(__name__)
 
 LINK_EFFICIENCY_MIN = 0.8  # a phase whose transfers take longer than modelled / this: the fabric distorted the run
+STATS_TIMEOUT_S = 10.0  # wall seconds: a state query outside a planning tick (which brings its own deadline)
 
 
 class EmulatedBackend(Backend):
@@ -96,17 +97,16 @@ class EmulatedBackend(Backend):
     def submit(self, server: int, requests: list[dict], chunked: bool = False) -> None:
         self.pool.submit(server, requests, chunked=chunked)
 
-    def states(self) -> dict[int, ServerState]:
+    def states(self, deadline_s: float | None = None) -> dict[int, ServerState]:
+        """Every live generator's state, asked of all at once; with ``deadline_s`` (backend seconds: a planning
+        tick's), one that misses it or whose process exited is marked failed and left out (see failures())."""
         live = [s for s in self.gen_servers if s not in self.pool.failed]
-        try:
-            docs = self.pool.call_all(live, "stats", lambda s: {"snapshot": True}, 10.0)
-        except Exception:  # noqa: BLE001 - someone died: find out who, report the others
-            self.pool.check_health(live)
-            live = [s for s in live if s not in self.pool.failed]
-            docs = self.pool.call_all(live, "stats", lambda s: {"snapshot": True}, 10.0)
+        wall = (STATS_TIMEOUT_S if deadline_s is None else deadline_s * self.tdf)
+        docs = self.pool.gather(live, "stats", lambda s: {"snapshot": True}, wall)
         out = {}
         for s, st in docs.items():
             snap = {k: unpack_array(v, f"snapshot.{k}") for k, v in st.pop("snapshot").items()}
+            self.pool.note_held(s, snap["rid"])
             pu = st.get("paused_until")
             busy = pu if (pu is not None and pu > st["now"]) else 0.0
             out[s] = ServerState(s, Layout.parse(st["layout"], self.gpus), snap, st, busy)
@@ -115,13 +115,15 @@ class EmulatedBackend(Backend):
     def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None) -> dict:
         return self.pool.migrate(rid, src, dst, mode=mode, replica=replica)
 
-    def finished_count(self) -> int:
+    def finished_count(self, deadline_s: float | None = None) -> int:
         """Requests whose last token reached a collector this step (the trainers' ground truth: it survives a
-        generator's death, and a request whose last tokens are still in flight is not done yet)."""
+        generator's death, and a request whose last tokens are still in flight is not done yet); -1 when a
+        collector did not answer within ``deadline_s`` (backend seconds)."""
         live = [t for t in self.train_servers if t not in self.pool.failed]
-        try:
-            docs = self.pool.call_all(live, "collector_stats", lambda s: {"arrays": False}, 10.0)
-        except Exception:  # noqa: BLE001 - a dead trainer: the planning tick's health check handles it
+        wall = STATS_TIMEOUT_S if deadline_s is None else deadline_s * self.tdf
+        # a trainer late to answer is not failed for it (it may be in a collective): the count is unknown now
+        docs = self.pool.gather(live, "collector_stats", lambda s: {"arrays": False}, wall, fail_late=False)
+        if len(docs) < len(live):
             return -1
         return sum(d["finished"] for d in docs.values())
 
@@ -139,10 +141,13 @@ class EmulatedBackend(Backend):
                                     lambda s: None, 30.0).values():
             rid, last, fl = unpack_array(d["rid"]), unpack_array(d["last_t"]), unpack_array(d["final_len"])
             finish.update({int(r): float(t) for r, t, f in zip(rid, last, fl) if f >= 0})
-        dup = int(col.dups.sum())
+        mine = np.isin(col.rid, req.rid)
+        dup = int(col.dups[mine].sum())
+        unique = int(col.count[mine].sum())
         self.pool.reset_collectors()
         ended = max(finish.values()) if finish else self.now()
         return {"delivered": {r: n for r, n in delivered.items() if r in want}, "finish": finish, "duplicates": dup,
+                "tokens_unique": unique, "tokens_by_agent": {a: dict(v) for a, v in sorted(col.sources.items())},
                 "ended_at": min(ended, self.now())}
 
     # ---- fabric and phases ----
@@ -221,11 +226,12 @@ class EmulatedBackend(Backend):
 
     # ---- health and fidelity ----
     def failures(self) -> dict[int, str]:
-        self.pool.check_health([s for s in self.gen_servers if s not in self.pool.failed])
-        return dict(self.pool.failed)
+        """Every failed generator (a process exit is seen here at once: a non-blocking wait per agent)."""
+        self.pool.poll_exits()
+        return {s: why for s, why in self.pool.failed.items() if s in self.gen_servers}
 
-    def lost_requests(self, server: int) -> dict[int, int]:
-        return self.pool.lost_requests(server)
+    def lost_requests(self, server: int, held: set[int] | None = None) -> dict[int, int]:
+        return self.pool.lost_requests(server, held=held)
 
     def _port_bytes(self) -> dict[str, int]:
         import subprocess
