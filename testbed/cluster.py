@@ -39,6 +39,7 @@ from agents.protocol import unpack_array
 from emulation.builder import EmulatedFabric
 from emulation.registry import proc_start_time
 from emulation.scenario import Scenario
+from emulation.signals import shielded
 from emulation.validation import SpecError, to_dict
 from testbed.harness import Testbed, running_testbed
 
@@ -200,9 +201,14 @@ class AgentPool:
                         self._pool)
 
     def stop(self) -> None:
-        """Ask every agent to stop, then make sure (by PID: the fabric's records) they are gone. Idempotent."""
+        """Ask every agent to stop, then make sure (by PID: the fabric's records) they are gone. Idempotent; a
+        teardown signal meanwhile waits until it is done."""
         if not self._started:
             return
+        with shielded():
+            self._stop()
+
+    def _stop(self) -> None:
         self._started = False
         live = {s: c for s, c in self.clients.items() if self.procs.get(s) is not None and self.procs[s].poll() is None}
         if live:
@@ -219,6 +225,23 @@ class AgentPool:
         for c in self.clients.values():
             c.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._keep_crash_logs()
+
+    def _keep_crash_logs(self) -> None:
+        """An agent that exited by itself with an error (not one that was stopped or killed) has its log copied
+        out of the fabric's scratch folder (removed with the fabric) into a kept folder the log names."""
+        crashed = [s for s, p in self.procs.items() if p.returncode is not None and p.returncode > 0]
+        if not crashed or self._dir is None:
+            return
+        import shutil
+        import tempfile
+
+        kept = Path(tempfile.mkdtemp(prefix="orlagents-"))
+        for s in crashed:
+            for suffix in (".log", ".err"):
+                with contextlib.suppress(OSError):
+                    shutil.copy2(self._dir / f"agent{s}{suffix}", kept / f"agent{s}{suffix}")
+        log.warning("agent(s) %s exited with an error; their logs are kept in %s", crashed, kept)
 
     # ---- calls ----
     def exited(self, s: int) -> str | None:

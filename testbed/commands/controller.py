@@ -32,7 +32,7 @@ def register(subparsers) -> None:
                                           "~/.orchestrrl/state-<scenario>.json.")
     p.add_argument("scenario", help="scenario YAML file")
     # every option of python -m controller (controller/config.py), with this command's port defaults
-    add_arguments(p, skip=("scenario", "spec_json", "verbose"), defaults={"of_port": 6653, "rest_port": 8080})
+    add_arguments(p, skip=("scenario", "spec_json", "verbose", "owner_pid", "owner_start"), defaults={"of_port": 6653, "rest_port": 8080})
     p.set_defaults(func=run)
 
 
