@@ -229,6 +229,10 @@ class OrlControllerApp(app_manager.OSKenApp):
     def _group_desc_reply(self, ev):
         self._reply(ev, not (ev.msg.flags & ev.msg.datapath.ofproto.OFPMPF_REPLY_MORE))
 
+    @set_ev_cls(ofp_event.EventOFPPortDescStatsReply, MAIN_DISPATCHER)
+    def _port_desc_reply(self, ev):
+        self._reply(ev, not (ev.msg.flags & ev.msg.datapath.ofproto.OFPMPF_REPLY_MORE))
+
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def _error(self, ev):
         m = ev.msg

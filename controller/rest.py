@@ -34,7 +34,8 @@ PREFIX = "/api/v1"
 MAX_BODY_BYTES = 256 * 1024
 MAX_JSON_DEPTH = 32  # the bodies nest 4 deep; a 10,000-deep one must not reach a recursive parser
 LISTEN_BACKLOG = 128  # socketserver's default of 5 made 11 of 50 concurrent clients retry their connect
-READ_TIMEOUT_S = 10.0  # a client that stops sending (slow loris) loses its connection, not a thread for good
+READ_TIMEOUT_S = 5.0  # a client that stops sending (slow loris) loses its connection, not a thread for good; a
+# request body must arrive whole within it (408 otherwise): loopback carries the largest (256 KiB) in milliseconds
 
 
 class ControllerAPI(Protocol):
