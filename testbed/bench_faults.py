@@ -1,0 +1,167 @@
+"""`orchestrrl bench faults`: a generator agent killed during generation, during a migration or during a layout
+switch, on the emulated cluster; what it cost. Prints figures, asserts nothing (tests/system/test_faults.py
+checks the same goals on a small scenario).
+
+A kill is ``SIGKILL`` to the agent's process group, found by the PID the cluster recorded when it started it:
+
+* ``generation``: a generator, once it has produced ``KILL_AFTER_TOKENS`` tokens of the first step;
+* ``migration``: the destination of the run's first migration, the moment the driver's migrate call to its
+  source is sent (it dies under the call: the source is mid-copy or about to be);
+* ``layout_switch``: the server of the run's first planned layout switch, as soon as the switch started.
+
+Per kill: how long after it the failure was acted on (``noticed_s``, the ``agent_failed`` event against the
+kill time), the longest planning tick, the most migrations any planning interval held, lost requests, the token
+accounting, and the step's generation time against the bound: the simulated backend's generation time for
+the same step with the same server killed at the same time (what the survivors need, the simulator acting on
+the failure at its next poll), x (1 + ``BOUND_REL``) + 2 planning intervals.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+KILL_MODES = ("generation", "migration", "layout_switch")
+DEFAULT_POLICY = {"generation": "orchestrrl", "migration": "balancer", "layout_switch": "planner"}
+KILL_AFTER_TOKENS = 3000
+# The emulator's usual distance from the simulator (2.8% on the default scenario, README) is much less; a
+# small scenario's few long responses make its tail, and so its distance, larger.
+BOUND_REL = 0.15
+
+
+class Killer:
+    """Kills one agent, once, by the PID its pool recorded; remembers when (backend clock: CLOCK_MONOTONIC
+    / TDF, the agents' and the driver's)."""
+
+    def __init__(self, pool, tdf: float = 1.0):
+        self.pool, self.tdf = pool, tdf
+        self.t: float | None = None
+        self.victim: int | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, victim: int) -> None:
+        with self._lock:
+            if self.t is not None:
+                return
+            self.t = time.monotonic() / self.tdf
+            self.victim = victim
+            os.killpg(self.pool.procs[victim].pid, signal.SIGKILL)  # popen gave it its own group
+
+
+def arm(pool, mode: str, kill: Killer, victim: int | None = None, tokens: int = KILL_AFTER_TOKENS) -> None:
+    """Set up ``mode``'s kill on ``pool`` (hooks on the pool's own calls, no change to what they do)."""
+    if mode == "generation":
+        who = victim if victim is not None else pool.generators[-1]
+
+        def watch() -> None:
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and kill.t is None:
+                try:
+                    if pool.clients[who].call("stats", timeout_s=2)["generation_tokens_total"] > tokens:
+                        kill(who)
+                        return
+                except Exception:  # noqa: BLE001 - not serving yet, or a reset between runs
+                    pass
+                time.sleep(0.02)
+
+        threading.Thread(target=watch, name="killer", daemon=True).start()
+    elif mode == "migration":
+        real = pool.migrate
+
+        def migrate(rid, src, dst, *a, **kw):
+            threading.Thread(target=kill, args=(dst,), daemon=True).start()  # dies under the call
+            return real(rid, src, dst, *a, **kw)
+
+        pool.migrate = migrate
+    elif mode == "layout_switch":
+        real_call = pool.call
+
+        def call(s, method, params=None, *a, **kw):
+            out = real_call(s, method, params, *a, **kw)
+            if method == "set_layout" and not (params or {}).get("free"):  # a planned switch, under way now
+                kill(s)
+            return out
+
+        pool.call = call
+    else:
+        raise ValueError(f"unknown kill mode {mode!r} (known: {', '.join(KILL_MODES)})")
+
+
+def measure(res: dict, events: list, kill: Killer, interval: float) -> dict:
+    """The figures of one run with a kill (``res``: the driver's result, ``events``: its timeline)."""
+    failed = [e for e in events if e["kind"] == "agent_failed"]
+    start = next(e["t"] for e in events if e["kind"] == "phase_start" and e["phase"] == "gen")
+    end = next(e["t"] for e in events if e["kind"] == "phase_end" and e["phase"] == "gen")
+    out = {"victim": kill.victim, "killed": kill.t is not None,
+           "kill_after_s": None if kill.t is None else kill.t - start,
+           "failed": [e["server"] for e in failed],
+           "noticed_s": (failed[0]["t"] - kill.t) if failed and kill.t is not None else None,
+           "noticed_intervals": (failed[0]["t"] - kill.t) / interval if failed and kill.t is not None else None,
+           "tick_s_max": res["ticks"]["took_s_max"], "tick_intervals_max": (res["ticks"]["took_s_max"] or 0) / interval,
+           "migrations_per_interval_max": res["ticks"]["migrations_per_interval_max"],
+           "skipped_intervals": res["ticks"]["skipped_intervals"],
+           "lost_requests": res["lost_requests"], "tokens_target": res["tokens_target"],
+           "tokens_unique": res["tokens_unique"], "tokens_duplicate": res["tokens_duplicate"],
+           "exactly_once": res["exactly_once"],
+           "victim_tokens": res["tokens_by_agent"].get(str(kill.victim)),
+           "generation_s": end - start, "step_makespan_s": res["step_makespan_s"][0]}
+    mig = [e for e in events if e["kind"] in ("migration", "migration_failed") and e.get("dst") == kill.victim]
+    if mig:
+        out["migrate_call_s"] = mig[0]["end"] - mig[0]["t"]
+        out["migrate_result"] = mig[0]["kind"]
+    return out
+
+
+def simulated_bound(scn, policy: str, victim: int, kill_after_s: float, interval: float) -> dict:
+    """The simulated backend's generation time of the same step with ``victim`` killed ``kill_after_s`` into
+    it (the survivors' work), and without the kill; the bound the emulated run is held to."""
+    from testbed.driver import Driver
+    from testbed.experiment import Experiment
+
+    exp = Experiment(scn, "simulated")
+    out = {}
+    for name, fail in (("simulated_s", (victim, kill_after_s)), ("simulated_no_kill_s", None)):
+        p = exp.policy(policy)
+        b = exp.backend(p)
+        if fail is not None:
+            b.inject_failure(*fail)
+        res = Driver(scn, b, p, exp.settings).run(1)
+        out[name] = res["steps"][0]["generation_s"]
+    out["bound_s"] = out["simulated_s"] * (1 + BOUND_REL) + 2 * interval
+    return out
+
+
+def fault_run(scn, mode: str, out: Path, policy: str | None = None, victim: int | None = None) -> dict:
+    """One emulated run of the scenario's first step with ``mode``'s kill, on a cluster of its own; figures."""
+    from testbed.experiment import Experiment
+
+    policy = policy or DEFAULT_POLICY[mode]
+    exp = Experiment(scn, "emulated")
+    interval = exp.settings.planning_interval_s
+    with exp:
+        kill = Killer(exp.cluster[1], scn.fabric.time_dilation)
+        arm(exp.cluster[1], mode, kill, victim)
+        res, files = exp.run(exp.policy(policy), 1, out)
+        events = json.loads(Path(files["timeline"]).read_text())["events"]
+    got = {"mode": mode, "policy": policy, "interval_s": interval, **measure(res, events, kill, interval)}
+    if got["killed"]:
+        got.update(simulated_bound(scn, policy, kill.victim, got["kill_after_s"], interval))
+        got["within_bound"] = got["generation_s"] <= got["bound_s"]
+    return got
+
+
+def bench_faults(scenario_path: str, modes: list[str], out: Path,
+                 progress: Callable[[int], None] | None = None) -> dict:
+    from emulation.scenario import load_scenario
+
+    scn = load_scenario(scenario_path)
+    runs = []
+    for i, mode in enumerate(modes):
+        runs.append(fault_run(scn, mode, out / mode))
+        if progress:
+            progress(i + 1)
+    return {"scenario": scn.name, "bound_rel": BOUND_REL, "runs": runs}
