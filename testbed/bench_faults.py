@@ -60,6 +60,9 @@ def arm(pool, mode: str, kill: Killer, victim: int | None = None, tokens: int = 
         def watch() -> None:
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline and kill.t is None:
+                if who not in pool.placement.values():  # this run has not placed requests on it yet (its engine
+                    time.sleep(0.02)                     # counter may still hold an earlier run's tokens)
+                    continue
                 try:
                     if pool.clients[who].call("stats", timeout_s=2)["generation_tokens_total"] > tokens:
                         kill(who)
@@ -135,33 +138,41 @@ def simulated_bound(scn, policy: str, victim: int, kill_after_s: float, interval
     return out
 
 
-def fault_run(scn, mode: str, out: Path, policy: str | None = None, victim: int | None = None) -> dict:
-    """One emulated run of the scenario's first step with ``mode``'s kill, on a cluster of its own; figures."""
+def fault_run(scn, mode: str, out: Path, policy: str | None = None, victim: int | None = None,
+              tokens: int = KILL_AFTER_TOKENS, baseline: bool = False) -> dict:
+    """One emulated run of the scenario's first step with ``mode``'s kill, on a cluster of its own; figures.
+    ``baseline``: first the same run without a kill on the same cluster (``emulated_no_kill_s``)."""
     from testbed.experiment import Experiment
 
     policy = policy or DEFAULT_POLICY[mode]
     exp = Experiment(scn, "emulated")
     interval = exp.settings.planning_interval_s
+    base = None
     with exp:
+        if baseline:
+            r0, _ = exp.run(exp.policy(policy), 1, out / "no-kill")
+            base = r0["steps"][0]["generation_s"]
         kill = Killer(exp.cluster[1], scn.fabric.time_dilation)
-        arm(exp.cluster[1], mode, kill, victim)
+        arm(exp.cluster[1], mode, kill, victim, tokens)
         res, files = exp.run(exp.policy(policy), 1, out)
         events = json.loads(Path(files["timeline"]).read_text())["events"]
     got = {"mode": mode, "policy": policy, "interval_s": interval, **measure(res, events, kill, interval)}
+    if base is not None:
+        got["emulated_no_kill_s"] = base
     if got["killed"]:
         got.update(simulated_bound(scn, policy, kill.victim, got["kill_after_s"], interval))
         got["within_bound"] = got["generation_s"] <= got["bound_s"]
     return got
 
 
-def bench_faults(scenario_path: str, modes: list[str], out: Path,
-                 progress: Callable[[int], None] | None = None) -> dict:
+def bench_faults(scenario_path: str, modes: list[str], out: Path, tokens: int = KILL_AFTER_TOKENS,
+                 baseline: bool = True, progress: Callable[[int], None] | None = None) -> dict:
     from emulation.scenario import load_scenario
 
     scn = load_scenario(scenario_path)
     runs = []
     for i, mode in enumerate(modes):
-        runs.append(fault_run(scn, mode, out / mode))
+        runs.append(fault_run(scn, mode, out / mode, tokens=tokens, baseline=baseline))
         if progress:
             progress(i + 1)
     return {"scenario": scn.name, "bound_rel": BOUND_REL, "runs": runs}

@@ -193,6 +193,10 @@ class Driver:
                     t_m = b.now()
                     if m.src in self.failed or m.dst in self.failed:
                         continue  # one of them failed during this tick
+                    if t_m - now > deadline:  # this tick has spent its time on the servers: the rest waits
+                        self.timeline.event(t_m, "migration_deferred", rid=m.rid, src=m.src, dst=m.dst,
+                                            reason=f"the tick is {t_m - now:.3f} s old (deadline {deadline:g} s)")
+                        break
                     if budget.left(t_m) <= 0:  # this tick ran into the next interval: that one's limit holds
                         self.timeline.event(t_m, "migration_deferred", rid=m.rid, src=m.src, dst=m.dst,
                                             reason=f"max_migrations ({budget.limit}) reached in this interval")

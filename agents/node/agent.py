@@ -158,7 +158,9 @@ class Agent:
                 outs = self.engine.advance(now)
                 for o in outs:
                     self.fidelity.record(o.modelled_s, now - o.t_end, len(o.ids))
-                if any(o.detached for o in outs):
+                if any(o.detached or len(o.finished) for o in outs):
+                    # a request asked to stop may instead finish in its last step: its waiter must hear that too
+                    # (it slept out its whole timeout otherwise: a 30 s planning tick)
                     self.detach_cv.notify_all()
                 nxt = self.engine.next_event()
             if outs:

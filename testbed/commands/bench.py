@@ -60,9 +60,12 @@ def _faults(args: argparse.Namespace) -> int:
         raise UsageError(f"--kill: unknown {bad or 'empty'} (known: {', '.join(KILL_MODES)})")
     if not Path(args.scenario).is_file():
         raise UsageError(f"scenario: no such file {args.scenario!r}")
+    if args.after_tokens < 1:
+        raise UsageError(f"--after-tokens must be >= 1, got {args.after_tokens}")
     out = Path(args.out or f"runs/bench-faults-{time.strftime('%Y%m%d-%H%M%S')}")
     with tqdm(total=len(modes), desc="faults", file=sys.stderr, disable=args.quiet) as bar:
-        res = bench_faults(args.scenario, modes, out, progress=lambda n: bar.update(n - bar.n))
+        res = bench_faults(args.scenario, modes, out, tokens=args.after_tokens, baseline=not args.no_baseline,
+                           progress=lambda n: bar.update(n - bar.n))
     _emit(res, args.json)
     return 0
 
@@ -98,6 +101,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     k.add_argument("scenario", nargs="?", default="scenarios/default.yaml", help="scenario YAML")
     k.add_argument("--kill", default="generation,migration,layout_switch",
                    help="comma-separated kill modes (a fresh cluster for each)")
+    from testbed.bench_faults import KILL_AFTER_TOKENS
+
+    k.add_argument("--after-tokens", type=int, default=KILL_AFTER_TOKENS,
+                   help=f"generation kill: once the victim has produced this many tokens (default {KILL_AFTER_TOKENS})")
+    k.add_argument("--no-baseline", action="store_true",
+                   help="skip the run without a kill on each cluster (emulated_no_kill_s)")
     k.add_argument("--out", default=None, help="run folders (default runs/bench-faults-<time>)")
     k.add_argument("--json", action="store_true", help="print one JSON object")
     k.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

@@ -230,6 +230,40 @@ def test_a_migration_to_a_failed_peer_gives_up_at_once_and_the_request_stays(tmp
             agent.wait()
 
 
+def test_a_stop_asked_of_a_request_in_its_last_step_answers_at_once(tmp_path):
+    """A migration's stop waits for the step in flight; if the request finishes in that step, the waiter is told
+    then (it used to sleep out its whole timeout: a 30 s planning tick on the default scenario)."""
+    port = _free_port()
+    cfg = {"index": 0, "server": 0, "role": "gen", "gpus": 8, "model": "Qwen2.5-7B", "gpu": "H800",
+           "rpc": {"host": "127.0.0.1", "port": port}, "fabric_ip": "127.0.0.1", "fabric_intf": "lo",
+           "layout": "TP1x8", "collectors": [{"host": "127.0.0.1", "port": _free_port()}]}
+    p = tmp_path / "agent.json"
+    p.write_text(json.dumps(cfg))
+    agent = subprocess.Popen([sys.executable, "-m", "agents.node", "--config", str(p), "--log",
+                              str(tmp_path / "agent.log")], cwd=ROOT)
+    c = AgentClient(f"tcp://127.0.0.1:{port}", "agent0", timeout_s=30.0)
+    try:
+        c.call("ping")
+        results = []
+        for k in range(6):
+            # one token left: its (re)prefill step produces it and finishes it, with the stop pending
+            c.call("submit", {"requests": [{"rid": 100 + k, "prompt": 4000, "target": 50, "dest": 0,
+                                            "generated": 49}]})
+            t0 = time.monotonic()
+            res = c.call("migrate", {"rid": 100 + k, "dst": 0, "timeout_s": 20.0,
+                                     "dst_rpc": {"host": "127.0.0.1", "port": port}}, timeout_s=25.0)
+            results.append((res["result"], time.monotonic() - t0))
+        assert all(took < 5.0 for _, took in results), results
+        assert any(r == "finished" for r, _ in results), results  # the case under test did happen
+        c.call("shutdown")
+        agent.wait(timeout=10)
+    finally:
+        c.close()
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+
+
 # ---- the OCS's ports ----------------------------------------------------------------------------------------
 def test_ocs_ports_are_bounded_by_the_largest_commercial_ocs():
     assert FabricSpec(ocs_ports=MAX_OCS_PORTS).ports_per_ocs == MAX_OCS_PORTS
