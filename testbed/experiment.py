@@ -111,7 +111,10 @@ class Experiment:
                 "layout_switches": r["layout_switches"], "forecast_mape": r["forecast_mape"],
                 "lost_requests": r["lost_requests"], "fidelity": r["fidelity"], "layouts": r["layouts"],
                 "decision_ms_p50": r["decision_ms_p50"], "decision_ms_p99": r["decision_ms_p99"],
-                "step_mode": r["step_mode"], "idle_s": r["idle_s"], "failures": r["failures"]}
+                "step_mode": r["step_mode"], "idle_s": r["idle_s"], "failures": r["failures"],
+                # token accounting (driver.Driver._tokens_total) and the planning ticks (testbed/ticks.py)
+                **{k: r[k] for k in ("tokens_target", "tokens_unique", "tokens_duplicate", "exactly_once",
+                                     "tokens_by_agent", "ticks")}}
         # the two named static set-ups, as aliases of the layouts they are
         low, high = f"static-{self.layouts[0].name(self.gpus)}", f"static-{self.layouts[-1].name(self.gpus)}"
         report["aliases"] = {"static-low": low, "static-high": high}

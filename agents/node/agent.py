@@ -377,6 +377,7 @@ class Agent:
     def rpc_peer_down(self, p) -> dict:
         """Agent ``p.agent`` failed: calls to it (a migration's) give up at once instead of at their deadline."""
         self.dead_peers.add(p.agent)
+        self.comm.dead.add(p.agent)  # a transfer with it is refused too
         return {"dead_peers": sorted(self.dead_peers)}
 
     def _peer_gone(self, peer: int):
@@ -584,6 +585,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"agents.node: error: {e}", file=sys.stderr)
         return 2
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to stderr
     agent = Agent(cfg)
     signal.signal(signal.SIGTERM, lambda *_: (agent.stopping.set(), agent.wake.set()))
     signal.signal(signal.SIGINT, lambda *_: (agent.stopping.set(), agent.wake.set()))

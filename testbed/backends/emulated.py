@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from agents.costmodel import CostModel
+from agents.client import AgentError, AgentGone
 from agents.engine import EngineSettings, Layout
 from agents.protocol import unpack_array
 from controller.ocs import Matching
@@ -34,6 +35,8 @@ from .phases import PhaseModel
 log = logging.getLogger(__name__)
 
 LINK_EFFICIENCY_MIN = 0.8  # a phase whose transfers take longer than modelled / this: the fabric distorted the run
+SYNC_TIMEOUT_MIN_S, SYNC_TIMEOUT_FACTOR = 30.0, 20.0  # a weight sync's deadline: max(30 s, 20 x its modelled time)
+SYNC_RETRIES = 3  # a weight sync run again without the generators that failed under it, at most this often
 STATS_TIMEOUT_S = 10.0  # wall seconds: a state query outside a planning tick (which brings its own deadline)
 
 
@@ -169,7 +172,7 @@ class EmulatedBackend(Backend):
         spec = self.scenario.fabric
         return {int(o): Matching.from_pairs(spec.ports_per_ocs, pairs) for o, pairs in self.tb.client.circuits().items()}
 
-    def sync_weights(self, step: int) -> PhaseResult:
+    def _sync_plan(self) -> tuple[dict[int, dict], int]:
         spec, layout = self.scenario.fabric, self.scenario.layout
         chains = sync_chains(spec, layout, self._installed_matchings(),
                              holders=[t for t in self.train_servers if t not in self.pool.failed])
@@ -186,19 +189,43 @@ class EmulatedBackend(Backend):
             for a, b in zip(ch.members, ch.members[1:]):
                 plan.setdefault(b, {"sources": [], "children": []})["sources"] = [[a, 1.0]]
                 plan.setdefault(a, {"sources": [], "children": []})["children"].append({"agent": b, "sources": []})
+        return plan, len(chains)
+
+    def sync_weights(self, step: int) -> PhaseResult:
+        """The pipelined broadcast along the sync chains. A generator that fails under it (the asynchronous mode
+        runs it beside generation) breaks its chain: the broadcast is run again without it (``retries``)."""
+        spec = self.scenario.fabric
         nbytes = max(4, int(self.cm.weight_bytes() * spec.scale))
-        self._tag = (self._tag + 1) % 4096
+        # a deadline in proportion to the modelled broadcast: a Gloo send posted to a generator before it died is
+        # not always failed by Gloo, and the agent's next collective waits behind it until this deadline
+        timeout = max(SYNC_TIMEOUT_MIN_S, SYNC_TIMEOUT_FACTOR * self.model.sync_s(self._installed_phase())[0]) * self.tdf
         before = self._port_bytes()
         t0 = self.now()
-        res = self.pool.call_all(list(plan), "broadcast", lambda s: {"nbytes": nbytes, "bucket_bytes": self.bucket_bytes,
-                                                                      "tag": self._tag, "version": step,
-                                                                      "timeout_s": 600, **plan[s]}, 900)
+        retries = 0
+        while True:
+            plan, n_chains = self._sync_plan()
+            self._tag = (self._tag + 1) % 4096
+            try:
+                res = self.pool.call_all(list(plan), "broadcast",
+                                         lambda s: {"nbytes": nbytes, "bucket_bytes": self.bucket_bytes,
+                                                    "tag": self._tag, "version": step, "timeout_s": timeout,
+                                                    **plan[s]},
+                                         timeout + 60)
+                break
+            except (AgentError, AgentGone) as e:
+                self.pool.poll_exits()
+                gone = sorted(a for a in plan if a in self.pool.failed and a in self.gen_servers)
+                if not gone or retries >= SYNC_RETRIES:
+                    raise
+                retries += 1
+                log.warning("weight sync of step %d: generator(s) %s failed under it (%s); again without them",
+                            step, gone, e)
         t1 = self.now()
         crcs = {r["crc32"] for r in res.values()}
         roots = [r for r in res.values() if not r["sources"]]
         span = (max(r["end_mono"] for r in res.values()) - min(r["start_mono"] for r in roots)) / self.tdf
-        detail = {"bytes_emulated": nbytes, "chains": len(chains), "consistent": len(crcs) == 1,
-                  "broadcast_s": span, "bucket_bytes": self.bucket_bytes}
+        detail = {"bytes_emulated": nbytes, "chains": n_chains, "consistent": len(crcs) == 1,
+                  "broadcast_s": span, "bucket_bytes": self.bucket_bytes, "retries": retries}
         self._utilisation("sync", before, span, self.model.sync_s(self._installed_phase())[0])
         return PhaseResult("sync", t0, t1, detail)
 
