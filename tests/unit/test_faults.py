@@ -338,3 +338,40 @@ def test_a_teardown_signal_unwinds_and_one_during_a_teardown_waits_for_it():
             steps.append("not reached")
     assert steps[-1] == "finished" and ei.value.exit_code == 143
     assert {s: signal.getsignal(s) for s in before} == before  # the handlers are restored
+
+
+def test_a_controller_whose_owner_is_killed_exits_and_clean_removes_its_folder(tmp_path, monkeypatch):
+    """The process that started the controller dies by SIGKILL (no teardown at all): the controller notices
+    its owner is gone and exits; its scratch folder was recorded, so `clean` removes it. (No switch needed.)"""
+    import os
+    import signal
+
+    from emulation import registry
+
+    monkeypatch.setenv("ORCHESTRRL_STATE_DIR", str(tmp_path / "state"))
+    owner = subprocess.Popen([sys.executable, "-c", (
+        "import time\n"
+        "from controller.process import ControllerProcess\n"
+        "from emulation.spec import FabricSpec, JobLayout\n"
+        "c = ControllerProcess(FabricSpec(), JobLayout()).start()\n"
+        "print(c.pid, c._dir, flush=True)\n"
+        "time.sleep(300)\n")], cwd=ROOT, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    ctl_pid = None
+    try:
+        line = owner.stdout.readline().split()
+        ctl_pid, folder = int(line[0]), Path(line[1])
+        assert registry.process_alive(ctl_pid) and folder.is_dir()
+        assert folder in registry.list_tmpdirs()
+        owner.kill()
+        owner.wait()
+        deadline = time.monotonic() + 5
+        while registry.process_alive(ctl_pid):
+            assert time.monotonic() < deadline, "the controller outlived its owner"
+            time.sleep(0.05)
+        rep = registry.clean()
+        assert str(folder) in rep.tmpdirs and not folder.exists() and registry.list_tmpdirs() == []
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        if ctl_pid and registry.process_alive(ctl_pid):
+            os.kill(ctl_pid, signal.SIGKILL)
