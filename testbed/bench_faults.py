@@ -7,7 +7,10 @@ A kill is ``SIGKILL`` to the agent's process group, found by the PID the cluster
 * ``generation``: a generator, once it has produced ``KILL_AFTER_TOKENS`` tokens of the first step;
 * ``migration``: the destination of the run's first migration, the moment the driver's migrate call to its
   source is sent (it dies under the call: the source is mid-copy or about to be);
-* ``layout_switch``: the server of the run's first planned layout switch, as soon as the switch started.
+* ``layout_switch``: the server of the run's first planned layout switch, as soon as the switch started;
+* ``weight_sync``: the last generator of the weight broadcast, the moment the broadcast call is sent (in the
+  asynchronous step mode it runs beside the next step's generation): the sync is run again without it. Two
+  steps are run; the simulator has no sync failure, so this mode is held to its no-kill baseline only.
 
 Per kill: how long after it the failure was acted on (``noticed_s``, the ``agent_failed`` event against the
 kill time), the longest planning tick, the most migrations any planning interval held, lost requests, the token
@@ -25,8 +28,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-KILL_MODES = ("generation", "migration", "layout_switch")
-DEFAULT_POLICY = {"generation": "orchestrrl", "migration": "balancer", "layout_switch": "planner"}
+KILL_MODES = ("generation", "migration", "layout_switch", "weight_sync")
+DEFAULT_POLICY = {"generation": "orchestrrl", "migration": "balancer", "layout_switch": "planner",
+                  "weight_sync": "orchestrrl"}
+STEPS = {"weight_sync": 2}  # runs of one step otherwise
 KILL_AFTER_TOKENS = 3000
 # The emulator's usual distance from the simulator (2.8% on the default scenario, README) is much less; a
 # small scenario's few long responses make its tail, and so its distance, larger.
@@ -90,15 +95,28 @@ def arm(pool, mode: str, kill: Killer, victim: int | None = None, tokens: int = 
             return out
 
         pool.call = call
+    elif mode == "weight_sync":
+        real_all = pool.call_all
+
+        def call_all(agents, method, params_of, timeout_s, watch=None):
+            if method == "broadcast":
+                gens = [a for a in agents if a in pool.generators]
+                if gens:
+                    threading.Thread(target=kill, args=(gens[-1],), daemon=True).start()  # dies under it
+            return real_all(agents, method, params_of, timeout_s, watch)
+
+        pool.call_all = call_all
     else:
         raise ValueError(f"unknown kill mode {mode!r} (known: {', '.join(KILL_MODES)})")
 
 
 def measure(res: dict, events: list, kill: Killer, interval: float) -> dict:
-    """The figures of one run with a kill (``res``: the driver's result, ``events``: its timeline)."""
+    """The figures of one run with a kill (``res``: the driver's result, ``events``: its timeline); the
+    generation phase is the first one (the kill's, in every mode but weight_sync)."""
     failed = [e for e in events if e["kind"] == "agent_failed"]
     start = next(e["t"] for e in events if e["kind"] == "phase_start" and e["phase"] == "gen")
     end = next(e["t"] for e in events if e["kind"] == "phase_end" and e["phase"] == "gen")
+    syncs = [e for e in events if e["kind"] == "phase_end" and e["phase"] == "sync"]
     out = {"victim": kill.victim, "killed": kill.t is not None,
            "kill_after_s": None if kill.t is None else kill.t - start,
            "failed": [e["server"] for e in failed],
@@ -111,7 +129,9 @@ def measure(res: dict, events: list, kill: Killer, interval: float) -> dict:
            "tokens_unique": res["tokens_unique"], "tokens_duplicate": res["tokens_duplicate"],
            "exactly_once": res["exactly_once"],
            "victim_tokens": res["tokens_by_agent"].get(str(kill.victim)),
-           "generation_s": end - start, "step_makespan_s": res["step_makespan_s"][0]}
+           "generation_s": end - start, "step_makespan_s": res["step_makespan_s"][0],
+           "step_makespans_s": res["step_makespan_s"], "sync_retries": [e.get("retries", 0) for e in syncs],
+           "sync_consistent": [e.get("consistent") for e in syncs]}
     mig = [e for e in events if e["kind"] in ("migration", "migration_failed") and e.get("dst") == kill.victim]
     if mig:
         out["migrate_call_s"] = mig[0]["end"] - mig[0]["t"]
@@ -147,19 +167,21 @@ def fault_run(scn, mode: str, out: Path, policy: str | None = None, victim: int 
     policy = policy or DEFAULT_POLICY[mode]
     exp = Experiment(scn, "emulated")
     interval = exp.settings.planning_interval_s
-    base = None
+    base = base_ms = None
+    steps = STEPS.get(mode, 1)
     with exp:
         if baseline:
-            r0, _ = exp.run(exp.policy(policy), 1, out / "no-kill")
-            base = r0["steps"][0]["generation_s"]
+            r0, _ = exp.run(exp.policy(policy), steps, out / "no-kill")
+            base, base_ms = r0["steps"][0]["generation_s"], r0["step_makespan_s"]
         kill = Killer(exp.cluster[1], scn.fabric.time_dilation)
         arm(exp.cluster[1], mode, kill, victim, tokens)
-        res, files = exp.run(exp.policy(policy), 1, out)
+        res, files = exp.run(exp.policy(policy), steps, out)
         events = json.loads(Path(files["timeline"]).read_text())["events"]
     got = {"mode": mode, "policy": policy, "interval_s": interval, **measure(res, events, kill, interval)}
     if base is not None:
         got["emulated_no_kill_s"] = base
-    if got["killed"]:
+        got["emulated_no_kill_makespans_s"] = base_ms
+    if got["killed"] and mode != "weight_sync":
         got.update(simulated_bound(scn, policy, kill.victim, got["kill_after_s"], interval))
         got["within_bound"] = got["generation_s"] <= got["bound_s"]
     return got

@@ -17,7 +17,7 @@ import pytest
 from emulation.scenario import ControllerSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.workload import WorkloadSpec
-from testbed.bench_faults import fault_run
+from testbed.bench_faults import BOUND_REL, fault_run
 
 pytestmark = pytest.mark.system
 
@@ -88,3 +88,21 @@ def test_a_call_to_a_failed_agent_fails_at_once(tmp_path):
             pool.call(3, "stats", timeout_s=10)
         assert time.monotonic() - t0 < 0.5
         assert pool.call(2, "ping")["agent"] == 2  # the others keep serving
+
+
+# the asynchronous step mode: step 0's weight sync runs beside step 1's generation
+SCN_ASYNC = dataclasses.replace(SCN, orchestrator={**SCN.orchestrator, "step_mode": "async"})
+
+
+def test_kill_during_a_weight_sync_beside_generation(tmp_path):
+    """A generator dies under the weight broadcast that runs beside the next step's generation: the sync is run
+    again without it, the generation re-queues its requests, and the two steps take about what they take
+    without the kill (the baseline on the same cluster; the simulator has no sync failure to bound it with)."""
+    got = fault_run(SCN_ASYNC, "weight_sync", tmp_path, baseline=True)
+    print(got)
+    assert got["killed"] and got["failed"] == [got["victim"]]
+    assert got["lost_requests"] == 0 and got["exactly_once"] and got["tokens_unique"] == got["tokens_target"]
+    assert got["tick_s_max"] <= 2 * INTERVAL
+    assert got["sync_retries"][0] >= 1 and all(got["sync_consistent"])  # run again, the same weights everywhere
+    for ms, base in zip(got["step_makespans_s"], got["emulated_no_kill_makespans_s"]):
+        assert ms <= base * (1 + BOUND_REL) + 2 * INTERVAL, got
