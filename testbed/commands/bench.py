@@ -99,7 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "switch: noticed when, longest tick, migrations per interval, lost, "
                                        "duplicates, generation time against the simulated survivors' (root)")
     k.add_argument("scenario", nargs="?", default="scenarios/default.yaml", help="scenario YAML")
-    k.add_argument("--kill", default="generation,migration,layout_switch",
+    k.add_argument("--kill", default="generation,migration,layout_switch,weight_sync",
                    help="comma-separated kill modes (a fresh cluster for each)")
     from testbed.bench_faults import KILL_AFTER_TOKENS
 

@@ -4,8 +4,9 @@ scenario: the failure is acted on within 2 planning intervals of the kill, no pl
 2 intervals, no interval holds more than ``max_migrations`` migrations, nothing is lost, every token is
 accounted for (``tokens_unique == tokens_target``, duplicates reported, the victim's tokens up to its death),
 and the step's generation takes no longer than the simulated backend's run of the same step with the same
-server killed at the same time, x (1 + BOUND_REL) + 2 intervals (testbed/bench_faults.py: the same runs as
-`orchestrrl bench faults`, which reports them on the default scenario).
+server killed at the same time, at the pace this cluster ran the step without a kill, x (1 + BOUND_REL) + 2
+intervals (testbed/bench_faults.py: the same runs as `orchestrrl bench faults`, which reports them on the
+default scenario).
 """
 from __future__ import annotations
 
