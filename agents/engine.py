@@ -206,9 +206,12 @@ class Replica:
         self.step: dict | None = None  # the step in flight
         self.busy_until: float | None = None
         self.preemptions = 0
+        self.seq_bound = False  # max_num_seqs ever kept a waiting request out (else any larger value runs the same)
         self.tokens_total = 0
         self.recent: deque[tuple[float, int]] = deque()
         self.detach_wanted: set[int] = set()
+        self._ahead: tuple[int, float, np.ndarray] | None = None  # (batch, first total context, step times)
+        self._ff_stuck: dict | None = None  # the step in flight fast_forward already found it cannot skip past
 
     # ---- bookkeeping ----
     @property
@@ -266,6 +269,8 @@ class Replica:
             return False
         s = self.s
         n = self.n
+        if self.waiting and n >= s.max_num_seqs:
+            self.seq_bound = True
         if n and (not self.waiting or n >= s.max_num_seqs) and not self.pre[:n].any():
             # the common case, every request decoding and nothing to admit: one pass, no preemption if it fits
             ctx = self.prompt[:n] + self.gen[:n]
@@ -312,7 +317,10 @@ class Replica:
                 chunk[i] = c
                 budget -= c
         free = self.kv_blocks - self.used_blocks
-        while self.waiting and self.n < s.max_num_seqs and budget > 0:
+        while self.waiting and budget > 0:
+            if self.n >= s.max_num_seqs:
+                self.seq_bound = True
+                break
             rec = self.waiting[0]
             kv = rec[5]
             need = int(self._blocks_for(rec[1] + rec[2] + 1))
@@ -391,17 +399,17 @@ class Replica:
         run the pure-decode steps that end by ``horizon`` in one go; returns (steps, end time, tokens) or None
         when the next step must be planned normally. Exactly the steps :meth:`plan`/:meth:`complete` would run."""
         st = self.step
-        if st is None or self.n == 0:
+        if st is None or self.n == 0 or st is self._ff_stuck:
             return None
         n = self.n
-        if st["chunk"] is not None or st["emit"] is not None or self.pre[:n].any():
+        if st["chunk"] is not None or st["emit"] is not None or self.pre[:n].any() or self._admissible():
+            self._ff_stuck = st  # the batch may change at the next step: plan it normally
             return None
-        if self.waiting and self.n < self.s.max_num_seqs:
-            return None  # an admission may happen at the next step
         # the step in flight ends at t1; the following k-1 steps are pure decode with the same batch
         remaining = self.target[:n] - self.gen[:n]  # tokens left incl. the in-flight one
         k = int(remaining.min())  # steps until the first finish (the k-th step finishes someone)
         if k <= 1:
+            self._ff_stuck = st
             return None
         # KV: blocks needed over the next k-1 planned steps must fit (else preemption: plan normally)
         ctx_now = self.prompt[:n] + self.gen[:n] + 1  # after the in-flight step
@@ -420,13 +428,15 @@ class Replica:
                     hi = mid - 1
             k = lo + 1
             if k <= 1:
+                self._ff_stuck = st
                 return None
         if st["t1"] > horizon:
             return None
-        # steps after the in-flight one: planned at ctx sums c0 + n*j, j = 0..k-2
+        # steps after the in-flight one: planned at ctx sums c0 + n*j, j = 0..k-2. Only as many as can end by
+        # the horizon are costed: chunks of doubling size until one ends past it (a poll every few ms of a
+        # 16k-token response would otherwise cost all of its remaining steps each time)
         c0 = float(np.sum(self.prompt[:n] + self.gen[:n])) + n
-        ctx = c0 + n * np.arange(k - 1, dtype=float)
-        durs = np.asarray(self.cost.decode_steps_s(self.layout, n, ctx), dtype=float)
+        durs = self._lookahead(n, c0, k - 1, horizon - st["t1"])
         ends = st["t1"] + np.cumsum(durs)
         # follow-up steps ending by the horizon, but never the k-th step (it finishes a request: plan normally)
         m = min(int(np.searchsorted(ends, horizon, side="right")), k - 2)
@@ -445,6 +455,43 @@ class Replica:
         self.step = {"t0": t_end, "t1": t_end + nxt, "dur": nxt, "chunk": None, "emit": None, "preempted": ()}
         self.busy_until = t_end + nxt
         return steps, t_end, tokens
+
+    def _admissible(self) -> bool:
+        """Whether the head of the queue could be admitted at the next step: a slot is free, the step's token
+        budget has room, and its blocks fit what the KV cache has free now. Blocks only grow while the batch
+        decodes, so a head that does not fit now does not fit before a request finishes (or is preempted,
+        which ``fits`` below rules out): such a queue does not stop a fast-forward."""
+        if not self.waiting or self.n >= self.s.max_num_seqs or self.n >= self.s.max_num_batched_tokens:
+            return False
+        rec = self.waiting[0]
+        return int(self._blocks_for(rec[1] + rec[2] + 1)) <= self.kv_blocks - self.used_blocks
+
+    def _lookahead(self, n: int, c0: float, total: int, span: float) -> np.ndarray:
+        """Durations of the next pure-decode steps of a batch of ``n`` (total contexts ``c0 + n*j``), at most
+        ``total`` of them, stopping after the first chunk whose steps reach past ``span`` seconds: elementwise
+        the same numbers as costing all ``total`` steps at once, and their running sum the same prefix.
+
+        The steps costed are kept: the next call for the same batch further on (the next poll of the
+        simulated backend, a few steps later) takes them from there instead of costing them again."""
+        have = np.zeros(0)
+        if self._ahead is not None:
+            bn, bc, bd = self._ahead
+            j = (c0 - bc) / n if bn == n else -1.0
+            if 0 <= j < len(bd) and j == int(j):
+                have = bd[int(j):int(j) + total]
+        parts = [have] if len(have) else []
+        acc, j, size = float(have.sum()), len(have), 64
+        while j < total and not acc > span + 1e-9 * (abs(span) + acc):  # past it beyond any rounding
+            c = min(size, total - j)
+            d = np.asarray(self.cost.decode_steps_s(self.layout, n, c0 + n * np.arange(j, j + c, dtype=float)),
+                           dtype=float)
+            parts.append(d)
+            acc += float(d.sum())
+            j += c
+            size *= 2
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self._ahead = (n, c0, out)
+        return out
 
 
 @dataclass
@@ -481,8 +528,10 @@ class Engine:
         self._detach_pending: set[int] = set()
         self.finished_total = 0
         self.finished_log: list[tuple[int, float]] = []  # (request id, finish time) seen by run_until
+        self.last_end = -math.inf  # end of the last step completed (run_until: when the engine went idle)
         self.held: set[int] = set()  # ids of every request on this server (running or waiting)
         self._base_preemptions = 0  # counters of replicas replaced by a layout switch
+        self._base_seq_bound = False
         self._base_tokens = 0
         self._build(layout)
 
@@ -631,6 +680,7 @@ class Engine:
                     if ff is not None:
                         steps += ff[0]
                         tokens += ff[2]
+                        self.last_end = max(self.last_end, ff[1])
                         progressed = True
             if progressed:
                 continue
@@ -638,6 +688,7 @@ class Engine:
             for o in outs:
                 steps += 1
                 tokens += len(o.ids)
+                self.last_end = max(self.last_end, o.t_end)
                 if len(o.finished):
                     self.finished_log.extend((int(x), o.t_end) for x in o.finished)
         return steps, tokens
@@ -675,6 +726,7 @@ class Engine:
                 running.append(rep._remove_slot(rep.n - 1))
             waiting.extend(rep.waiting)
         self._base_preemptions += sum(r.preemptions for r in self.replicas)
+        self._base_seq_bound = self.seq_bound
         self._base_tokens += sum(r.tokens_total for r in self.replicas)
         self._build(sw.new)
         # running requests keep their KV (relocated) on the replica with the least KV held that has room; what
@@ -695,6 +747,12 @@ class Engine:
         self.paused_until = sw.end
         self.switches.append({"from": sw.old.name(self.gpus), "to": sw.new.name(self.gpus), "requested": sw.requested,
                               "start": sw.start, "end": sw.end, "switch_s": sw.switch_s, "kv_tokens": sw.kv_tokens})
+
+    @property
+    def seq_bound(self) -> bool:
+        """Whether ``max_num_seqs`` ever kept a waiting request out of a batch on this server: if not, every
+        larger ``max_num_seqs`` schedules exactly the same steps (a tuning grid skips those runs)."""
+        return self._base_seq_bound or any(r.seq_bound for r in self.replicas)
 
     # ---- what the orchestrator sees ----
     def stats(self, now: float) -> dict:
