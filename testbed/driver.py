@@ -38,7 +38,6 @@ from testbed.orchestrator.settings import OrchestratorSettings, Policy, feasible
 log = logging.getLogger(__name__)
 
 FIT_WAIT_S = 30.0
-POLL_S = 0.05  # how often the end of generation is looked for between planning ticks (backend seconds)
 
 
 @dataclass
@@ -108,9 +107,11 @@ class Driver:
         return d
 
     # ---- generation of one step ----
-    def generate(self, step: int, forecast: LengthForecast, on_tick: Callable[[float], None] | None = None) -> dict:
+    def generate(self, step: int, forecast: LengthForecast, on_tick: Callable[[float], None] | None = None,
+                 wake_hint: Callable[[], float] | None = None) -> dict:
         """One step's generation phase with the planner and the balancer in the loop; ``on_tick(now)`` is called
-        at every poll (the asynchronous mode runs training and weight sync beside it)."""
+        at every poll (the asynchronous mode runs training and weight sync beside it) and ``wake_hint()`` says
+        when it next needs a poll (a job's known end; inf: none)."""
         b = self.backend
         lengths, prompt_ids = self.lengths(step)
         servers = [s for s in b.gen_servers if s not in self.failed]
@@ -131,10 +132,9 @@ class Driver:
         switches = migrations = 0
         fc = forecast
         interval = self.settings.planning_interval_s
-        poll = min(interval, POLL_S)
         next_tick = t_gen + interval
         while True:
-            b.wait_until(min(next_tick, b.now() + poll))
+            b.wait_until(self._wake(next_tick, wake_hint), until_idle=True)
             if on_tick is not None:
                 on_tick(b.now())
             if b.finished_count() >= req.n and not b.in_flight():
@@ -201,6 +201,17 @@ class Driver:
         self.lost_total += lost
         return {"step": step, "req": req, "lengths": lengths, "start": t_start, "gen_start": t_gen,
                 "gen_end": t_gen_end, "out": out, "switches": switches, "migrations": migrations, "lost": lost}
+
+    def _wake(self, until: float, hint: Callable[[], float] | None) -> float:
+        """The next time the driver must look: ``until``, the backend's poll (emulated: the end of generation
+        and the jobs beside it are seen only by looking), and a known job end."""
+        b = self.backend
+        t = until if b.poll_s is None else min(until, b.now() + b.poll_s)
+        if hint is not None:
+            t = min(t, max(hint(), b.now()))
+        if math.isinf(t):
+            raise RuntimeError("internal: the driver would wait for nothing")
+        return t
 
     def _record(self, g: dict, forecast: LengthForecast, tr: PhaseResult, sy: PhaseResult, period_end: float,
                 extra: dict | None = None) -> dict:
@@ -369,9 +380,13 @@ class Driver:
                 self.phase("sync")
                 st["sync_job"], st["sync_step"] = b.start_sync(k), k
 
+        def job_ends() -> float:  # the jobs' known ends (virtual time), where the next poll must be
+            ends = [j.end_hint() for j in (st["train_job"], st["sync_job"]) if j is not None]
+            return min((e for e in ends if e is not None), default=math.inf)
+
         def wait_for(cond) -> None:
             while not cond():
-                b.wait_until(b.now() + POLL_S)
+                b.wait_until(self._wake(math.inf, job_ends))
                 service(b.now())
 
         gens, fcs = [], []
@@ -381,7 +396,7 @@ class Driver:
             fc = forecast_for(k)
             if self.progress:
                 self.progress(f"step {k}/{steps}", k / steps)
-            g = self.generate(k, fc, on_tick=service)
+            g = self.generate(k, fc, on_tick=service, wake_hint=job_ends)
             observe(g["lengths"], k)
             st["train_q"].append((k, g["lengths"]))
             service(b.now())

@@ -66,7 +66,7 @@ class EmulatedBackend(Backend):
     def now(self) -> float:
         return time.monotonic() / self.tdf
 
-    def wait_until(self, t: float) -> None:
+    def wait_until(self, t: float, until_idle: bool = False) -> None:
         delay = (t - self.now()) * self.tdf
         if delay > 0:
             time.sleep(delay)

@@ -30,6 +30,8 @@ from .phases import PhaseModel
 
 class SimulatedBackend(Backend):
     name = "simulated"
+    poll_s = None  # virtual time: the driver wakes at its ticks and at known job ends; wait_until(until_idle)
+                   # stops the clock when generation runs out of work
 
     def __init__(self, scenario, layouts: dict[int, Layout], engine: EngineSettings = EngineSettings(),
                  migration_overhead_s: float = 0.004):
@@ -58,7 +60,7 @@ class SimulatedBackend(Backend):
     def _push(self, t: float, kind: str, payload: tuple) -> None:
         heapq.heappush(self.events, (t, next(self._seq), kind, payload))
 
-    def wait_until(self, t: float) -> None:
+    def wait_until(self, t: float, until_idle: bool = False) -> None:
         while self.events and self.events[0][0] <= t:
             te, _, kind, payload = heapq.heappop(self.events)
             for e in self.engines.values():
@@ -67,6 +69,11 @@ class SimulatedBackend(Backend):
             getattr(self, f"_on_{kind}")(te, *payload)
         for e in self.engines.values():
             e.run_until(t)
+        if until_idle and not self.events and all(e.idle() for e in self.engines.values()):
+            last = max(e.last_end for e in self.engines.values())
+            if last > self.t:  # generation ran out of work before t: stop the clock where it did
+                self.t = last
+                return
         self.t = max(self.t, t)
 
     # ---- generation ----
@@ -216,6 +223,9 @@ class _VirtualJob(Job):
 
     def done(self) -> bool:
         return self.b.now() >= self.r.end - 1e-12
+
+    def end_hint(self) -> float:
+        return self.r.end
 
     def wait(self) -> PhaseResult:
         if self.b.now() < self.r.end:
