@@ -24,6 +24,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="RL steps (default: the scenario's)")
     p.add_argument("--out", default=None, help="output folder (default runs/<command>-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--no-cache", action="store_true", help="tune the static baseline afresh (testbed/tuning.py "
+                                                           "caches the grid by the scenario's content)")
 
 
 def register(sub) -> None:
@@ -31,7 +33,8 @@ def register(sub) -> None:
 
     r = sub.add_parser("run", help="run a scenario's RL steps under one policy (planner/balancer in the loop)")
     _common(r)
-    r.add_argument("--policy", default="orchestrrl", help=f"one of {', '.join(POLICIES)} or static-TP<t>x<r>")
+    r.add_argument("--policy", default="orchestrrl", help=f"one of {', '.join(POLICIES)}, static-tuned, "
+                                                          f"static-TP<t>x<r> or static-TP<t>x<r>@<max_num_seqs>")
     r.set_defaults(func=_run)
     c = sub.add_parser("compare", help="run every policy and every static layout on the same seed; report + plots")
     _common(c)
@@ -57,16 +60,29 @@ def _prepare(args):
 
         if os.geteuid() != 0:
             raise UsageError("--backend emulated builds a fabric and needs root (or use --backend simulated)")
-    return Experiment(scn, args.backend), steps
+    return Experiment(scn, args.backend, steps=steps, use_cache=not args.no_cache), steps
 
 
 def _bar(args, total: int, desc: str):
     return tqdm(total=total, desc=desc, file=sys.stderr, disable=args.quiet, unit="step")
 
 
+def _tune(args, exp) -> None:
+    """The tuning grid first (simulated backend, seconds per configuration; cached), with a progress bar."""
+    n = len(exp.layouts) * len(exp.grid_values)
+    with tqdm(total=n, desc="tuning the static baseline", file=sys.stderr, disable=args.quiet, unit="config") as bar:
+        exp.tuning_grid(progress=lambda name: (bar.set_postfix_str(name), bar.update(1)))
+        bar.update(bar.total - bar.n)
+
+
 def _run(args) -> int:
     exp, steps = _prepare(args)
-    policy = exp.policy(args.policy)  # SpecError (exit 2) before anything starts
+    from testbed.orchestrator.settings import make_policy
+
+    make_policy(args.policy, exp.layouts, exp.gpus, tuned=make_policy("static-low", exp.layouts, exp.gpus))  # exit 2 now
+    if args.policy in ("static-tuned", "balancer"):
+        _tune(args, exp)
+    policy = exp.policy(args.policy)
     out = Path(args.out or f"runs/run-{policy.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     with _bar(args, steps, policy.name) as bar, exp:
         res, files = exp.run(policy, steps, out, progress=lambda msg, frac: (bar.set_postfix_str(msg), bar.update(
@@ -84,8 +100,15 @@ def _run(args) -> int:
 
 def _compare(args) -> int:
     exp, steps = _prepare(args)
-    names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else exp.default_policies()
-    policies = [exp.policy(n) for n in names]
+    from testbed.orchestrator.settings import make_policy
+
+    names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else None
+    for n in names or ():  # bad names: exit 2 before the tuning runs
+        make_policy(n, exp.layouts, exp.gpus, tuned=make_policy("static-low", exp.layouts, exp.gpus))
+    _tune(args, exp)
+    policies = list({p.name: p for p in (exp.policy(n) for n in (names or exp.default_policies()))}.values())
+    if exp.tuned().name not in {p.name for p in policies}:
+        policies.insert(0, exp.tuned())
     out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     with _bar(args, steps * len(policies), "compare") as bar, exp:
         done = {"n": 0}
@@ -109,17 +132,22 @@ def _compare(args) -> int:
 def format_table(report: dict) -> str:
     pols = report["policies"]
     idle = any(p.get("idle_s") for p in pols.values())
-    rows = [f"{'policy':<16} {'makespan s (per step)':<28} {'tokens/s':>10} {'speedup':>8} {'switches':>8} "
+    rows = [f"{'policy':<20} {'makespan s (per step)':<28} {'tokens/s':>10} {'speedup':>8} {'switches':>8} "
             f"{'migr.':>6} {'lost':>5} {'MAPE':>6}" + (f" {'idle s gen/train':>17}" if idle else "")]
     for name, p in pols.items():
         ms = ", ".join(f"{x:.1f}" for x in p["step_makespan_s"])
         mape = "-" if p.get("forecast_mape") is None else f"{p['forecast_mape']:.1f}%"
-        row = (f"{name:<16} {ms:<28} {p['throughput_tokens_per_s']:>10.0f} {p['speedup_vs_best_static']:>7.3f}x "
+        row = (f"{name:<20} {ms:<28} {p['throughput_tokens_per_s']:>10.0f} {p['speedup_vs_best_static']:>7.3f}x "
                f"{p['layout_switches']:>8} {p['migrations']:>6} {p['lost_requests']:>5} {mape:>6}")
         if idle and p.get("idle_s"):
             row += f" {p['idle_s']['generators']:>8.1f}/{p['idle_s']['trainers']:<8.1f}"
         rows.append(row)
-    rows.append(f"best static layout: {report['best_static']} ({report['backend']} backend, scenario {report['scenario']})")
+    grid = report.get("baseline_grid") or []
+    rows.append(f"best static configuration: {report['best_static']} (tuned over {len(grid)} layout x max_num_seqs "
+                f"configurations on the simulated backend; {report['backend']} backend, scenario {report['scenario']})")
+    al = report.get("aliases") or {}
+    if al:
+        rows.append("aliases: " + ", ".join(f"{a} = {n}" for a, n in al.items()))
     fids = {n: p.get("fidelity") or {} for n, p in pols.items()}
     judged = {n: f for n, f in fids.items() if "distorted" in f}
     if judged:
