@@ -20,9 +20,11 @@ and jumps, so both run exactly this scheduling code ("one engine, two clocks", D
 
 A step's tokens exist at the step's end: :meth:`Engine.advance` completes every step that ended by ``now``,
 reports the tokens it produced (request id and position: one token per request per step) and starts the
-next step of that replica at ``now`` (in real time, lateness is real lost time: the fidelity monitor's
-overshoot). :meth:`Engine.run_until` is the same thing for virtual time with many steps at once (identical
-results, a unit test checks it).
+next step of that replica at ``now``. :meth:`Engine.run_until` runs every event up to a horizon, each step
+starting when the one before it ended, many steps at once where the batch cannot change (identical results,
+a unit test checks it): the simulated backend calls it in virtual time, and an agent calls it with the wall
+clock, so a late wake-up of the agent delays the tokens it streams but never shifts the schedule (the
+fidelity monitor reports that delay).
 
 Per-request target lengths (where the response ends, like an EOS token) come from the workload and stay in
 the engine: what the orchestrator sees (:meth:`Engine.snapshot`) is how far each request has got, never its
@@ -107,6 +109,11 @@ class EngineSettings:
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     rate_window_s: float = 2.0  # window of the recent decode tokens/s statistic
+    # Not a vLLM knob: the fixed part of a layout switch (communicators, allocator, CUDA graphs), seconds;
+    # None: the cost model's calibration (1 s). Published: live switches in milliseconds with pre-built
+    # communicator pools (Flying Serving), 1-7 s TP/PP switches for 7B-70B (ReMP), minutes for a restart
+    # (REFERENCE.md "Engine settings users run").
+    switch_reinit_s: float | None = None
 
     def __post_init__(self) -> None:
         for n in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -118,6 +125,10 @@ class EngineSettings:
                 f"must be in (0, 1], got {self.gpu_memory_utilization}")
         require(math.isfinite(self.rate_window_s) and self.rate_window_s > 0, "rate_window_s",
                 f"must be > 0, got {self.rate_window_s}")
+        if self.switch_reinit_s is not None:
+            require(isinstance(self.switch_reinit_s, (int, float)) and not isinstance(self.switch_reinit_s, bool)
+                    and math.isfinite(self.switch_reinit_s) and 0 <= self.switch_reinit_s <= 600, "switch_reinit_s",
+                    f"must be in [0, 600] seconds (or null: the calibration's), got {self.switch_reinit_s!r}")
 
 
 class StepCost(Protocol):
@@ -178,6 +189,16 @@ class StepOutput:
 
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _ff_output(replica: int, before: tuple, ff: tuple) -> "StepOutput":
+    """The tokens of ``ff[0]`` fast-forwarded pure-decode steps of one batch as one StepOutput: step by step,
+    every request of the batch one token (positions from where each stood)."""
+    t0, rid, gen, dest = before
+    k = ff[0]
+    pos = (gen[None, :] + np.arange(k, dtype=np.int64)[:, None]).ravel()
+    return StepOutput(replica, float(t0), float(ff[1]), float(ff[1] - t0) / k, np.tile(rid, k), pos,
+                      np.tile(dest, k), _EMPTY)
 
 
 class Replica:
@@ -664,9 +685,13 @@ class Engine:
                 self._detach_pending.discard(rid)
         out.detached = tuple(got)
 
-    def run_until(self, horizon: float) -> tuple[int, int]:
-        """Virtual time: run every event up to ``horizon`` (steps back to back, many at once where the batch
-        cannot change). Returns (steps, tokens). Finished request ids accumulate in ``finished_log``."""
+    def run_until(self, horizon: float, sink: list | None = None) -> tuple[int, int]:
+        """Run every event up to ``horizon`` (steps back to back, many at once where the batch cannot change):
+        each step starts when the one before it ended, whatever time the caller calls at. Returns (steps,
+        tokens). Finished request ids accumulate in ``finished_log``. ``sink``: a list that receives every
+        step's :class:`StepOutput` (a fast-forwarded run of steps as one output of all their tokens, in step
+        order): what an agent pacing this engine by the wall clock streams (its lateness then delays tokens,
+        never the schedule)."""
         steps = tokens = 0
         while True:
             t = self.next_event()
@@ -676,12 +701,18 @@ class Engine:
             for rep in self.replicas:
                 if rep.busy_until is not None and rep.busy_until <= horizon and not self._detach_pending \
                         and (self.switch is None or self.switch.applied):
+                    before = None
+                    if sink is not None and rep.n:
+                        n = rep.n
+                        before = (rep.step["t0"], rep.rid[:n].copy(), rep.gen[:n].copy(), rep.dest[:n].copy())
                     ff = rep.fast_forward(horizon)
                     if ff is not None:
                         steps += ff[0]
                         tokens += ff[2]
                         self.last_end = max(self.last_end, ff[1])
                         progressed = True
+                        if before is not None:
+                            sink.append(_ff_output(rep.index, before, ff))
             if progressed:
                 continue
             outs = self.advance(t)
@@ -691,6 +722,8 @@ class Engine:
                 self.last_end = max(self.last_end, o.t_end)
                 if len(o.finished):
                     self.finished_log.extend((int(x), o.t_end) for x in o.finished)
+            if sink is not None:
+                sink.extend(outs)
         return steps, tokens
 
     # ---- layout ----
@@ -805,9 +838,10 @@ class ModelledCost:
     compute-bound, so this is its compute time).
     """
 
-    def __init__(self, cm, gpus: int = 8):
+    def __init__(self, cm, gpus: int = 8, reinit_s: float | None = None):
         self.cm = cm
         self.gpus = gpus
+        self.reinit_s = reinit_s  # the fixed part of a layout switch (None: the calibration's)
 
     def step_s(self, layout: Layout, n_decode: int, decode_ctx: float, prefill_tokens: int,
                prefill_seqs: int) -> float:
@@ -833,4 +867,5 @@ class ModelledCost:
         (docs/costmodel.md; ReMP reports 1-7 s for 7B-70B)."""
         if old == new:
             return 0.0
-        return float(self.cm.layout_switch_s(old.tp, new.tp, kv_tokens, from_ep=old.ep, to_ep=new.ep, gpus=self.gpus))
+        return float(self.cm.layout_switch_s(old.tp, new.tp, kv_tokens, from_ep=old.ep, to_ep=new.ep, gpus=self.gpus,
+                                             fixed_s=self.reinit_s))

@@ -27,6 +27,10 @@ TOR_DPID_BASE = 0x1000
 OCS_DPID_BASE = 0x2000
 MAX_EMULATED_SERVERS = 250
 MAX_TIME_DILATION = 100.0
+# Below 1 the emulator runs faster than real time (time compression): a long-response step of minutes takes a
+# fraction of that; scale must then be lowered by the same factor so the shaped rates stay what this machine
+# forwards (FabricSpec.check_emulatable), and the agents' CPU must keep up (the fidelity monitor says so).
+MIN_TIME_DILATION = 0.05
 MAX_DELAY_MS = 60000.0  # longest OCS switching delay anything accepts (scenario, controller, REST)
 PHASES = ("train", "gen", "sync")  # the phase topologies (controller/phases.py builds them)
 
@@ -86,7 +90,8 @@ class FabricSpec:
     # Time dilation (Etalon's TDF): the emulator runs time_dilation times slower than real time: links are
     # shaped to rate / TDF, modelled compute and the OCS switching delay last TDF times longer in wall time,
     # and every time reported is divided by TDF. For a scenario too big for this machine's cores or its
-    # forwarding capacity (the fidelity monitor says which TDF a run needed). RLSim ignores it.
+    # forwarding capacity (the fidelity monitor says which TDF a run needed). Below 1 it compresses time (steps
+    # of long responses in a fraction of their real time; lower ``scale`` by the same factor). RLSim ignores it.
     time_dilation: float = 1.0
     fabric_subnet: str = "10.0.0.0/24"
     mgmt_subnet: str = "10.0.1.0/24"
@@ -108,7 +113,8 @@ class FabricSpec:
             require(v > 0, name, f"must be > 0, got {v:g}")
         check_delay_ms(self.reconfig_delay_ms, "reconfig_delay_ms")
         v = finite_float(self.time_dilation, "time_dilation")
-        require(1 <= v <= MAX_TIME_DILATION, "time_dilation", f"must be in [1, {MAX_TIME_DILATION:g}], got {v:g}")
+        require(MIN_TIME_DILATION <= v <= MAX_TIME_DILATION, "time_dilation",
+                f"must be in [{MIN_TIME_DILATION:g}, {MAX_TIME_DILATION:g}], got {v:g}")
         nets = {}
         for name in ("fabric_subnet", "mgmt_subnet"):
             try:

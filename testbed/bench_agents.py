@@ -5,8 +5,8 @@
   ``2 (n-1)/n x bytes / t``, broadcast ``bytes / t``) and ``efficiency`` = bus bandwidth / the TCP goodput one
   iperf3 stream reaches over the same shaped links in the same run (what htb lets through).
 * ``generation``: tokens streamed per second (counted at the collectors) beside the modelled rate (replicas x
-  batch / the modelled step time), the decode-step overshoot of an agent at batch 64 (wall time of a step
-  beyond its modelled time), and migration downtime and total time against the KV bytes moved, for the
+  batch / the modelled step time), the token lag of an agent at batch 64 (how long after its step's modelled
+  end a token left the agent), and migration downtime and total time against the KV bytes moved, for the
   multi-stage and the stop-and-copy modes side by side (median of ``repeats`` migrations each, every value
   listed).
 """
@@ -116,8 +116,8 @@ def bench_generation(rate_mbps: float = 400.0, batch: int = 64, measure_s: float
         out.update(tokens_per_s=round((c1 - c0) / (t1 - t0), 1),
                    modelled_tokens_per_s=round(n / (fid["modelled_step_ms_p50"] / 1e3), 1),
                    engine_decode_tokens_per_s=round(st["decode_tokens_per_s"], 1),
-                   step_overhead_ms_p50=round(fid["overshoot_ms_p50"], 4),
-                   step_overhead_ms_p99=round(fid["overshoot_ms_p99"], 4),
+                   token_lag_ms_p50=round(fid["lag_ms_p50"], 4),
+                   token_lag_ms_p99=round(fid["lag_ms_p99"], 4),
                    modelled_step_ms_p50=round(fid["modelled_step_ms_p50"], 3), steps=fid["steps"],
                    batch_p50=fid["batch_p50"])
         pool.call(gen, "reset")

@@ -38,6 +38,7 @@ from testbed.orchestrator.settings import OrchestratorSettings, Policy, feasible
 log = logging.getLogger(__name__)
 
 FIT_WAIT_S = 30.0
+PAID_S = 1e-3  # a migration paid when the two servers it touched finished at least this much sooner with it
 
 
 @dataclass
@@ -68,7 +69,7 @@ class Driver:
         self.gpus = scenario.fabric.gpus_per_server
         self.est = Estimator(self.cm, self.gpus, settings.engine)
         feasible = feasible_layouts(self.cm, self.gpus, settings.engine, w.prompt_tokens, w.max_response_tokens)
-        self.planner = Planner(self.est, backend_cost(self.cm, self.gpus), settings.planner, self.cm.model.is_moe,
+        self.planner = Planner(self.est, backend_cost(self.cm, self.gpus, settings.engine), settings.planner, self.cm.model.is_moe,
                                tuple(feasible)) if policy.planner else None
         self.balancer = Balancer(self.est, settings.balancer) if policy.balancer else None
         self.model = PhaseModel(scenario)
@@ -86,6 +87,8 @@ class Driver:
         self.failed: dict[int, str] = {}
         self.decision_ms: list[float] = []
         self._ticket = 0
+        self._first_step = 0  # the run's first step: its layouts are chosen free of charge
+        self.realised: list[tuple[float, float]] = []  # (predicted, realised) gain of every migration that has both
 
     # ---- workload ----
     def lengths(self, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -122,14 +125,14 @@ class Driver:
         req = step_requests(step, lengths, prompt_ids, self.w.prompt_tokens, dest)
         t_start = b.now()
         self.timeline.event(t_start, "step", step=step, requests=req.n, tokens=int(lengths.sum()))
-        self._initial_layouts(placed, req, forecast)
+        switches = self._initial_layouts(placed, req, forecast)
         if self.settings.step_mode == "sync" or self.installed not in ("gen", "sync"):
             self.phase("gen", first_step_s=self.cm.prefill_s(1, self.w.prompt_tokens, 1))
         t_gen = b.now()
         for s, idx in placed.items():
             b.submit(s, req.specs(idx), chunked=self.settings.dispatch == "contiguous")
         self.timeline.event(t_gen, "phase_start", phase="gen", step=step)
-        switches = migrations = 0
+        migrations = 0
         fc = forecast
         interval = self.settings.planning_interval_s
         next_tick = t_gen + interval
@@ -153,41 +156,9 @@ class Driver:
                 continue
             t_dec = time.perf_counter()
             fc = self._online(forecast, states, req)
-            self.est.forecast = fc
-            views = {s: ServerView(s, st.layout, loads_from_snapshot(st.snapshot, fc), st.busy_until,
-                                   self.last_switch_end.get(s, -math.inf)) for s, st in states.items()}
-            if self.planner is not None:
-                decisions = self.planner.evaluate_all(views, now, interval)
-                for s, v in list(views.items()):
-                    d = decisions[s]
-                    if d.switch:
-                        lay = Layout.parse(d.best, self.gpus)
-                        sw = b.set_layout(s, lay)
-                        self.last_switch_end[s] = sw["end"]
-                        switches += 1
-                        views[s] = ServerView(s, lay, ServerLoad(v.load.ctx0, v.load.rem, v.load.running,
-                                                                 np.full(v.load.n, -1), v.load.gen, v.load.key),
-                                              sw["end"], sw["end"])
-                        self.timeline.event(now, "layout_switch", server=s, step=step, frm=d.current, to=d.best,
-                                            gain_s=round(d.gain_s, 3), cost_s=round(d.switch_cost_s, 3),
-                                            start=sw["start"], end=sw["end"], predicted=d.predicted_s,
-                                            reason=d.reason)
-            if self.balancer is not None:
-                # a server in a layout switch neither gives nor takes requests: its replicas are being rebuilt
-                steady = {s: v for s, v in views.items() if v.busy_until <= now}
-                rids = {s: states[s].snapshot["rid"] for s in steady}
-                moves, loads = self.balancer.decide(steady, rids, now)
-                for m in moves:
-                    try:
-                        res = b.migrate(m.rid, m.src, m.dst, self.settings.balancer.mode, m.dst_replica)
-                    except Exception as e:  # noqa: BLE001 - a request that finished meanwhile, a busy agent
-                        self.timeline.event(now, "migration_failed", rid=m.rid, src=m.src, dst=m.dst, error=str(e))
-                        continue
-                    migrations += 1
-                    self.timeline.event(now, "migration", rid=m.rid, src=m.src, dst=m.dst, dst_replica=m.dst_replica,
-                                        step=step, before=[round(x, 3) for x in m.before],
-                                        after=[round(x, 3) for x in m.after], downtime_s=res.get("downtime_s"),
-                                        kv_bytes=res.get("kv_bytes"), result=res.get("result"))
+            sw, mg = self._decide(now, states, fc, step)
+            switches += sw
+            migrations += mg
             self.decision_ms.append((time.perf_counter() - t_dec) * 1e3)
         out = b.end_generation(req)
         t_gen_end = out["ended_at"]  # the last token, not the tick that noticed it
@@ -201,6 +172,67 @@ class Driver:
         self.lost_total += lost
         return {"step": step, "req": req, "lengths": lengths, "start": t_start, "gen_start": t_gen,
                 "gen_end": t_gen_end, "out": out, "switches": switches, "migrations": migrations, "lost": lost}
+
+    def _decide(self, now: float, states: dict, fc: LengthForecast, step: int) -> tuple[int, int]:
+        """One planning tick's decisions, carried out: (layout switches, migrations). The planner decides first;
+        the balancer then leaves alone every server in or near a switch (switching, cooling down after one, or
+        held by the lookahead: its replicas are being or about to be rebuilt), and the planner looks again at
+        the servers the balancer's moves changed, so its predictions see the moves."""
+        self.est.forecast = fc
+        views = {s: ServerView(s, st.layout, loads_from_snapshot(st.snapshot, fc), st.busy_until,
+                               self.last_switch_end.get(s, -math.inf)) for s, st in states.items()}
+        switches = migrations = 0
+        near: set[int] = set()
+        if self.planner is not None:
+            decisions = self.planner.evaluate_all(views, now, self.settings.planning_interval_s)
+            near = {s for s, d in decisions.items() if d.near_switch}
+            switches += self._switch(now, step, views, decisions)
+        if self.balancer is not None:
+            steady = {s: v for s, v in views.items() if v.busy_until <= now and s not in near}
+            rids = {s: states[s].snapshot["rid"] for s in steady}
+            moves, _ = self.balancer.decide(steady, rids, now)
+            moved = self._migrate(now, step, moves)
+            migrations += len(moved)
+            if self.planner is not None and moved:
+                after = _after_moves(views, rids, moved)
+                switches += self._switch(now, step, after, self.planner.evaluate_all(
+                    after, now, self.settings.planning_interval_s))
+        return switches, migrations
+
+    def _switch(self, now: float, step: int, views: dict, decisions: dict) -> int:
+        n = 0
+        for s, d in decisions.items():
+            if not d.switch:
+                continue
+            lay = Layout.parse(d.best, self.gpus)
+            sw = self.backend.set_layout(s, lay)
+            self.last_switch_end[s] = sw["end"]
+            n += 1
+            self.timeline.event(self.backend.now(), "layout_switch", server=s, step=step, frm=d.current, to=d.best,
+                                gain_s=round(d.gain_s, 3), cost_s=round(d.switch_cost_s, 3), start=sw["start"],
+                                end=sw["end"], predicted=d.predicted_s, reason=d.reason, tick=round(now, 6))
+        return n
+
+    def _migrate(self, now: float, step: int, moves: list) -> list:
+        b = self.backend
+        done = []
+        for m in moves:
+            try:
+                res = b.migrate(m.rid, m.src, m.dst, self.settings.balancer.mode, m.dst_replica,
+                                predicted_gain_s=m.gain_s)
+            except Exception as e:  # noqa: BLE001 - a request that finished meanwhile, a busy agent
+                self.timeline.event(b.now(), "migration_failed", rid=m.rid, src=m.src, dst=m.dst, error=str(e),
+                                    tick=round(now, 6))
+                continue
+            done.append(m)
+            self.timeline.event(b.now(), "migration", rid=m.rid, src=m.src, dst=m.dst, dst_replica=m.dst_replica,
+                                step=step, before=[round(x, 3) for x in m.before], after=[round(x, 3) for x in m.after],
+                                downtime_s=res.get("downtime_s"), kv_bytes=res.get("kv_bytes"),
+                                result=res.get("result"), predicted_gain_s=round(m.gain_s, 4),
+                                realised_gain_s=res.get("realised_gain_s"), tick=round(now, 6))
+            if res.get("realised_gain_s") is not None:
+                self.realised.append((m.gain_s, float(res["realised_gain_s"])))
+        return done
 
     def _wake(self, until: float, hint: Callable[[], float] | None) -> float:
         """The next time the driver must look: ``until``, the backend's poll (emulated: the end of generation
@@ -252,24 +284,35 @@ class Driver:
         self.timeline.event(r.end, "phase_end", phase=r.phase, step=step, duration_s=r.duration,
                             **{k: v for k, v in r.detail.items() if isinstance(v, (int, float, str))})
 
-    def _initial_layouts(self, placed: dict[int, np.ndarray], req: StepRequests, fc: LengthForecast) -> None:
+    def _initial_layouts(self, placed: dict[int, np.ndarray], req: StepRequests, fc: LengthForecast) -> int:
+        """Every generator's layout for the step. The run's first step starts in whatever layout its policy
+        picks, free (the weights are loaded once, in that layout, as every static layout's are); a change at a
+        later step boundary is a switch like any other, charged what the cost model says and counted (the
+        engine re-shards before the step's requests start)."""
         b = self.backend
         cur = b.layouts()
+        first = req.step == self._first_step
+        charged = 0
         for s, idx in placed.items():
             if self.policy.layout is not None:
                 want = self.policy.layout
+                d = None
             else:
                 n = len(idx)
                 self.est.forecast = fc
                 load = ServerLoad(np.full(n, float(self.w.prompt_tokens)), np.full(n, fc.mean()), np.zeros(n, bool),
                                   np.full(n, -1), np.zeros(n), request_levels(req.rid[idx]))
-                d = self.planner.initial(ServerView(s, cur[s], load))
+                d = self.planner.initial(ServerView(s, cur[s], load), charged=not first)
                 want = Layout.parse(d.best, self.gpus)
-            if want != cur[s]:  # at a step boundary: the weights are (re)loaded in the new layout anyway
-                sw = b.set_layout(s, want, free=True)
+            if want != cur[s]:
+                sw = b.set_layout(s, want, free=first)
                 self.last_switch_end[s] = sw["end"]
+                charged += not first
                 self.timeline.event(b.now(), "layout_switch", server=s, step=req.step, frm=cur[s].name(self.gpus),
-                                    to=want.name(self.gpus), start=sw["start"], end=sw["end"], initial=True)
+                                    to=want.name(self.gpus), start=sw["start"], end=sw["end"], initial=True,
+                                    charged=not first, cost_s=round(sw["end"] - sw["start"], 3),
+                                    reason=None if d is None else d.reason)
+        return charged
 
     def _online(self, forecast: LengthForecast, states, req: StepRequests) -> LengthForecast:
         """The step's forecast updated with what the step has shown so far (finished and running requests)."""
@@ -434,6 +477,10 @@ class Driver:
                 "idle_s": {"generators": sum(s.get("async", {}).get("generator_idle_s", 0.0) for s in st),
                            "trainers": sum(s.get("async", {}).get("trainer_idle_s", 0.0) for s in st)}
                 if self.settings.step_mode == "async" else None,
+                "migrations_paid_fraction": (sum(1 for _, r in self.realised if r > PAID_S) / len(self.realised))
+                if self.realised else None,
+                "migration_gains_s": {"predicted": [round(p, 4) for p, _ in self.realised],
+                                      "realised": [round(r, 4) for _, r in self.realised]} if self.realised else None,
                 "decision_ms_p50": float(np.percentile(self.decision_ms, 50)) if self.decision_ms else None,
                 "decision_ms_p99": float(np.percentile(self.decision_ms, 99)) if self.decision_ms else None,
                 "fidelity": self._fidelity(total_t)}
@@ -455,6 +502,26 @@ class Driver:
         return fid
 
 
+def _after_moves(views: dict, rids: dict, moves: list) -> dict:
+    """The views of the servers that ``moves`` touched, with the moved requests where they went (the forecast
+    fields kept: the planner stratifies and looks ahead on them as on any load)."""
+    cur = {s: (views[s].load, np.asarray(rids[s])) for m in moves for s in (m.src, m.dst)}
+    for m in moves:
+        (ls, rs), (ld, rd) = cur[m.src], cur[m.dst]
+        hit = np.nonzero(rs == m.rid)[0]
+        if not len(hit):
+            continue
+        i = int(hit[0])
+        rep = -1 if m.dst_replica is None else int(m.dst_replica)
+        if m.src == m.dst:
+            cur[m.src] = (ls.without(i).plus_from(ls, i, rep), np.r_[np.delete(rs, i), rs[i]])
+        else:
+            cur[m.dst] = (ld.plus_from(ls, i, rep), np.r_[rd, rs[i]])
+            cur[m.src] = (ls.without(i), np.delete(rs, i))
+    return {s: ServerView(s, views[s].layout, ld, views[s].busy_until, views[s].last_switch_end)
+            for s, (ld, _) in cur.items()}
+
+
 def settle_heap() -> None:
     """Collect once and freeze what survives (the imports, the cluster, the scenario) before the decision
     path starts: the process's first full collection otherwise lands in some planning tick (~12 ms for ~45k
@@ -465,8 +532,8 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def backend_cost(cm, gpus: int):
+def backend_cost(cm, gpus: int, engine):
     from agents.engine import ModelledCost
 
-    return ModelledCost(cm, gpus)
+    return ModelledCost(cm, gpus, engine.switch_reinit_s)
 

@@ -24,7 +24,7 @@ import numpy as np
 from agents.costmodel import CostModel
 from testbed.orchestrator.settings import (Policy, feasible_layouts, make_policy, orchestrator_settings)
 from testbed.report import plot_makespans, write_json, write_run
-from testbed.tuning import GRID, GridPoint, best, static_name, tune
+from testbed.tuning import GRID, GridPoint, best, cache_key, cached, static_name, tune
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,16 @@ class Experiment:
             self._grid = tune(self.scn, self.layouts, self.gpus, self.steps, self._simulate, self.grid_values,
                               self.use_cache, progress)
         return self._grid
+
+    def oracle(self, progress=None) -> dict:
+        """The oracle bounds of this scenario against its tuned static configuration (testbed.oracle; cached
+        like the tuning grid)."""
+        from testbed.oracle import Oracle
+
+        pt = best(self.tuning_grid())
+        key = cache_key(self.scn, self.steps, tuple(self.grid_values)) + f"-{pt.name}"
+        return cached("oracle", key, lambda: Oracle(self.scn, (pt.layout, pt.max_num_seqs), self.grid_values,
+                                                    self.steps).compute(progress), self.use_cache)
 
     def tuned(self) -> Policy:
         pt = best(self.tuning_grid())
@@ -117,7 +127,7 @@ class Experiment:
         if self.backend_name == "simulated":
             from testbed.backends.simulated import SimulatedBackend
 
-            return SimulatedBackend(self.scn, layouts, engine)
+            return SimulatedBackend(self.scn, layouts, engine, counterfactual=policy.balancer)
         from testbed.backends.emulated import EmulatedBackend
 
         b = EmulatedBackend(self.scn, layouts, engine, self.settings.sync_bucket_mb, cluster=self.cluster)
@@ -136,10 +146,13 @@ class Experiment:
             files = write_run(Path(out), res, {"events": drv.timeline.events, "samples": drv.timeline.samples})
         return res, files
 
-    def compare(self, policies: list[Policy], steps: int, out: Path, progress=None, on_policy=None) -> tuple[dict, dict]:
-        """Every policy of ``policies`` (the tuned static configuration is added when missing) on the same seed."""
+    def compare(self, policies: list[Policy], steps: int, out: Path, progress=None, on_policy=None,
+                oracle: bool = True) -> tuple[dict, dict]:
+        """Every policy of ``policies`` (the tuned static configuration is added when missing) on the same seed;
+        ``oracle``: each adaptive policy's speedup also as a fraction of its oracle's (testbed.oracle)."""
         out = Path(out)
         grid = self.tuning_grid()
+        orc = self.oracle() if oracle and steps == self.steps else None
         tuned = self.tuned()
         if tuned.name not in {p.name for p in policies}:
             policies = [tuned] + list(policies)
@@ -163,10 +176,20 @@ class Experiment:
                 "speedup_vs_best_static": base / mean[n], "migrations": r["migrations"],
                 "layout_switches": r["layout_switches"], "forecast_mape": r["forecast_mape"],
                 "lost_requests": r["lost_requests"], "fidelity": r["fidelity"], "layouts": r["layouts"],
-                "max_num_seqs": r["max_num_seqs"],
+                "max_num_seqs": r["max_num_seqs"], "migrations_paid_fraction": r["migrations_paid_fraction"],
                 "decision_ms_p50": r["decision_ms_p50"], "decision_ms_p99": r["decision_ms_p99"],
                 "step_mode": r["step_mode"], "idle_s": r["idle_s"], "failures": r["failures"]}
         report["aliases"] = self.aliases()
+        if orc is not None:
+            from testbed.oracle import KIND_OF_POLICY
+
+            report["oracle"] = {k: v for k, v in orc.items() if k != "kinds"}
+            report["oracle"]["kinds"] = {k: {"speedup": v["speedup"], "gen_s": v["gen_s"]} for k, v in orc["kinds"].items()}
+            for n, p in report["policies"].items():
+                kind = KIND_OF_POLICY.get(n)
+                p["oracle_fraction"] = (p["speedup_vs_best_static"] / orc["kinds"][kind]["speedup"]) if kind else None
+            write_json(out / "oracle.json", orc)
+            files["oracle"] = str(out / "oracle.json")
         write_json(out / "report.json", report)
         files["report"] = str(out / "report.json")
         files["makespan_png"] = plot_makespans(out, report)

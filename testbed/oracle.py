@@ -89,7 +89,7 @@ class Oracle:
         self.settings = orchestrator_settings(scenario.orchestrator)
         self.cm = CostModel.for_names(w.model, w.gpu)
         self.gpus = scenario.fabric.gpus_per_server
-        self.cost = ModelledCost(self.cm, self.gpus)
+        self.cost = ModelledCost(self.cm, self.gpus, self.settings.engine.switch_reinit_s)
         self.layouts = feasible_layouts(self.cm, self.gpus, self.settings.engine, w.prompt_tokens,
                                         w.max_response_tokens)
         self.grid = tuple(sorted(set(grid)))

@@ -82,6 +82,23 @@ def cache_key(scenario, steps: int, grid: tuple[int, ...]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
+def cached(kind: str, key: str, compute: Callable[[], dict], use_cache: bool = True) -> dict:
+    """``compute()``'s JSON document, from ``cache_dir()/<kind>-<key>.json`` when it is there (``use_cache``)."""
+    path = cache_dir() / f"{kind}-{key}.json"
+    if use_cache and path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            log.warning("ignoring an unreadable cache %s: %s", path, e)
+    doc = compute()
+    if use_cache:
+        try:
+            write_json_atomic(path, doc, indent=1, fsync=False, mkdir=True)
+        except OSError as e:
+            log.warning("could not write the cache %s: %s", path, e)
+    return doc
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("ORCHESTRRL_CACHE_DIR") or Path.home() / ".cache" / "orchestrrl") / "tuning"
 

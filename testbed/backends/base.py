@@ -168,8 +168,10 @@ class Backend(abc.ABC):
     def states(self) -> dict[int, ServerState]: ...
 
     @abc.abstractmethod
-    def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None) -> dict:
-        """Move request ``rid`` from server ``src`` to ``dst`` (onto its replica ``replica``)."""
+    def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None,
+                predicted_gain_s: float | None = None) -> dict:
+        """Move request ``rid`` from server ``src`` to ``dst`` (onto its replica ``replica``). A backend that can
+        tell (the simulated one, with its counterfactual on) adds ``realised_gain_s`` to the answer."""
 
     @abc.abstractmethod
     def finished_count(self) -> int:

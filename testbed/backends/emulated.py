@@ -9,7 +9,7 @@ all-reduce of the scaled gradients among the trainer agents. Phase changes go to
 with the slack window and predicted gain (benefit-aware switching).
 
 Clock: ``CLOCK_MONOTONIC / time_dilation`` (the agents' engine clock); every duration reported is real-time
-equivalent. The fidelity section gathers every agent's decode-step overshoot and the link utilisation of the
+equivalent. The fidelity section gathers every agent's token lag (how late tokens left after their step's modelled end) and the link utilisation of the
 sync and train phases against their shaped rates, and says when the run was distorted and which TDF would fix it.
 """
 from __future__ import annotations
@@ -112,7 +112,8 @@ class EmulatedBackend(Backend):
             out[s] = ServerState(s, Layout.parse(st["layout"], self.gpus), snap, st, busy)
         return out
 
-    def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None) -> dict:
+    def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None,
+                predicted_gain_s: float | None = None) -> dict:
         return self.pool.migrate(rid, src, dst, mode=mode, replica=replica)
 
     def finished_count(self) -> int:
@@ -268,7 +269,7 @@ class EmulatedBackend(Backend):
     def fidelity(self) -> dict:
         live = [s for s in self.gen_servers if s not in self.pool.failed]
         reps = self.pool.call_all(live, "fidelity", lambda s: None, 10.0)
-        worst = max((r.get("overshoot_fraction_p50", 0.0) for r in reps.values()), default=0.0)
+        worst = max((r.get("lag_ms_p99", 0.0) for r in reps.values()), default=0.0)
         distorted_cpu = any(r.get("distorted") for r in reps.values())
         agg = max((u.get("aggregate_vs_capacity") or 0.0 for u in self.phase_util), default=0.0)
         effs = [u["efficiency"] for u in self.phase_util if u.get("efficiency")]
@@ -279,7 +280,8 @@ class EmulatedBackend(Backend):
                    [self.tdf / eff if eff < LINK_EFFICIENCY_MIN else self.tdf])
         msg = []
         if distorted_cpu:
-            msg.append(f"decode steps ran late by {worst:.0%} of their modelled time (p50 of the worst agent)")
+            msg.append(f"the agents streamed tokens up to {worst:.0f} ms (p99) after their steps ended: their CPU "
+                       f"did not keep up")
         if agg > 1.0:
             msg.append(f"the fabric carried {agg:.0%} of this machine's measured forwarding capacity")
         if eff < LINK_EFFICIENCY_MIN:
@@ -289,5 +291,5 @@ class EmulatedBackend(Backend):
                 "link_efficiency_min": eff,
                 "distorted": bool(distorted_cpu or distorted_net),
                 "verdict": ("distorted: " + "; ".join(msg) + f"; rerun with time_dilation >= {math.ceil(need * 10) / 10:g}")
-                if msg else "faithful: decode-step overshoot and link load within bounds",
+                if msg else "faithful: token lag and link load within bounds",
                 "tdf_needed": math.ceil(need * 10) / 10}

@@ -128,7 +128,7 @@ def register_agents(bsub) -> None:
     c.add_argument("--json", action="store_true")
     c.add_argument("-q", "--quiet", action="store_true")
     c.set_defaults(func=_collectives)
-    g = bsub.add_parser("generation", help="token streaming, decode-step overshoot, migration downtime (JSON)")
+    g = bsub.add_parser("generation", help="token streaming, token lag, migration downtime (JSON)")
     g.add_argument("--batch", type=int, default=64, help="decode batch per replica (default 64)")
     g.add_argument("--seconds", type=float, default=8.0, help="measurement window (default 8)")
     g.add_argument("--rate-mbps", type=float, default=400.0)

@@ -107,6 +107,10 @@ def _compare(args) -> int:
         make_policy(n, exp.layouts, exp.gpus, tuned=make_policy("static-low", exp.layouts, exp.gpus))
     _tune(args, exp)
     policies = list({p.name: p for p in (exp.policy(n) for n in (names or exp.default_policies()))}.values())
+    if steps == exp.steps:  # the oracle bounds (testbed/oracle.py; cached like the grid)
+        with tqdm(total=steps, desc="oracle bounds", file=sys.stderr, disable=args.quiet, unit="step") as bar:
+            exp.oracle(progress=lambda msg: bar.update(1))
+            bar.update(bar.total - bar.n)
     if exp.tuned().name not in {p.name for p in policies}:
         policies.insert(0, exp.tuned())
     out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -133,18 +137,25 @@ def format_table(report: dict) -> str:
     pols = report["policies"]
     idle = any(p.get("idle_s") for p in pols.values())
     rows = [f"{'policy':<20} {'makespan s (per step)':<28} {'tokens/s':>10} {'speedup':>8} {'switches':>8} "
-            f"{'migr.':>6} {'lost':>5} {'MAPE':>6}" + (f" {'idle s gen/train':>17}" if idle else "")]
+            f"{'migr.':>6} {'lost':>5} {'MAPE':>6} {'oracle':>7}" + (f" {'idle s gen/train':>17}" if idle else "")]
     for name, p in pols.items():
         ms = ", ".join(f"{x:.1f}" for x in p["step_makespan_s"])
         mape = "-" if p.get("forecast_mape") is None else f"{p['forecast_mape']:.1f}%"
+        frac = "-" if p.get("oracle_fraction") is None else f"{p['oracle_fraction']:.0%}"
         row = (f"{name:<20} {ms:<28} {p['throughput_tokens_per_s']:>10.0f} {p['speedup_vs_best_static']:>7.3f}x "
-               f"{p['layout_switches']:>8} {p['migrations']:>6} {p['lost_requests']:>5} {mape:>6}")
+               f"{p['layout_switches']:>8} {p['migrations']:>6} {p['lost_requests']:>5} {mape:>6} {frac:>7}")
         if idle and p.get("idle_s"):
             row += f" {p['idle_s']['generators']:>8.1f}/{p['idle_s']['trainers']:<8.1f}"
         rows.append(row)
     grid = report.get("baseline_grid") or []
     rows.append(f"best static configuration: {report['best_static']} (tuned over {len(grid)} layout x max_num_seqs "
                 f"configurations on the simulated backend; {report['backend']} backend, scenario {report['scenario']})")
+    orc = report.get("oracle")
+    if orc:
+        rows.append("oracle bounds (every length known; testbed/oracle.py): " + ", ".join(
+            f"{k} {v['speedup']:.3f}x" for k, v in orc["kinds"].items()) + f", floor {orc['floor_speedup']:.3f}x; "
+            "the 'oracle' column is each policy's speedup as a share of its kind's (planner: switch, balancer: "
+            "placement, orchestrrl: both)")
     al = report.get("aliases") or {}
     if al:
         rows.append("aliases: " + ", ".join(f"{a} = {n}" for a, n in al.items()))
