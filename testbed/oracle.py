@@ -333,12 +333,14 @@ class Oracle:
         return best
 
     def floor(self, lengths) -> float:
+        """The longest response alone at the fastest layout, as the engine runs it: the prefill step emits its
+        first token, then one decode step at batch 1 per further token (context prompt + generated)."""
         L = int(lengths.max())
-        ctx = self.w.prompt_tokens + np.arange(L, dtype=float)
+        ctx = self.w.prompt_tokens + np.arange(1, L, dtype=float)
         best = math.inf
         for lay in self.layouts:
-            t = self.cm.prefill_s(1, self.w.prompt_tokens, lay.tp) + float(
-                np.sum(self.cm.decode_step_s_array(np.ones(L), ctx, lay.tp)))
+            t = self.cost.step_s(lay, 0, 0.0, self.w.prompt_tokens, 1) + float(
+                np.sum(self.cost.decode_steps_s(lay, 1, ctx)))
             best = min(best, t)
         return best
 

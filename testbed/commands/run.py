@@ -40,6 +40,19 @@ def register(sub) -> None:
     _common(c)
     c.add_argument("--policies", default=None, help=f"comma-separated (default: every static layout and {', '.join(POLICIES[2:])})")
     c.set_defaults(func=_compare)
+    m = sub.add_parser("map", help="where adaptive compute pays: oracle and policy gains over the knobs (heatmaps)")
+    m.add_argument("scenario", help="scenario YAML (the map's centre)")
+    m.add_argument("--out", default=None, help="output folder (default runs/map-<time>)")
+    m.add_argument("--panels", default=None, help="knob pairs, e.g. median:requests_per_gpu,sigma:cap_fraction "
+                                                  "(default: four panels; testbed/policymap.py KNOBS)")
+    m.add_argument("--values", action="append", default=[], metavar="KNOB=V1,V2",
+                   help="the values of one knob (repeatable; default: KNOBS' values)")
+    m.add_argument("--steps", type=int, default=1, help="RL steps per point (default 1)")
+    m.add_argument("--no-cache", action="store_true", help="compute every point afresh")
+    m.add_argument("--ray-address", default=None, help="a Ray cluster to run the points on (default: a local one)")
+    m.add_argument("--no-ray", action="store_true", help="run the points one after the other")
+    m.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    m.set_defaults(func=_map)
 
 
 def _prepare(args):
@@ -130,6 +143,53 @@ def _compare(args) -> int:
     print(format_table(report))
     print(f"report: {files['report']}  plot: {files['makespan_png']}  (per policy: {out}/<policy>/: run.json, "
           f"timeline.json, trace-<policy>.json for chrome://tracing or ui.perfetto.dev, timeline and load plots)")
+    return 0
+
+
+def _map(args) -> int:
+    import yaml
+
+    from emulation.scenario import load_scenario
+    from emulation.validation import SpecError
+    from testbed import policymap
+    from testbed.report import write_json
+
+    scn = load_scenario(args.scenario)
+    if args.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    panels = policymap.DEFAULT_PANELS
+    if args.panels:
+        panels = []
+        for item in args.panels.split(","):
+            a, _, b = item.partition(":")
+            for k in (a, b):
+                if k not in policymap.KNOBS:
+                    raise UsageError(f"--panels: unknown knob {k!r} (known: {', '.join(policymap.KNOBS)})")
+            panels.append((a, b))
+    values = {}
+    for item in args.values:
+        k, _, v = item.partition("=")
+        if k not in policymap.KNOBS or not v:
+            raise UsageError(f"--values: expected KNOB=V1,V2 with a known knob ({', '.join(policymap.KNOBS)}), got {item!r}")
+        values[k] = [yaml.safe_load(x) for x in v.split(",")]
+    for a, b in panels:  # every point must be a valid scenario before anything runs
+        for va in values.get(a, policymap.KNOBS[a][1]):
+            for vb in values.get(b, policymap.KNOBS[b][1]):
+                try:
+                    policymap.apply(policymap.apply(scn, a, va), b, vb)
+                except (SpecError, TypeError, ValueError) as e:
+                    raise UsageError(f"{a}={va}, {b}={vb}: {e}") from None
+    out = Path(args.out or f"runs/map-{time.strftime('%Y%m%d-%H%M%S')}")
+    n = sum(len(values.get(a, policymap.KNOBS[a][1])) * len(values.get(b, policymap.KNOBS[b][1])) for a, b in panels)
+    with tqdm(total=n, desc="map", file=sys.stderr, disable=args.quiet, unit="point") as bar:
+        doc = policymap.build(scn, panels, values, args.steps, use_ray=False if args.no_ray else None,
+                              ray_address=args.ray_address, use_cache=not args.no_cache,
+                              progress=lambda c: (bar.set_postfix_str(f"{c[1]}={c[2]} {c[3]}={c[4]}"), bar.update(1)))
+    write_json(out / "map.json", doc)
+    files = policymap.plot(doc, out)
+    print(f"map: {out / 'map.json'}")
+    for f in files:
+        print(f"plot: {f}")
     return 0
 
 
