@@ -88,6 +88,7 @@ class Driver:
         self.decision_ms: list[float] = []
         self._ticket = 0
         self._first_step = 0  # the run's first step: its layouts are chosen free of charge
+        self._thinking = 0.0  # this tick's decision time so far (the planner's and balancer's computing, not the RPCs)
         self.realised: list[tuple[float, float]] = []  # (predicted, realised) gain of every migration that has both
 
     # ---- workload ----
@@ -156,10 +157,11 @@ class Driver:
                 continue
             t_dec = time.perf_counter()
             fc = self._online(forecast, states, req)
+            self._thinking = time.perf_counter() - t_dec
             sw, mg = self._decide(now, states, fc, step)
             switches += sw
             migrations += mg
-            self.decision_ms.append((time.perf_counter() - t_dec) * 1e3)
+            self.decision_ms.append(self._thinking * 1e3)
         out = b.end_generation(req)
         t_gen_end = out["ended_at"]  # the last token, not the tick that noticed it
         for m in getattr(b, "migrations", [])[:]:  # simulated hand-overs: their downtime once they happened
@@ -178,6 +180,7 @@ class Driver:
         the balancer then leaves alone every server in or near a switch (switching, cooling down after one, or
         held by the lookahead: its replicas are being or about to be rebuilt), and the planner looks again at
         the servers the balancer's moves changed, so its predictions see the moves."""
+        t0 = time.perf_counter()
         self.est.forecast = fc
         views = {s: ServerView(s, st.layout, loads_from_snapshot(st.snapshot, fc), st.busy_until,
                                self.last_switch_end.get(s, -math.inf)) for s, st in states.items()}
@@ -186,17 +189,24 @@ class Driver:
         if self.planner is not None:
             decisions = self.planner.evaluate_all(views, now, self.settings.planning_interval_s)
             near = {s for s, d in decisions.items() if d.near_switch}
+            self._thinking += time.perf_counter() - t0
             switches += self._switch(now, step, views, decisions)
+            t0 = time.perf_counter()
         if self.balancer is not None:
             steady = {s: v for s, v in views.items() if v.busy_until <= now and s not in near}
             rids = {s: states[s].snapshot["rid"] for s in steady}
             moves, _ = self.balancer.decide(steady, rids, now)
+            self._thinking += time.perf_counter() - t0
             moved = self._migrate(now, step, moves)
             migrations += len(moved)
             if self.planner is not None and moved:
+                t0 = time.perf_counter()
                 after = _after_moves(views, rids, moved)
-                switches += self._switch(now, step, after, self.planner.evaluate_all(
-                    after, now, self.settings.planning_interval_s))
+                decisions = self.planner.evaluate_all(after, now, self.settings.planning_interval_s)
+                self._thinking += time.perf_counter() - t0
+                switches += self._switch(now, step, after, decisions)
+        else:
+            self._thinking += time.perf_counter() - t0
         return switches, migrations
 
     def _switch(self, now: float, step: int, views: dict, decisions: dict) -> int:

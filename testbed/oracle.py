@@ -234,7 +234,8 @@ class Oracle:
             cands += [(c[0], c[1]) for c in mine]
         cands.sort(key=lambda c: c[0])
         best = None
-        for _, plan in cands[:VERIFY] + [c for c in cands if c[1].switch is None][:1]:
+        keep = [c for c in cands if c[1].switch is None and c[1].config == self.tuned][:1]  # never worse than it
+        for _, plan in cands[:VERIFY] + [c for c in cands if c[1].switch is None][:1] + keep:
             ms = self.run(plan, lengths)
             if best is None or ms < best[0]:
                 best = (ms, plan)
@@ -271,21 +272,24 @@ class Oracle:
         return plans
 
     def placement_only(self, lengths, placed) -> tuple[float, list[ServerPlan]]:
+        """The best LPT placement over every configuration (the best few by estimate run on the engine), or
+        the deal as it is on the tuned configuration when no placement beats it."""
         idx = np.concatenate(list(placed.values()))
-        best = None
+        cands = []
         for cfg in self.configs:
             if not self._fits(cfg, lengths):
                 continue
             slots = [(s, r) for s in placed for r in range(cfg.layout.replicas(self.gpus))]
             for iso in (False, True):
                 plans = self._plans_from(self._lpt(lengths, idx, slots, iso), {s: cfg for s in placed})
-                est = max(self.estimate(p, lengths) for p in plans)
-                if best is None or est < best[0]:
-                    best = (est, plans)
-        cands = [best[1]] if best else []
-        ms = [max(self.run(p, lengths) for p in plans) for plans in cands]
-        k = int(np.argmin(ms))
-        return ms[k], cands[k]
+                cands.append((max(self.estimate(p, lengths) for p in plans), plans))
+        cands.sort(key=lambda c: c[0])
+        best = (self.static(lengths, placed, self.tuned), [ServerPlan(self.tuned, i) for i in placed.values()])
+        for _, plans in cands[:VERIFY]:
+            ms = max(self.run(p, lengths) for p in plans)
+            if ms < best[0]:
+                best = (ms, plans)
+        return best
 
     def lane(self, lengths, placed) -> tuple[float, list[ServerPlan]]:
         """Heterogeneous layouts: ``k`` lane servers at a larger-TP configuration take the ``m`` longest
