@@ -221,9 +221,9 @@ def format_table(report: dict) -> str:
         rows.append("aliases: " + ", ".join(f"{a} = {n}" for a, n in al.items()))
     fids = {n: p.get("fidelity") or {} for n, p in pols.items()}
     judged = {n: f for n, f in fids.items() if "distorted" in f}
-    if judged:
+    if judged:  # the first line: a reader must know before the figures whether the emulation was faithful
         bad = {n: f for n, f in judged.items() if f["distorted"]}
-        rows.append(f"fidelity: {len(judged) - len(bad)} of {len(judged)} runs faithful"
+        rows.insert(0, f"fidelity: {len(judged) - len(bad)} of {len(judged)} runs faithful"
                     + (f"; e.g. {next(iter(bad))}: {next(iter(bad.values()))['verdict']}" if bad else ""))
     failed = {n: p["failures"] for n, p in pols.items() if p.get("failures")}
     for n, f in failed.items():
