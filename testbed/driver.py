@@ -31,7 +31,8 @@ from testbed.backends.base import Backend, PhaseResult, StepRequests, deal, step
 from testbed.backends.phases import PhaseModel
 from testbed.orchestrator.balancer import Balancer, freeness
 from testbed.orchestrator.estimate import Estimator, ServerLoad
-from testbed.orchestrator.forecast import ForecastErrors, ForecastService, LengthForecast, forecast_next
+from testbed.orchestrator.forecast import (ForecastErrors, ForecastService, LengthForecast, forecast_next,
+                                           prompt_share, prompt_shifts)
 from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshot, request_levels
 from testbed.orchestrator.settings import OrchestratorSettings, Policy, feasible_layouts
 
@@ -88,6 +89,11 @@ class Driver:
         self.decision_ms: list[float] = []
         self._ticket = 0
         self._first_step = 0  # the run's first step: its layouts are chosen free of charge
+        self._req: StepRequests | None = None  # the step being generated
+        self._prompt_steps: list = []  # (lengths, prompt ids) of every finished step: the prompt share's data
+        # before any: the workload's own split of the spread (its prior, as the length forecast's is)
+        self._prompt_prior = (0.0 if w.mixture or w.trace or w.response_sigma <= 0
+                              else (w.prompt_sigma / w.response_sigma) ** 2)
         self._thinking = 0.0  # this tick's decision time so far (the planner's and balancer's computing, not the RPCs)
         self.realised: list[tuple[float, float]] = []  # (predicted, realised) gain of every migration that has both
 
@@ -124,6 +130,7 @@ class Driver:
         for s, idx in placed.items():  # a generator streams to one trainer's collector (RLSim's pairing)
             dest[idx] = b.gen_servers.index(s) % len(b.train_servers)
         req = step_requests(step, lengths, prompt_ids, self.w.prompt_tokens, dest)
+        self._req = req
         t_start = b.now()
         self.timeline.event(t_start, "step", step=step, requests=req.n, tokens=int(lengths.sum()))
         switches = self._initial_layouts(placed, req, forecast)
@@ -182,7 +189,8 @@ class Driver:
         the servers the balancer's moves changed, so its predictions see the moves."""
         t0 = time.perf_counter()
         self.est.forecast = fc
-        views = {s: ServerView(s, st.layout, loads_from_snapshot(st.snapshot, fc), st.busy_until,
+        shifts = self._prompt_shifts(fc, states, self._req)
+        views = {s: ServerView(s, st.layout, loads_from_snapshot(st.snapshot, fc, shifts.get(s)), st.busy_until,
                                self.last_switch_end.get(s, -math.inf)) for s, st in states.items()}
         switches = migrations = 0
         near: set[int] = set()
@@ -340,6 +348,29 @@ class Driver:
         except ValueError:
             return forecast
 
+    def _prompt_shifts(self, fc: LengthForecast, states, req: StepRequests) -> dict[int, np.ndarray]:
+        """Per server, every request's log-offset from what its prompt's other samples have shown
+        (forecast.prompt_shifts): finished ones by their lengths, running ones by their tokens so far."""
+        if not self.settings.forecast.prompt_groups or req is None or not states:
+            return {}
+        share = prompt_share(self._prompt_steps, self._prompt_prior)
+        if share <= 0:
+            return {}
+        held = np.concatenate([st.snapshot["rid"] for st in states.values()])
+        done = ~np.isin(req.rid, held)
+        k = self.backend.finished_count()
+        di = np.nonzero(done)[0][:max(k, 0)]  # as _online: only as many as the backends report finished
+        run_idx = np.concatenate([st.snapshot["rid"] for st in states.values()]) - req.rid[0]
+        run_gen = np.concatenate([st.snapshot["generated"] for st in states.values()])
+        post = prompt_shifts(fc, share, req.prompt_id[di], req.target[di], req.prompt_id[run_idx], run_gen)
+        if not post:
+            return {}
+        out = {}
+        for s, st in states.items():
+            pid = req.prompt_id[st.snapshot["rid"] - req.rid[0]]
+            out[s] = np.array([post.get(int(p), 0.0) for p in pid.tolist()], dtype=np.float64)
+        return out
+
     def _sample(self, now: float, states, fc: LengthForecast) -> None:
         srv, load = {}, {}
         self.est.forecast = fc
@@ -469,6 +500,7 @@ class Driver:
     def _observe(self, svc: ForecastService, history: list, lengths: np.ndarray, step: int) -> None:
         """A step's lengths are known: the next forecast's fit starts now, beside the step's train and sync."""
         history.append(step_stats(lengths, step, self.w.max_response_tokens))
+        self._prompt_steps.append((np.asarray(lengths), self.schedule.prompt_ids_for_step(step)))
         self._ticket = svc.submit(history)
 
     def result(self) -> dict:

@@ -213,10 +213,11 @@ class Planner:
                         f"{'with' if charged else 'without'} its switch cost, margin {need:.2f} s)")
 
 
-def loads_from_snapshot(snap: dict, forecast) -> ServerLoad:
+def loads_from_snapshot(snap: dict, forecast, shift: np.ndarray | None = None) -> ServerLoad:
     """A server's :class:`ServerLoad` from an engine snapshot (agents.engine.Engine.snapshot) and a forecast:
-    expected remaining tokens (conditional mean), plus what the estimator's stratified quantiles need."""
+    expected remaining tokens (conditional mean), plus what the estimator's stratified quantiles need;
+    ``shift``: each request's log-offset from its prompt group (forecast.prompt_shifts; None: none)."""
     g = snap["generated"].astype(np.float64)
     return ServerLoad(ctx0=(snap["prompt"] + snap["generated"]).astype(np.float64),
-                      rem=np.maximum(forecast.remaining(g), 1.0), running=snap["running"].astype(bool),
-                      replica=snap["replica"].astype(np.int64), gen=g, key=request_levels(snap["rid"]))
+                      rem=np.maximum(forecast.remaining(g, shift), 1.0), running=snap["running"].astype(bool),
+                      replica=snap["replica"].astype(np.int64), gen=g, key=request_levels(snap["rid"]), shift=shift)
