@@ -585,6 +585,11 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"agents.node: error: {e}", file=sys.stderr)
         return 2
+    if cfg.nice:
+        try:
+            os.nice(cfg.nice)
+        except OSError as e:  # best effort: the run's fidelity monitor still measures what the agent got
+            log.warning("could not lower the agent's priority by %d: %s", cfg.nice, e)
     agent = Agent(cfg)
     signal.signal(signal.SIGTERM, lambda *_: (agent.stopping.set(), agent.wake.set()))
     signal.signal(signal.SIGINT, lambda *_: (agent.stopping.set(), agent.wake.set()))
