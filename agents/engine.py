@@ -100,11 +100,12 @@ def dense_layouts(gpus: int) -> list[Layout]:
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """Scheduler knobs with vLLM's names. Defaults: veRL's rollout ``max_num_batched_tokens`` 8192
-    (REFERENCE.md "Serving engines"); ``max_num_seqs`` 256 (vLLM's default; veRL raises it to 1024);
-    ``gpu_memory_utilization`` 0.9 and ``block_size`` 16 (vLLM's defaults)."""
+    """Scheduler knobs with vLLM's names. Defaults: veRL's rollout defaults, ``max_num_seqs`` 1024 (per replica,
+    vLLM semantics; vLLM's own default is 256) and ``max_num_batched_tokens`` 8192 (REFERENCE.md "Serving
+    engines", "Engine settings users run"); ``gpu_memory_utilization`` 0.9 and ``block_size`` 16 (vLLM's
+    defaults)."""
 
-    max_num_seqs: int = 256
+    max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
