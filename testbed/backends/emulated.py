@@ -148,7 +148,7 @@ class EmulatedBackend(Backend):
     # ---- fabric and phases ----
     def set_phase(self, phase: str, window_ms: float | None, gain_ms: float | None) -> dict:
         # the controller works in wall time: windows and gains are stretched by the time dilation
-        gain = None if gain_ms is None else (3.6e6 if math.isinf(gain_ms) else min(3.6e6, gain_ms * self.tdf))
+        gain = None if gain_ms is None else (3.6e6 if math.isinf(gain_ms) else max(-3.6e6, min(3.6e6, gain_ms * self.tdf)))
         window = None if window_ms is None else min(3.6e6, window_ms * self.tdf)
         t0 = self.now()
         rec = self.tb.client.set_phase(phase, window_ms=window, gain_ms=gain)

@@ -54,14 +54,15 @@ class PhaseModel:
         return 0.0  # generation's traffic (tokens, KV moves) is tiny on any topology that reaches the trainers
 
     def gain_ms(self, phase: str, installed: str, lengths: np.ndarray | None = None) -> float:
-        """What ``phase`` saves on its own topology against the installed one (inf: that one cannot carry it)."""
+        """What ``phase`` saves on its own topology against the installed one: negative when its own is slower
+        (the rule then keeps the installed one), inf when the installed one cannot carry it."""
         if phase == installed:
             return 0.0
         here = self.predicted_s(phase, installed, lengths)
         own = self.predicted_s(phase, phase, lengths)
         if math.isinf(here):
             return math.inf
-        return max(0.0, here - own) * 1000.0
+        return (here - own) * 1000.0
 
     def window_ms(self, phase: str, lengths: np.ndarray | None = None, first_step_s: float = 0.0) -> float:
         """Idle time on the changing circuits before ``phase``'s traffic starts (its lead-in): the training
@@ -77,7 +78,6 @@ class PhaseModel:
         if installed == phase:
             return {"decision": "unchanged", "stall_ms": 0.0, "window_ms": window_ms, "gain_ms": gain_ms,
                     "reason": "the phase's circuits are installed"}
-        g = None if gain_ms is None or not math.isfinite(gain_ms) else gain_ms
-        d = decide_switch(window_ms, self.delay_ms, math.inf if gain_ms is not None and math.isinf(gain_ms) else g)
+        d = decide_switch(window_ms, self.delay_ms, gain_ms)  # +-inf: the old / the new topology cannot carry it
         return {"decision": d.action, "stall_ms": d.stall_ms, "window_ms": window_ms, "gain_ms": gain_ms,
                 "reason": d.reason, "delay_ms": self.delay_ms}
