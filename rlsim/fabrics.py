@@ -305,9 +305,11 @@ def mixnet_counts(spec: FabricSpec, ocs_uplinks: int) -> np.ndarray:
     return c
 
 
-def rfabric_counts(spec: FabricSpec, layout: JobLayout, phase: str) -> tuple[np.ndarray, dict]:
-    """Circuit counts of RFabric in ``phase``, from the controller's phase topologies, and the matchings."""
-    matchings = phase_matchings(spec, layout, phase)
+def rfabric_counts(spec: FabricSpec, layout: JobLayout, phase: str, traffic=None) -> tuple[np.ndarray, dict]:
+    """Circuit counts of RFabric in ``phase``, from the controller's phase topologies (``traffic``:
+    ``controller.traffic.phase_traffic`` of the workload, what the train topology is built from), and the
+    matchings."""
+    matchings = phase_matchings(spec, layout, phase, traffic)
     graph = circuit_graph(spec, matchings)
     c = np.zeros((spec.n_tors, spec.n_tors), dtype=np.int64)
     for t in range(spec.n_tors):
@@ -324,8 +326,9 @@ def mixnet_split(spec: FabricSpec, opts: FabricOptions) -> tuple[int, int]:
 
 
 def build_network(fabric: str, spec: FabricSpec, layout: JobLayout, phase: str = "train",
-                  opts: FabricOptions = FabricOptions()) -> Network:
-    """The network of ``fabric`` (one of FABRICS) during ``phase`` (only RFabric changes with the phase)."""
+                  opts: FabricOptions = FabricOptions(), traffic=None) -> Network:
+    """The network of ``fabric`` (one of FABRICS) during ``phase`` (only RFabric changes with the phase;
+    ``traffic``: what its train topology is built from, see :func:`rfabric_counts`)."""
     if fabric not in FABRICS:
         raise SpecError("fabric", f"must be one of {', '.join(FABRICS)}, got {fabric!r}")
     if fabric in OVERSUB:
@@ -338,5 +341,5 @@ def build_network(fabric: str, spec: FabricSpec, layout: JobLayout, phase: str =
         ocs, eps = mixnet_split(spec, opts)
         return CircuitNetwork(fabric, spec, mixnet_counts(spec, ocs), opts.max_two_hop,
                               eps_uplink_gbps=eps * spec.uplink_gbps)
-    counts, matchings = rfabric_counts(spec, layout, phase)
+    counts, matchings = rfabric_counts(spec, layout, phase, traffic)
     return CircuitNetwork(fabric, spec, counts, opts.max_two_hop, matchings=matchings)
