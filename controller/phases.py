@@ -107,6 +107,9 @@ class _Circuits:
         self.spec = spec
         self.used: set[tuple[int, int]] = set()  # (tor, uplink)
         self.circ: dict[tuple[int, int], tuple[int, int]] = {}  # (tor, u) -> (peer tor, peer u)
+        self.n_free = [spec.uplinks_per_tor] * spec.n_tors  # free uplinks per ToR
+        k = spec.ports_per_tor_per_ocs
+        self.free_on = [[k] * spec.ocs_count for _ in range(spec.n_tors)]  # free uplinks per ToR per OCS
 
     def free(self, tor: int, u: int) -> bool:
         return (tor, u) not in self.used
@@ -119,12 +122,21 @@ class _Circuits:
         self.used.add((b, ub))
         self.circ[(a, ua)] = (b, ub)
         self.circ[(b, ub)] = (a, ua)
+        self.n_free[a] -= 1
+        self.n_free[b] -= 1
+        self.free_on[a][ua % c] -= 1
+        self.free_on[b][ub % c] -= 1
 
     def remove(self, a: int, ua: int) -> None:
         b, ub = self.circ.pop((a, ua))
         del self.circ[(b, ub)]
         self.used.discard((a, ua))
         self.used.discard((b, ub))
+        self.n_free[a] += 1
+        self.n_free[b] += 1
+        c = self.spec.ocs_count
+        self.free_on[a][ua % c] += 1
+        self.free_on[b][ub % c] += 1
 
     def free_slots(self, tor: int, ocs: int) -> list[int]:
         c = self.spec.ocs_count
@@ -133,16 +145,16 @@ class _Circuits:
     def connect(self, a: int, b: int) -> bool:
         """Join a free uplink of ``a`` and one of ``b`` on a common OCS, the one with most spare ports (ties:
         the lowest OCS); False if none."""
-        best = None
-        for o in range(self.spec.ocs_count):
-            fa, fb = self.free_slots(a, o), self.free_slots(b, o)
-            if fa and fb:
-                score = len(fa) + len(fb)
-                if best is None or score > best[0]:
-                    best = (score, fa[0], fb[0])
-        if best is None:
+        if not (self.n_free[a] and self.n_free[b]):
             return False
-        self.add(a, best[1], b, best[2])
+        fa, fb = self.free_on[a], self.free_on[b]
+        best, best_o = 0, None
+        for o in range(self.spec.ocs_count):
+            if fa[o] and fb[o] and fa[o] + fb[o] > best:
+                best, best_o = fa[o] + fb[o], o
+        if best_o is None:
+            return False
+        self.add(a, self.free_slots(a, best_o)[0], b, self.free_slots(b, best_o)[0])
         return True
 
     def place(self, a: int, b: int) -> bool:
@@ -505,14 +517,25 @@ def train_plan(spec: FabricSpec, tt: TrainTraffic) -> TrainPlan:
         return out
 
     scored: list[tuple[int, int, float]] = []
-    best_c = None
-    for C in (range(U + 1) if multi else [0]):
-        sh = share(C)
-        for base in range(U + 1):
-            c = counts(C, base)
-            if c is None:
-                break
-            scored.append((C, base, sum(t for _, t in estimate(c, sh))))
+    seen: set[int] = set()
+
+    def score(Cs) -> None:
+        for C in Cs:
+            if C in seen or not 0 <= C <= U:
+                continue
+            seen.add(C)
+            sh = share(C)
+            for base in range(U + 1):
+                c = counts(C, base)
+                if c is None:
+                    break
+                scored.append((C, base, sum(t for _, t in estimate(c, sh))))
+
+    # every other C, then the neighbours of the best ones (the estimate is smooth in C)
+    score(range(0, U + 1, 2) if multi else [0])
+    if multi:
+        low = min(t for _, _, t in scored)
+        score([C + d for C, _, t in scored if t <= low * (1 + 4 * PLAN_TIE) for d in (-1, 1)])
     low = min(t for _, _, t in scored)
     C, base, _ = max((k for k in scored if k[2] <= low * (1 + PLAN_TIE)), key=lambda k: (k[0], k[1]))
     best_c = counts(C, base)
@@ -548,8 +571,10 @@ def _build_train(spec: FabricSpec, layout: JobLayout, circ: _Circuits, tt: Train
 def _connect_all(spec: FabricSpec, circ: _Circuits) -> None:
     """Join the ToR graph into one component: over free ports on a common OCS where there are some, else by
     re-pairing two parallel circuits of different components on one OCS (a-b, c-d -> a-c, b-d: no ToR
-    loses a port, each bundle keeps a circuit). Logs a warning when neither is possible."""
-    def comps() -> list[list[int]]:
+    loses a port, each bundle keeps a circuit; the widest bundles give theirs). Logs a warning when
+    neither is possible."""
+    oc = spec.ocs_count
+    while True:
         parent = list(range(spec.n_tors))
 
         def find(x: int) -> int:
@@ -562,48 +587,52 @@ def _connect_all(spec: FabricSpec, circ: _Circuits) -> None:
             ra, rb = find(a), find(b)
             if ra != rb:
                 parent[ra] = rb
-        out: dict[int, list[int]] = {}
-        for t in range(spec.n_tors):
-            out.setdefault(find(t), []).append(t)
-        return sorted(out.values())
-
-    def parallel(comp: set[int]) -> dict[int, list[tuple[int, int, int, int]]]:
-        """Per OCS: circuits (a, ua, b, ub) inside ``comp`` whose ToR pair has another circuit."""
-        count: dict[tuple[int, int], int] = {}
-        for (a, ua), (b, ub) in circ.circ.items():
-            if a < b and a in comp:
-                count[(a, b)] = count.get((a, b), 0) + 1
-        out: dict[int, list[tuple[int, int, int, int]]] = {}
-        for (a, ua), (b, ub) in sorted(circ.circ.items()):
-            if a < b and a in comp and count[(a, b)] > 1:
-                out.setdefault(ua % spec.ocs_count, []).append((a, ua, b, ub))
-        return out
-
-    while True:
-        cs = comps()
-        if len(cs) <= 1:
+        comp = [find(t) for t in range(spec.n_tors)]
+        roots = sorted(set(comp), key=lambda r: min(t for t in range(spec.n_tors) if comp[t] == r))
+        if len(roots) <= 1:
             return
-        A, joined = set(cs[0]), False
-        for other in cs[1:]:
-            B = set(other)
-            if any(circ.connect(a, b) for a in sorted(A) for b in sorted(B)):
-                joined = True
-                break
-            pa, pb = parallel(A), parallel(B)
-            for o in sorted(set(pa) & set(pb)):
-                a, ua, b, ub = pa[o][0]
-                c, uc, d, ud = pb[o][0]
+        free: dict[int, dict[int, tuple[int, int]]] = {r: {} for r in roots}  # comp -> OCS -> (tor, u)
+        for t in range(spec.n_tors):
+            if circ.n_free[t]:
+                for u in range(spec.uplinks_per_tor):
+                    if circ.free(t, u):
+                        free[comp[t]].setdefault(u % oc, (t, u))
+        mult: dict[tuple[int, int], int] = {}
+        for (a, _), (b, _) in circ.circ.items():
+            if a < b:
+                mult[(a, b)] = mult.get((a, b), 0) + 1
+        par: dict[int, dict[int, tuple[int, int, int, int, int]]] = {r: {} for r in roots}  # comp -> OCS -> best
+        for (a, ua), (b, ub) in sorted(circ.circ.items()):
+            if a < b and mult[(a, b)] > 1:
+                o, cur = ua % oc, par[comp[a]].get(ua % oc)
+                if cur is None or mult[(a, b)] > cur[0]:
+                    par[comp[a]][o] = (mult[(a, b)], a, ua, b, ub)
+        A, joined = roots[0], 0
+        for B in roots[1:]:  # join every other component to A in one pass (A's tables absorb B's)
+            common = sorted(set(free[A]) & set(free[B]))
+            if common:
+                o = common[0]
+                (a, ua), (b, ub) = free[A].pop(o), free[B].pop(o)
+                circ.add(a, ua, b, ub)
+            else:
+                common = sorted(set(par[A]) & set(par[B]), key=lambda o: (-(par[A][o][0] + par[B][o][0]), o))
+                if not common:
+                    continue
+                o = common[0]
+                _, a, ua, b, ub = par[A].pop(o)
+                _, c, uc, d, ud = par[B].pop(o)
                 circ.remove(a, ua)
                 circ.remove(c, uc)
                 circ.add(a, ua, c, uc)
                 circ.add(b, ub, d, ud)
-                joined = True
-                break
-            if joined:
-                break
+            joined += 1
+            for o, v in free[B].items():
+                free[A].setdefault(o, v)
+            for o, v in par[B].items():
+                par[A].setdefault(o, v)
         if not joined:
             log.warning("phase topology: %d ToR components cannot be joined (no free or parallel ports on a "
-                        "common OCS)", len(cs))
+                        "common OCS)", len(roots))
             return
 
 

@@ -3,7 +3,7 @@
 Every fabric has one up and one down link per server (``server_gbps``: all of a server's NICs, used evenly
 by rank-aligned collectives). Above the servers:
 
-* ``fat-tree`` (and ``fat-tree-2to1`` / ``fat-tree-4to1``): three tiers (ToR, pod aggregation, core) as
+* ``fat-tree`` (and ``fat-tree-2to1`` .. ``fat-tree-16to1``): three tiers (ToR, pod aggregation, core) as
   aggregated pipes with ideal ECMP: ToR up/down of ``servers_per_tor * server_gbps / oversub`` and pod up/down
   of ``tors_per_pod`` times that (non-blocking above the ToR).
 * ``rail``: rail-optimised: the same-rank NICs of a whole pod hang off one rail switch per rank, so a pod is
@@ -35,8 +35,11 @@ from controller.phases import circuit_graph, phase_matchings
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError
 
-FABRICS = ("fat-tree", "fat-tree-2to1", "fat-tree-4to1", "rail", "topoopt", "mixnet", "rfabric")
-OVERSUB = {"fat-tree": 1.0, "fat-tree-2to1": 2.0, "fat-tree-4to1": 4.0}
+FABRICS = ("fat-tree", "fat-tree-2to1", "fat-tree-4to1", "fat-tree-8to1", "fat-tree-16to1", "rail", "topoopt",
+           "mixnet", "rfabric")
+# the Fat-Trees' oversubscription at the ToR: 2:1 .. 16:1 are the tapers of RFabric's swept configurations
+# (16 .. 2 uplinks against 32 server ports), a cluster architect's cheaper static alternatives
+OVERSUB = {"fat-tree": 1.0, "fat-tree-2to1": 2.0, "fat-tree-4to1": 4.0, "fat-tree-8to1": 8.0, "fat-tree-16to1": 16.0}
 GBPS = 1e9 / 8  # bytes/s per Gb/s
 FAT_TREE_TIERS = ("auto", "2", "3")
 # what each tier count means (rlsim.cost counts the ports; docs/rlsim.md)
