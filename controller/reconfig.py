@@ -196,13 +196,14 @@ def circuits_request(spec: FabricSpec, data: Any) -> ReconfigRequest:
     return ReconfigRequest(target=target, delay_ms=body.delay_ms, window_ms=body.window_ms, gain_ms=body.gain_ms)
 
 
-def phase_request(spec: FabricSpec, layout: JobLayout, data: Any) -> ReconfigRequest:
-    """Validate a ``POST /phase`` JSON body into a request with the phase's matchings on every OCS."""
+def phase_request(spec: FabricSpec, layout: JobLayout, data: Any, traffic: Any = None) -> ReconfigRequest:
+    """Validate a ``POST /phase`` JSON body into a request with the phase's matchings on every OCS
+    (``traffic``: ``controller.traffic.PhaseTraffic``, what the train topology is built from)."""
     from . import phases
 
     body = from_dict(PhaseBody, data)
     check_phase(body.phase)
-    target = phases.phase_matchings(spec, layout, body.phase)
+    target = phases.phase_matchings(spec, layout, body.phase, traffic)
     return ReconfigRequest(target=dict(target), phase=body.phase, delay_ms=body.delay_ms,
                            window_ms=body.window_ms, gain_ms=body.gain_ms)
 

@@ -292,7 +292,7 @@ def running_cluster(scn: Scenario, *, layouts: dict[int, str] | None = None,
     """Controller + fabric + one agent per server, all torn down in reverse order."""
     spec = scn.fabric
     with running_testbed(spec, scn.layout, initial_phase=initial_phase or scn.controller.initial_phase,
-                         delay_ms=scn.controller.effective_delay_ms(spec)) as tb:
+                         delay_ms=scn.controller.effective_delay_ms(spec), workload=scn.workload) as tb:
         pool = AgentPool(tb.fabric, scn, layouts=layouts or {}, engine=engine or EngineSettings(),
                          real_compute=real_compute)
         with pool:

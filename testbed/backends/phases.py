@@ -12,6 +12,7 @@ import numpy as np
 from agents.costmodel import CostModel
 from controller.phases import PHASES
 from controller.reconfig import decide_switch
+from controller.traffic import phase_traffic
 from rlsim.fabrics import CircuitNetwork, Unreachable, rfabric_counts
 from rlsim.sim import SimSettings, sync_phase, train_phase
 
@@ -24,8 +25,9 @@ class PhaseModel:
         self.settings = settings
         self.delay_ms = scenario.controller.effective_delay_ms(self.spec)
         self.nets = {}
+        self.traffic = phase_traffic(self.spec, self.layout, self.w)  # what the controller builds them from
         for ph in PHASES:
-            counts, m = rfabric_counts(self.spec, self.layout, ph)
+            counts, m = rfabric_counts(self.spec, self.layout, ph, self.traffic)
             self.nets[ph] = CircuitNetwork("rfabric", self.spec, counts, settings.fabric.max_two_hop, matchings=m)
         self.train_servers = self.layout.train_servers(self.spec)
         self.gen_servers = self.layout.gen_servers(self.spec)

@@ -45,7 +45,7 @@ def _up(args: argparse.Namespace) -> int:
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with running_testbed(spec, layout, initial_phase=scn.controller.initial_phase,
-                             delay_ms=scn.controller.effective_delay_ms(spec)) as tb:
+                             delay_ms=scn.controller.effective_delay_ms(spec), workload=scn.workload) as tb:
             ctl = tb.controller
             info = {
                 "scenario": scn.name,
