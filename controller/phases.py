@@ -650,6 +650,26 @@ class SyncChain:
     members: tuple[int, ...]
 
 
+def stripe_plan(gen_servers: list[int], groups: list[list[int]], n_chains: int,
+                k_stripes: int) -> list[tuple[list[tuple[int, float]], list[int]]]:
+    """The weight-sync plan of a fabric without phase circuits (a packet tree): ``(sources, members)``
+    per chain. The generator servers split into ``n_chains`` contiguous chains; chain ``d``'s head pulls
+    ``1/k_stripes`` of the weights from ``k_stripes`` holders, one from each of the groups (trainer ToRs)
+    ``d .. d+k-1`` (round robin), the holder within a group round robin over the chains; each member relays
+    the whole weights to the next. ``groups``: the holders (opaque ids: replicas or servers) per trainer
+    ToR."""
+    G = len(groups)
+    out = []
+    for d in range(n_chains):
+        members = gen_servers[d * len(gen_servers) // n_chains:(d + 1) * len(gen_servers) // n_chains]
+        sources = []
+        for k in range(k_stripes):
+            grp = groups[(d + k) % G]
+            sources.append((grp[(d // G) % len(grp)], 1.0 / k_stripes))
+        out.append((sources, list(members)))
+    return out
+
+
 def sync_chains(spec: FabricSpec, layout: JobLayout, matchings: Mapping[int, Matching],
                 holders: Iterable[int] | None = None) -> tuple[SyncChain, ...]:
     """The weight-sync plan on ``matchings`` (normally the ``sync`` phase's): every generator server is in

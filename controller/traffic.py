@@ -202,6 +202,11 @@ class TrainTraffic:
     def stage(self, name: str) -> TrainStage | None:
         return next((s for s in self.stages if s.name == name), None)
 
+    def named_groups(self) -> list[tuple[str, Group]]:
+        """Every collective of every stage with a process-group name (``ep_alltoall-0``, ``dp_allreduce-1``,
+        ...): what the emulated trainers form once and run each step."""
+        return [(f"{st.name}-{i}", g) for st in self.stages for i, g in enumerate(st.groups)]
+
 
 def train_traffic(tl: TrainLayout, b: TrainBytes) -> TrainTraffic:
     stages = []

@@ -32,14 +32,10 @@ from typing import Sequence
 import numpy as np
 
 from controller.phases import circuit_graph, phase_matchings
-from emulation.spec import FabricSpec, JobLayout
+from emulation.spec import FABRICS, OVERSUB, FabricSpec, JobLayout  # noqa: F401 - FABRICS, OVERSUB: re-exported
 from emulation.validation import SpecError
 
-FABRICS = ("fat-tree", "fat-tree-2to1", "fat-tree-4to1", "fat-tree-8to1", "fat-tree-16to1", "rail", "topoopt",
-           "mixnet", "rfabric")
-# the Fat-Trees' oversubscription at the ToR: 2:1 .. 16:1 are the tapers of RFabric's swept configurations
-# (16 .. 2 uplinks against 32 server ports), a cluster architect's cheaper static alternatives
-OVERSUB = {"fat-tree": 1.0, "fat-tree-2to1": 2.0, "fat-tree-4to1": 4.0, "fat-tree-8to1": 8.0, "fat-tree-16to1": 16.0}
+
 GBPS = 1e9 / 8  # bytes/s per Gb/s
 FAT_TREE_TIERS = ("auto", "2", "3")
 # what each tier count means (rlsim.cost counts the ports; docs/rlsim.md)

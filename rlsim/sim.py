@@ -43,7 +43,7 @@ import numpy as np
 
 from agents.costmodel import CostModel
 from controller.ocs import diff
-from controller.phases import sync_chains
+from controller.phases import stripe_plan, sync_chains
 from controller.traffic import (Group, TrainLayout, broadcast_tree, merge, phase_traffic, train_bytes, train_layout,
                                 train_traffic)
 from controller.reconfig import decide_switch
@@ -263,10 +263,9 @@ def train_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers:
 
 def _stripe_sources(net: Network, head: int, groups: list[list[int]], tor_keys: list[int], d: int,
                     k_stripes: int) -> list[tuple[int, float]]:
-    """(replica, share of the weights) a chain head pulls on a fabric without a phase plan (packet fabrics,
-    TopoOpt, MixNet): on a direct-connect fabric linking the head's ToR to trainer ToRs, those ToRs in
-    proportion to their circuits; otherwise ``k_stripes`` trainer ToRs round robin, equal shares. One
-    replica per ToR, round robin."""
+    """(replica, share of the weights) a chain head pulls on a direct-connect fabric without a phase plan
+    (TopoOpt, MixNet): the trainer ToRs linked to the head's ToR in proportion to their circuits; without
+    such circuits ``controller.phases.stripe_plan``'s stripes. One replica per ToR, round robin."""
     def pick(g: int) -> int:
         grp = groups[g]
         return grp[(d // len(groups)) % len(grp)]
@@ -340,9 +339,10 @@ def sync_phase(w, cm: CostModel, spec: FabricSpec, layout: JobLayout, net: Netwo
         groups = list(by_tor.values())
         tor_keys = list(by_tor)
         k_stripes = max(1, min(settings.sync_stripes or len(groups), dp))
-        for d in range(chains_n):
-            members = gen_servers[d * len(gen_servers) // chains_n:(d + 1) * len(gen_servers) // chains_n]
-            for r, share in _stripe_sources(net, members[0], groups, tor_keys, d, k_stripes):
+        for d, (sources, members) in enumerate(stripe_plan(gen_servers, groups, chains_n, k_stripes)):
+            if isinstance(net, CircuitNetwork):  # direct-connect: the head's circuits say where it pulls from
+                sources = _stripe_sources(net, members[0], groups, tor_keys, d, k_stripes)
+            for r, share in sources:
                 for j in range(pp):  # the replica's servers each hold their stages' shards
                     dem.append((server_of(r, j), members[0], W * share / pp))
             dem += broadcast_tree(members[0], members[1:], W, settings.sync_fanout)

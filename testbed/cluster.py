@@ -29,6 +29,7 @@ import numpy as np
 from agents.client import AgentClient, AgentError, AgentTimeout, call_all
 from agents.engine import EngineSettings
 from agents.protocol import unpack_array
+from controller.traffic import phase_traffic
 from emulation.builder import EmulatedFabric
 from emulation.registry import proc_start_time
 from emulation.scenario import Scenario
@@ -173,7 +174,16 @@ class AgentPool:
             live = [a for a in group if a in agents]
             if len(live) >= 2:
                 self.form_group(name, live, timeout_s)
+        # training's collectives (controller.traffic): EP all-to-all groups, DP rings
+        for name, g in self.train_groups():
+            if g.kind != "p2p" and all(a in agents for a in g.members):
+                self.form_group(name, list(g.members), timeout_s)
         return res
+
+    def train_groups(self) -> list:
+        """(process-group name, ``controller.traffic.Group``) of every collective training runs."""
+        scn = self.scenario
+        return phase_traffic(scn.fabric, scn.layout, scn.workload).train.named_groups()
 
     def form_group(self, name: str, agents: Sequence[int], timeout_s: float = 60.0) -> dict:
         return call_all({a: self.clients[a] for a in agents}, "form_group",
