@@ -253,7 +253,7 @@ class EmulatedBackend(Backend):
                 def params(s: int, wave=wave) -> dict:
                     name, g = wave[s]
                     iters = A2A_CHUNKS if g.kind == "all_to_all" else 1
-                    return {"group": name, "nbytes": max(4, int(g.nbytes * spec.scale / iters)), "iters": iters,
+                    return {"group": self.pool.group(name), "nbytes": max(4, int(g.nbytes * spec.scale / iters)), "iters": iters,
                             "warmup": 0, "timeout_s": 600}
                 kind = next(iter(wave.values()))[1].kind
                 op = "all_to_all" if kind == "all_to_all" else "all_reduce"
