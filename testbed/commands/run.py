@@ -1,7 +1,8 @@
 """`orchestrrl run` (one policy) and `orchestrrl compare` (every policy and every static layout, same seed).
 
-    orchestrrl run SCENARIO --policy P --backend emulated|simulated --out DIR [--steps N]
+    orchestrrl run SCENARIO --policy P --backend emulated|simulated --out DIR [--steps N] [--fabric KIND]
     orchestrrl compare SCENARIO --out DIR [--backend emulated|simulated] [--policies a,b,...] [--steps N]
+                       [--fabric rfabric,fat-tree,...]
 """
 from __future__ import annotations
 
@@ -32,10 +33,15 @@ def register(sub) -> None:
     r = sub.add_parser("run", help="run a scenario's RL steps under one policy (planner/balancer in the loop)")
     _common(r)
     r.add_argument("--policy", default="orchestrrl", help=f"one of {', '.join(POLICIES)} or static-TP<t>x<r>")
+    r.add_argument("--fabric", default=None, help="fabric kind instead of the scenario's fabric.kind (rfabric, "
+                                                  "fat-tree, fat-tree-2to1, ...)")
     r.set_defaults(func=_run)
     c = sub.add_parser("compare", help="run every policy and every static layout on the same seed; report + plots")
     _common(c)
     c.add_argument("--policies", default=None, help=f"comma-separated (default: every static layout and {', '.join(POLICIES[2:])})")
+    c.add_argument("--fabric", default=None,
+                   help="comma-separated fabric kinds (rfabric, fat-tree, fat-tree-2to1, ...): the same RL steps on "
+                        "each, side by side in fabrics.json (emulated: cross-checked against RLSim per phase)")
     c.set_defaults(func=_compare)
 
 
@@ -46,6 +52,15 @@ def _prepare(args):
     from rlsim.limits import check_simulatable
 
     scn = load_scenario(args.scenario)
+    kinds = [k.strip() for k in (getattr(args, "fabric", None) or "").split(",") if k.strip()]
+    if kinds:
+        from testbed.fabric_compare import check_kinds, with_kind
+
+        check_kinds(kinds, args.backend)  # SpecError (exit 2) naming ``fabric``
+        if len(kinds) > 1 and args.func is _run:
+            raise UsageError("run takes one --fabric (compare takes several)")
+        scn = with_kind(scn, kinds[0])
+    args.kinds = kinds
     steps = args.steps if args.steps is not None else scn.workload.steps
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
@@ -85,6 +100,8 @@ def _run(args) -> int:
 def _compare(args) -> int:
     exp, steps = _prepare(args)
     names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else exp.default_policies()
+    if len(args.kinds) > 1:
+        return _compare_fabrics(args, exp, names, steps)
     policies = [exp.policy(n) for n in names]
     out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     with _bar(args, steps * len(policies), "compare") as bar, exp:
@@ -103,6 +120,31 @@ def _compare(args) -> int:
     print(format_table(report))
     print(f"report: {files['report']}  plot: {files['makespan_png']}  (per policy: {out}/<policy>/: run.json, "
           f"timeline.json, trace-<policy>.json for chrome://tracing or ui.perfetto.dev, timeline and load plots)")
+    return 0
+
+
+def _compare_fabrics(args, exp, names: list[str], steps: int) -> int:
+    from testbed.fabric_compare import compare_fabrics, format_fabrics
+
+    for n in names:
+        exp.policy(n)  # SpecError (exit 2) before anything starts
+    out = Path(args.out or f"runs/fabrics-{time.strftime('%Y%m%d-%H%M%S')}")
+    with _bar(args, steps * len(names) * len(args.kinds), "compare fabrics") as bar:
+        done = {"n": -steps}
+
+        def on_policy(label):
+            done["n"] += steps
+            bar.set_description(f"compare: {label}")
+
+        def progress(msg, frac):
+            bar.set_postfix_str(msg)
+            bar.update(max(0, done["n"] + round(frac * steps) - bar.n))
+
+        report, files = compare_fabrics(exp.scn, args.kinds, args.backend, names, steps, out, progress=progress,
+                                        on_policy=on_policy)
+        bar.update(bar.total - bar.n)
+    print(format_fabrics(report))
+    print(f"report: {files['fabrics']}  plot: {files['fabrics_png']}  (per fabric: {out}/<fabric>/report.json)")
     return 0
 
 
