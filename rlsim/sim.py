@@ -43,7 +43,7 @@ import numpy as np
 
 from agents.costmodel import CostModel
 from controller.ocs import diff
-from controller.phases import stripe_plan, sync_chains
+from controller.phases import stripe_plan, sync_chains, train_plan
 from controller.traffic import (Group, TrainLayout, broadcast_tree, merge, phase_traffic, train_bytes, train_layout,
                                 train_traffic)
 from controller.reconfig import decide_switch
@@ -583,6 +583,7 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
         "wall_s": wall,
         "detail": {"gen": gen.detail, "train": train.detail, "sync": sync.detail, "reconfig": reconfig,
                    "steady_state_gen_topology": steady_start,
+                   "train_plan": train_plan(spec, traffic.train).summary() if traffic is not None else None,
                    "cost": cost, "model": w.model, "gpu": w.gpu,
                    "train_servers": len(train_servers), "gen_servers": len(gen_servers),
                    "mixnet_split": list(mixnet_split(spec, settings.fabric)) if fabric == "mixnet" else None},
