@@ -601,12 +601,18 @@ def _connect_all(spec: FabricSpec, circ: _Circuits) -> None:
         for (a, _), (b, _) in circ.circ.items():
             if a < b:
                 mult[(a, b)] = mult.get((a, b), 0) + 1
-        par: dict[int, dict[int, tuple[int, int, int, int, int]]] = {r: {} for r in roots}  # comp -> OCS -> best
+        par: dict[int, dict[int, list[tuple[int, int, int, int]]]] = {r: {} for r in roots}  # comp -> OCS -> circuits
         for (a, ua), (b, ub) in sorted(circ.circ.items()):
             if a < b and mult[(a, b)] > 1:
-                o, cur = ua % oc, par[comp[a]].get(ua % oc)
-                if cur is None or mult[(a, b)] > cur[0]:
-                    par[comp[a]][o] = (mult[(a, b)], a, ua, b, ub)
+                par[comp[a]].setdefault(ua % oc, []).append((a, ua, b, ub))
+        given: dict[int, int] = {}  # circuits a ToR gave up for a join: spread them over the ToRs
+
+        def pick(cands: list[tuple[int, int, int, int]]) -> tuple[int, int, int, int] | None:
+            live = [c for c in cands if mult[(c[0], c[2])] > 1 and circ.circ.get((c[0], c[1])) == (c[2], c[3])]
+            if not live:
+                return None
+            return max(live, key=lambda c: (mult[(c[0], c[2])] - given.get(c[0], 0) - given.get(c[2], 0), -c[0], -c[2]))
+
         A, joined = roots[0], 0
         for B in roots[1:]:  # join every other component to A in one pass (A's tables absorb B's)
             common = sorted(set(free[A]) & set(free[B]))
@@ -615,21 +621,29 @@ def _connect_all(spec: FabricSpec, circ: _Circuits) -> None:
                 (a, ua), (b, ub) = free[A].pop(o), free[B].pop(o)
                 circ.add(a, ua, b, ub)
             else:
-                common = sorted(set(par[A]) & set(par[B]), key=lambda o: (-(par[A][o][0] + par[B][o][0]), o))
-                if not common:
+                best = None
+                for o in sorted(set(par[A]) & set(par[B])):
+                    ca, cb = pick(par[A][o]), pick(par[B][o])
+                    if ca and cb:
+                        score = mult[(ca[0], ca[2])] + mult[(cb[0], cb[2])] - sum(given.get(t, 0) for t in (*ca[::2], *cb[::2]))
+                        if best is None or score > best[0]:
+                            best = (score, ca, cb)
+                if best is None:
                     continue
-                o = common[0]
-                _, a, ua, b, ub = par[A].pop(o)
-                _, c, uc, d, ud = par[B].pop(o)
+                (a, ua, b, ub), (c, uc, d, ud) = best[1], best[2]
                 circ.remove(a, ua)
                 circ.remove(c, uc)
                 circ.add(a, ua, c, uc)
                 circ.add(b, ub, d, ud)
+                for x, y in ((a, b), (c, d)):
+                    mult[(x, y)] -= 1
+                    given[x] = given.get(x, 0) + 1
+                    given[y] = given.get(y, 0) + 1
             joined += 1
             for o, v in free[B].items():
                 free[A].setdefault(o, v)
             for o, v in par[B].items():
-                par[A].setdefault(o, v)
+                par[A].setdefault(o, []).extend(v)
         if not joined:
             log.warning("phase topology: %d ToR components cannot be joined (no free or parallel ports on a "
                         "common OCS)", len(roots))

@@ -95,16 +95,21 @@ def test_moe_workload_gives_its_ep_pairs_direct_circuits_and_a_connected_graph()
     assert all_pairs_reachable(circuit_graph(spec, m))  # generation's pods stay reachable (async mode)
 
 
-def test_dense_ring_gets_its_neighbours_circuits():
+@pytest.mark.parametrize("pods", [2, 8])
+def test_dense_ring_gets_its_neighbours_circuits(pods):
+    """A dense model: every trainer uplink to the ring neighbours. Joining the generation pods (isolated in
+    their own circuits) to the trainers takes a circuit from different bundles, never a ToR's whole ring."""
     s = load_scenario("scenarios/dapo-32b.yaml")
-    spec = dataclasses.replace(s.fabric, pods=2, ocs_ports=0)
-    layout = JobLayout((0,), (1,))
+    spec = dataclasses.replace(s.fabric, pods=pods, ocs_ports=0)
+    layout = JobLayout(tuple(range(pods // 2)), tuple(range(pods // 2, pods)))
     tr = phase_traffic(spec, layout, s.workload)
-    c = counts(spec, phase_matchings(spec, layout, "train", tr))
-    tors = list(spec.tors_in_pod(0))
-    for a, b in zip(tors, tors[1:] + tors[:1]):  # ring neighbours: half a ToR's uplinks each side (one
-        assert spec.uplinks_per_tor // 2 - 1 <= c[a, b] <= spec.uplinks_per_tor // 2  # may join the gen pod)
-    assert c[np.ix_(tors, tors)].sum() >= len(tors) * spec.uplinks_per_tor - 2
+    m = phase_matchings(spec, layout, "train", tr)
+    c = counts(spec, m)
+    tors = [t for p in layout.train_pods for t in spec.tors_in_pod(p)]
+    for a, b in zip(tors, tors[1:] + tors[:1]):  # ring neighbours: half a ToR's uplinks each side
+        assert spec.uplinks_per_tor // 2 - 1 <= c[a, b] <= spec.uplinks_per_tor // 2
+    assert c[np.ix_(tors, tors)].sum() >= len(tors) * spec.uplinks_per_tor - 2 * len(layout.gen_pods)
+    assert all_pairs_reachable(circuit_graph(spec, m))
 
 
 @pytest.mark.parametrize("kw,train,ep", [
