@@ -13,6 +13,7 @@ Every process / bridge / interface is recorded in ``emulation.registry`` before 
 """
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -32,6 +33,42 @@ from .validation import SpecError
 log = logging.getLogger(__name__)
 
 MGMT_BRIDGE = f"{NAME_PREFIX}mgmt"
+# Open vSwitch's userspace datapath receives from every bridge port on an AF_PACKET socket opened with the
+# kernel's default receive buffer (net.core.rmem_default, 212 KB here: three 64 KB GSO packets). When
+# ovs-vswitchd waits a few ms for a core, that buffer overflows and TCP loses segments (`ss -0 -m` shows
+# the drops; each costs a retransmission, some a 200 ms timeout). The builder raises the default to this
+# while the fabric's ports are added, and restores it at once: only these sockets get it.
+PACKET_RCVBUF = 8 * 2**20
+RMEM_DEFAULT = "/proc/sys/net/core/rmem_default"
+
+
+@contextlib.contextmanager
+def packet_socket_buffers(nbytes: int = PACKET_RCVBUF):
+    """net.core.rmem_default at least ``nbytes`` inside the block (sockets opened then keep it), the old
+    value after. Best effort: without the file (or permission) nothing changes."""
+    try:
+        with open(RMEM_DEFAULT, encoding="ascii") as f:
+            old = f.read().strip()
+    except OSError:
+        yield
+        return
+    changed = False
+    try:
+        if int(old) < nbytes:
+            with open(RMEM_DEFAULT, "w", encoding="ascii") as f:
+                f.write(str(nbytes))
+            changed = True
+    except (OSError, ValueError) as e:
+        log.warning("cannot raise %s for the datapath's sockets: %s", RMEM_DEFAULT, e)
+    try:
+        yield
+    finally:
+        if changed:
+            try:
+                with open(RMEM_DEFAULT, "w", encoding="ascii") as f:
+                    f.write(old)
+            except OSError as e:
+                log.error("could not restore %s to %s: %s", RMEM_DEFAULT, old, e)
 
 
 # ---- the plan (pure) ----------------------------------------------------------------------------
@@ -318,12 +355,12 @@ class EmulatedFabric:
         for link in plan.links:
             net.addLink(link.node1, link.node2, port1=link.port1, port2=link.port2,
                         intfName1=link.intf1, intfName2=link.intf2)
-        net.build()
-        self.timings["build_s"] = time.monotonic() - t0
-
-        t1 = time.monotonic()
-        net.start()
-        self._check_ports()
+        with packet_socket_buffers():  # the bridges' ports (their datapath sockets) are added in here
+            net.build()
+            self.timings["build_s"] = time.monotonic() - t0
+            t1 = time.monotonic()
+            net.start()
+            self._check_ports()
         self._configure_root()
         self._configure_hosts()
         if self.spec.is_static:
