@@ -25,6 +25,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="RL steps (default: the scenario's)")
     p.add_argument("--out", default=None, help="output folder (default runs/<command>-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--time-dilation", type=float, default=None,
+                   help="the scenario's fabric.time_dilation instead (1..100: links / TDF, compute x TDF)")
 
 
 def register(sub) -> None:
@@ -61,6 +63,10 @@ def _prepare(args):
             raise UsageError("run takes one --fabric (compare takes several)")
         scn = with_kind(scn, kinds[0])
     args.kinds = kinds
+    if args.time_dilation is not None:
+        import dataclasses
+
+        scn = dataclasses.replace(scn, fabric=dataclasses.replace(scn.fabric, time_dilation=args.time_dilation))
     steps = args.steps if args.steps is not None else scn.workload.steps
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")

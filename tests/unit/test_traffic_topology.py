@@ -199,3 +199,20 @@ def test_stripe_plan_deals_chains_and_stripes_round_robin():
     assert [[s for s, _ in src] for src, _ in plan] == [[0, 2], [2, 0], [1, 3], [3, 1]]
     assert all(sh == 0.5 for src, _ in plan for _, sh in src)
     assert [m for _, m in stripe_plan([10, 11, 12, 13], [[0]], 2, 1)] == [[10, 11], [12, 13]]
+
+
+# ---- the same RL steps on several fabrics ---------------------------------------------------------------
+def test_compare_fabrics_side_by_side_on_the_simulated_backend(tmp_path):
+    from testbed.fabric_compare import compare_fabrics, format_fabrics, network_times
+
+    base = load_scenario("scenarios/default.yaml")
+    w = dataclasses.replace(base.workload, prompts_per_step=16, samples_per_prompt=4, max_response_tokens=512)
+    scn = dataclasses.replace(base, workload=w)
+    rep, files = compare_fabrics(scn, ["rfabric", "fat-tree-4to1"], "simulated", ["static-TP1x8"], 1, tmp_path)
+    assert set(rep["fabrics"]) == {"rfabric", "fat-tree-4to1"} and (tmp_path / "fabrics.json").exists()
+    rf, t4 = (rep["fabrics"][k]["policies"]["static-TP1x8"] for k in ("rfabric", "fat-tree-4to1"))
+    # the 4:1 tree's ToR pipes carry a quarter of the servers' rate: its ring hops and weight sync are slower
+    assert t4["allreduce_s"] > rf["allreduce_s"] and t4["sync_s"] > rf["sync_s"]
+    assert rep["cost_usd"]["rfabric"] > 0 and "fat-tree-4to1" in format_fabrics(rep)
+    step = {"train": {"allreduce_s": 1.0, "alltoall_s": 2.0}, "sync": {"broadcast_s": 3.0}, "phases": {"sync_s": 9}}
+    assert network_times(step) == {"alltoall_s": 2.0, "allreduce_s": 1.0, "sync_s": 3.0}
