@@ -1,8 +1,8 @@
 """`orchestrrl run` (one policy) and `orchestrrl compare` (every policy and every static layout, same seed).
 
-    orchestrrl run SCENARIO --policy P --backend emulated|simulated --out DIR [--steps N] [--fabric KIND]
+    orchestrrl run SCENARIO --policy P --backend emulated|simulated --out DIR [--steps N]
     orchestrrl compare SCENARIO --out DIR [--backend emulated|simulated] [--policies a,b,...] [--steps N]
-                       [--fabric rfabric,fat-tree,...]
+both with [--fabric KIND[,KIND...]] [--time-dilation TDF] (``_fabric_options``)
 """
 from __future__ import annotations
 
@@ -25,8 +25,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="RL steps (default: the scenario's)")
     p.add_argument("--out", default=None, help="output folder (default runs/<command>-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--time-dilation", type=float, default=None,
-                   help="the scenario's fabric.time_dilation instead (1..100: links / TDF, compute x TDF)")
 
 
 def register(sub) -> None:
@@ -35,16 +33,43 @@ def register(sub) -> None:
     r = sub.add_parser("run", help="run a scenario's RL steps under one policy (planner/balancer in the loop)")
     _common(r)
     r.add_argument("--policy", default="orchestrrl", help=f"one of {', '.join(POLICIES)} or static-TP<t>x<r>")
-    r.add_argument("--fabric", default=None, help="fabric kind instead of the scenario's fabric.kind (rfabric, "
-                                                  "fat-tree, fat-tree-2to1, ...)")
     r.set_defaults(func=_run)
     c = sub.add_parser("compare", help="run every policy and every static layout on the same seed; report + plots")
     _common(c)
     c.add_argument("--policies", default=None, help=f"comma-separated (default: every static layout and {', '.join(POLICIES[2:])})")
-    c.add_argument("--fabric", default=None,
-                   help="comma-separated fabric kinds (rfabric, fat-tree, fat-tree-2to1, ...): the same RL steps on "
-                        "each, side by side in fabrics.json (emulated: cross-checked against RLSim per phase)")
     c.set_defaults(func=_compare)
+    _fabric_options(r, several=False)
+    _fabric_options(c, several=True)
+
+
+def _fabric_options(p: argparse.ArgumentParser, several: bool) -> None:
+    if several:
+        p.add_argument("--fabric", default=None,
+                       help="comma-separated fabric kinds (rfabric, fat-tree, fat-tree-2to1, ...): the same RL steps "
+                            "on each, side by side in fabrics.json (emulated: cross-checked against RLSim per phase)")
+    else:
+        p.add_argument("--fabric", default=None, help="fabric kind instead of the scenario's fabric.kind (rfabric, "
+                                                      "fat-tree, fat-tree-2to1, ...)")
+    p.add_argument("--time-dilation", type=float, default=None,
+                   help="the scenario's fabric.time_dilation instead (1..100: links / TDF, compute x TDF)")
+
+
+def _with_fabric_options(args, scn):
+    """``scn`` with ``--fabric`` (the first kind; SpecError naming ``fabric``) and ``--time-dilation``."""
+    import dataclasses
+
+    kinds = [k.strip() for k in (getattr(args, "fabric", None) or "").split(",") if k.strip()]
+    args.kinds = kinds
+    if kinds:
+        from testbed.fabric_compare import check_kinds, with_kind
+
+        check_kinds(kinds, args.backend)
+        if len(kinds) > 1 and args.func is _run:
+            raise UsageError("run takes one --fabric (compare takes several)")
+        scn = with_kind(scn, kinds[0])
+    if getattr(args, "time_dilation", None) is not None:
+        scn = dataclasses.replace(scn, fabric=dataclasses.replace(scn.fabric, time_dilation=args.time_dilation))
+    return scn
 
 
 def _prepare(args):
@@ -54,19 +79,7 @@ def _prepare(args):
     from rlsim.limits import check_simulatable
 
     scn = load_scenario(args.scenario)
-    kinds = [k.strip() for k in (getattr(args, "fabric", None) or "").split(",") if k.strip()]
-    if kinds:
-        from testbed.fabric_compare import check_kinds, with_kind
-
-        check_kinds(kinds, args.backend)  # SpecError (exit 2) naming ``fabric``
-        if len(kinds) > 1 and args.func is _run:
-            raise UsageError("run takes one --fabric (compare takes several)")
-        scn = with_kind(scn, kinds[0])
-    args.kinds = kinds
-    if args.time_dilation is not None:
-        import dataclasses
-
-        scn = dataclasses.replace(scn, fabric=dataclasses.replace(scn.fabric, time_dilation=args.time_dilation))
+    scn = _with_fabric_options(args, scn)
     steps = args.steps if args.steps is not None else scn.workload.steps
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
@@ -104,10 +117,10 @@ def _run(args) -> int:
 
 
 def _compare(args) -> int:
+    if len([k for k in (getattr(args, "fabric", None) or "").split(",") if k.strip()]) > 1:  # several fabrics: testbed/fabric_compare.py
+        return _compare_fabrics(args)
     exp, steps = _prepare(args)
     names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else exp.default_policies()
-    if len(args.kinds) > 1:
-        return _compare_fabrics(args, exp, names, steps)
     policies = [exp.policy(n) for n in names]
     out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     with _bar(args, steps * len(policies), "compare") as bar, exp:
@@ -129,9 +142,11 @@ def _compare(args) -> int:
     return 0
 
 
-def _compare_fabrics(args, exp, names: list[str], steps: int) -> int:
+def _compare_fabrics(args) -> int:
     from testbed.fabric_compare import compare_fabrics, format_fabrics
 
+    exp, steps = _prepare(args)
+    names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else exp.default_policies()
     for n in names:
         exp.policy(n)  # SpecError (exit 2) before anything starts
     out = Path(args.out or f"runs/fabrics-{time.strftime('%Y%m%d-%H%M%S')}")
