@@ -495,14 +495,9 @@ def train_plan(spec: FabricSpec, tt: TrainTraffic) -> TrainPlan:
                     c[a][b] = m
         return c
 
-    def share(C: int) -> dict[tuple[int, int], float]:
-        out: dict[tuple[int, int], float] = {}
-        for g, cell in enumerate(cells):
-            if len(cell) > 1 and len(adj_w[g]) > 1:
-                for a in cell:
-                    for b in cell:
-                        out[(a, b)] = 1.0 / len(adj_w[g])
-        return out
+    # while the rings run, a cell's own circuits carry the detours of every adjacent cell
+    share: dict[tuple[int, int], float] = {(a, b): 1.0 / len(adj_w[g]) for g, cell in enumerate(cells)
+                                           if len(cell) > 1 and len(adj_w[g]) > 1 for a in cell for b in cell}
 
     def estimate(c: dict[int, dict[int, int]], sh: dict) -> list[tuple[str, float]]:
         out = []
@@ -524,12 +519,11 @@ def train_plan(spec: FabricSpec, tt: TrainTraffic) -> TrainPlan:
             if C in seen or not 0 <= C <= U:
                 continue
             seen.add(C)
-            sh = share(C)
             for base in range(U + 1):
                 c = counts(C, base)
                 if c is None:
                     break
-                scored.append((C, base, sum(t for _, t in estimate(c, sh))))
+                scored.append((C, base, sum(t for _, t in estimate(c, share))))
 
     # every other C, then the neighbours of the best ones (the estimate is smooth in C)
     score(range(0, U + 1, 2) if multi else [0])
@@ -540,7 +534,7 @@ def train_plan(spec: FabricSpec, tt: TrainTraffic) -> TrainPlan:
     C, base, _ = max((k for k in scored if k[2] <= low * (1 + PLAN_TIE)), key=lambda k: (k[0], k[1]))
     best_c = counts(C, base)
     circuits = tuple((a, b, n) for a in tors for b, n in sorted(best_c[a].items()) if a < b)
-    return TrainPlan(tuple(cells), circuits, C if multi else 0, base, tuple(estimate(best_c, share(C))),
+    return TrainPlan(tuple(cells), circuits, C if multi else 0, base, tuple(estimate(best_c, share)),
                      tuple(scored))
 
 
