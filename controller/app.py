@@ -44,6 +44,7 @@ from .ocs import COOKIE_MASK, OCS_COOKIE, OCS_PRIORITY, TOR_COOKIE, FlowSpec
 from .reconfig import PreciseClock
 from .rest import RestApp, make_server
 from .runtime import FabricController
+from .traffic import phase_traffic
 from .tor_sync import TorTables, tor_ops
 
 log = logging.getLogger(__name__)
@@ -79,10 +80,11 @@ class OrlControllerApp(app_manager.OSKenApp):
         log.info("datapath flow cache: %s", f"purged around reconfigurations ({flow_cache.path})" if flow_cache
                  else f"not flushed (datapath_flush={cfg.datapath_flush})")
         self.driver = OsKenDriver(self, flow_cache)
+        traffic = phase_traffic(cfg.spec, cfg.layout, cfg.workload) if cfg.workload is not None else None
         self.core = FabricController(cfg.spec, cfg.layout, self.driver, PreciseClock(time.sleep),
                                      threading.Lock(), initial_phase=cfg.initial_phase,
                                      delay_ms=cfg.delay_ms, state_path=cfg.state_file,
-                                     on_stale=self._resync_later)
+                                     on_stale=self._resync_later, traffic=traffic)
 
     # ---- connection life cycle -----------------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)

@@ -16,10 +16,11 @@ import secrets
 import typing
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional
 
 from emulation.spec import FabricSpec, JobLayout, check_delay_ms, check_phase
 from emulation.validation import SpecError, from_dict, require
+from emulation.workload import WorkloadSpec
 
 from .datapath import check_flush_mode, open_flow_cache
 from .runtime import load_state
@@ -133,10 +134,13 @@ def to_argv(opts: ControllerOptions) -> list[str]:
 # ---- the validated configuration ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class SpecJson:
-    """``--spec-json``: a FabricSpec plus an optional layout (and nothing else)."""
+    """``--spec-json``: a FabricSpec plus an optional layout and workload (and nothing else). The workload
+    is what the train topology is built from (``controller.traffic``); without it the train phase is the
+    uniform mesh."""
 
     fabric: FabricSpec = FabricSpec()
     layout: JobLayout = JobLayout()
+    workload: Optional[WorkloadSpec] = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,7 @@ class ControllerConfig:
     initial_phase: str = "train"
     delay_ms: float | None = None
     datapath_flush: str = "auto"
+    workload: WorkloadSpec | None = None  # what the phase topologies are planned for (None: unknown)
 
     def __post_init__(self) -> None:
         for name in ("of_port", "rest_port"):
@@ -206,7 +211,7 @@ def check_config(opts: ControllerOptions) -> ControllerConfig:
         from emulation.scenario import load_scenario
 
         sc = load_scenario(opts.scenario)
-        spec, layout = sc.fabric, sc.layout
+        spec, layout, workload = sc.fabric, sc.layout, sc.workload
         initial_phase = initial_phase or sc.controller.initial_phase
         delay_ms = sc.controller.delay_ms if delay_ms is None else delay_ms
     else:
@@ -215,7 +220,7 @@ def check_config(opts: ControllerOptions) -> ControllerConfig:
         except ValueError as e:
             raise SpecError("spec_json", f"not valid JSON: {e}") from None
         sj = from_dict(SpecJson, data, "spec_json")
-        spec, layout = sj.fabric, sj.layout
+        spec, layout, workload = sj.fabric, sj.layout, sj.workload
     layout.check(spec)
     initial_phase = check_phase(initial_phase or "train", "initial_phase")
     if opts.state_file:
@@ -227,7 +232,8 @@ def check_config(opts: ControllerOptions) -> ControllerConfig:
     cfg = ControllerConfig(spec=spec, layout=layout, of_port=opts.of_port, rest_port=opts.rest_port,
                            rest_host=opts.rest_host, of_host=opts.of_host, token=None,
                            token_file=token_file, state_file=opts.state_file,
-                           initial_phase=initial_phase, delay_ms=delay_ms, datapath_flush=opts.datapath_flush)
+                           initial_phase=initial_phase, delay_ms=delay_ms, datapath_flush=opts.datapath_flush,
+                           workload=workload)
     if cfg.datapath_flush == "on":
         open_flow_cache("on")  # no ovs-vswitchd to flush: stop here (exit 2), not at the first reconfiguration
     return cfg

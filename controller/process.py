@@ -28,6 +28,7 @@ from pathlib import Path
 from emulation import registry as _registry
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, to_dict
+from emulation.workload import WorkloadSpec
 
 from .client import ControllerClient
 from .config import ControllerOptions, to_argv
@@ -46,9 +47,11 @@ class ControllerProcess:
                  rest_port: int | None = None, initial_phase: str = "train", delay_ms: float | None = None,
                  state_file: str | os.PathLike | None = None, token: str | None = None,
                  start_timeout_s: float = 30.0, stop_timeout_s: float = 5.0, verbose: bool = False,
-                 workdir: str | os.PathLike | None = None, datapath_flush: str = "auto"):
+                 workdir: str | os.PathLike | None = None, datapath_flush: str = "auto",
+                 workload: WorkloadSpec | None = None):
         self.spec = spec
         self.layout = layout
+        self.workload = workload  # what the train topology is built from (None: the uniform mesh)
         self.of_port = of_port or free_port()
         self.rest_port = rest_port or free_port()
         self.initial_phase = initial_phase
@@ -87,7 +90,10 @@ class ControllerProcess:
         return self._proc is not None and self._proc.poll() is None
 
     def options(self) -> ControllerOptions:
-        spec_json = json.dumps({"fabric": to_dict(self.spec), "layout": to_dict(self.layout)})
+        doc = {"fabric": to_dict(self.spec), "layout": to_dict(self.layout)}
+        if self.workload is not None:
+            doc["workload"] = to_dict(self.workload)
+        spec_json = json.dumps(doc)
         return ControllerOptions(spec_json=spec_json, of_port=self.of_port, rest_port=self.rest_port,
                                  token_file=str(self.token_file), state_file=str(self.state_file),
                                  initial_phase=self.initial_phase, delay_ms=self.delay_ms,

@@ -155,10 +155,11 @@ class FabricController:
     def __init__(self, spec: FabricSpec, layout: JobLayout, driver: Driver, clock: Clock, lock: Any,
                  initial_phase: str = "train", delay_ms: float | None = None, state_path: str | Path | None = None,
                  wall: Callable[[], float] = time.time,
-                 on_stale: Callable[[list[int]], None] | None = None):
+                 on_stale: Callable[[list[int]], None] | None = None, traffic: Any = None):
         layout.check(spec)
         self.spec = spec
         self.layout = layout
+        self.traffic = traffic  # controller.traffic.PhaseTraffic: what the phase topologies are built from
         self.driver = driver
         self.clock = clock
         self._lock = lock
@@ -247,7 +248,7 @@ class FabricController:
     def request_phase(self, data: Any) -> dict:
         received = self.clock.now()
         try:
-            req = phase_request(self.spec, self.layout, data)
+            req = phase_request(self.spec, self.layout, data, self.traffic)
         except SpecError as e:
             self.record_rejected("phase", str(e))
             raise
@@ -348,7 +349,7 @@ class FabricController:
             source = "adopt"
             log.info("no state file: adopting the circuits the OCSes hold")
         else:
-            target = dict(phases.phase_matchings(self.spec, self.layout, self.initial_phase))
+            target = dict(phases.phase_matchings(self.spec, self.layout, self.initial_phase, self.traffic))
             phase = self.initial_phase
             source = "initial"
         plan = plan_reconfig(self.spec, current, None, target, stray=stray)

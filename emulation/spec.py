@@ -33,6 +33,14 @@ MAX_TIME_DILATION = 100.0
 MIN_TIME_DILATION = 0.05
 MAX_DELAY_MS = 60000.0  # longest OCS switching delay anything accepts (scenario, controller, REST)
 PHASES = ("train", "gen", "sync")  # the phase topologies (controller/phases.py builds them)
+# Fabric kinds: one name set for the emulator (``FabricSpec.kind``) and RLSim (rlsim/fabrics.py models them all)
+FABRICS = ("fat-tree", "fat-tree-2to1", "fat-tree-4to1", "fat-tree-8to1", "fat-tree-16to1", "rail", "topoopt",
+           "mixnet", "rfabric")
+# the Fat-Trees' oversubscription at the ToR: 2:1 .. 16:1 are the tapers of RFabric's swept configurations
+# (16 .. 2 uplinks against 32 server ports), a cluster architect's cheaper static alternatives
+OVERSUB = {"fat-tree": 1.0, "fat-tree-2to1": 2.0, "fat-tree-4to1": 4.0, "fat-tree-8to1": 8.0, "fat-tree-16to1": 16.0}
+# what the emulator builds: RFabric (OCS bridges under the controller) or a static packet tree (spine bridges)
+EMULATED_FABRICS = ("rfabric",) + tuple(OVERSUB)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -95,8 +103,15 @@ class FabricSpec:
     time_dilation: float = 1.0
     fabric_subnet: str = "10.0.0.0/24"
     mgmt_subnet: str = "10.0.1.0/24"
+    # rfabric: the uplinks go to OCS bridges re-wired per phase by the controller; a Fat-Tree kind
+    # (OVERSUB): one uplink per ToR to each of ocs_count spine bridges (in the OCSes' places) that forward
+    # by destination, static for the job; together they carry the ToR's up capacity, servers_per_tor x
+    # server rate / oversubscription (RLSim's aggregated ToR pipe; the builder's static_flows rule). RLSim
+    # takes the fabric to simulate as an argument (any of FABRICS).
+    kind: str = "rfabric"
 
     def __post_init__(self) -> None:
+        require(self.kind in FABRICS, "kind", f"must be one of {', '.join(FABRICS)}, got {self.kind!r}")
         for name in ("pods", "tors_per_pod", "servers_per_tor", "gpus_per_server", "ocs_count",
                      "uplinks_per_tor"):
             require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
@@ -282,8 +297,28 @@ class FabricSpec:
         """Most traffic the hosts can inject at once (all server links busy), emulated Gb/s."""
         return self.n_servers * self.server_link_mbps / 1000.0
 
+    @property
+    def is_static(self) -> bool:
+        """A static packet fabric (spine bridges), not RFabric's OCSes."""
+        return self.kind != "rfabric"
+
+    @property
+    def static_uplink_mbps(self) -> float:
+        """A static tree's shaped ToR uplink (one per spine): the ToR's up capacity (its servers' rate /
+        oversubscription) over its spines."""
+        return self.servers_per_tor * self.server_link_mbps / OVERSUB[self.kind] / self.ocs_count
+
+    def built_uplinks(self) -> Iterator[Uplink]:
+        """The ToR uplinks the emulator wires: all of them for RFabric; for a static tree the first on each
+        spine (uplinks 0..ocs_count-1: one per spine per ToR)."""
+        for up in self.uplinks():
+            if not self.is_static or up.uplink < self.ocs_count:
+                yield up
+
     def check_emulatable(self) -> None:
         """Raise SpecError when the Mininet builder cannot build this spec on one machine."""
+        require(self.kind in EMULATED_FABRICS, "kind",
+                f"the emulator builds {', '.join(EMULATED_FABRICS)}, got {self.kind!r} (RLSim models it)")
         require(self.n_servers <= MAX_EMULATED_SERVERS, "servers",
                 f"{self.n_servers} servers; the emulator builds at most {MAX_EMULATED_SERVERS} "
                 "(use RLSim for larger clusters)")

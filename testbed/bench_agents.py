@@ -28,7 +28,17 @@ from testbed.traffic import iperf3, iperf3_result
 
 log = logging.getLogger(__name__)
 
-RING = [0, 2, 1, 3]  # train-phase circuits of the 4-ToR bench fabric: 0-2, 2-1, 1-3, 3-0
+RING = [0, 2, 1, 3]  # the ring the bench installs as circuits (ring_circuits): 0-2, 2-1, 1-3, 3-0
+
+
+def ring_circuits(spec: FabricSpec, ring: list[int]) -> dict[str, list[list[int]]]:
+    """OCS 0's circuits joining the ToRs of ``ring`` (one server per ToR) neighbour to neighbour: ToR
+    ``ring[i]``'s uplink 1 to ToR ``ring[i+1]``'s uplink 0, so every hop of the ring has its own circuit."""
+    pairs = []
+    for i, t in enumerate(ring):
+        nxt = ring[(i + 1) % len(ring)]
+        pairs.append([spec.uplink(t, 1).ocs_port, spec.uplink(nxt, 0).ocs_port])
+    return {"0": pairs}
 
 
 def bench_scenario(rate_mbps: float, scale: float = 0.001, model: str = "Qwen2.5-7B") -> Scenario:
@@ -53,6 +63,7 @@ def bench_collectives(sizes_mib=(1, 4, 16, 64, 256), rate_mbps: float = 400.0, b
     scn = bench_scenario(rate_mbps)
     rows = []
     with running_cluster(scn) as (tb, pool):
+        tb.client.set_circuits(ring_circuits(scn.fabric, RING))  # not a phase topology: the bench's own ring
         pool.form_world(RING)  # ring order = circuit order: Gloo's ring follows the ranks
         pool.form_group("all", RING)
         goodput = iperf3_result(iperf3(tb.fabric, 0, 2, iperf_s, port=5501), iperf_s + 20)["bps"]

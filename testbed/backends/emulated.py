@@ -25,7 +25,8 @@ from agents.costmodel import CostModel
 from agents.engine import EngineSettings, Layout
 from agents.protocol import unpack_array
 from controller.ocs import Matching
-from controller.phases import SyncChain, sync_chains
+from controller.phases import SyncChain, stripe_plan, sync_chains
+from controller.traffic import train_bytes, train_traffic
 from emulation.capacity import load_capacity
 
 from .base import Backend, PhaseResult, ServerState, StepRequests
@@ -33,6 +34,7 @@ from .phases import PhaseModel
 
 log = logging.getLogger(__name__)
 
+A2A_CHUNKS = 4  # an EP all-to-all runs as this many layer groups (a few layers' dispatch and combine each)
 LINK_EFFICIENCY_MIN = 0.8  # a phase whose transfers take longer than modelled / this: the fabric distorted the run
 
 
@@ -148,8 +150,11 @@ class EmulatedBackend(Backend):
 
     # ---- fabric and phases ----
     def set_phase(self, phase: str, window_ms: float | None, gain_ms: float | None) -> dict:
+        if self.tb.controller is None:  # a static tree: nothing to re-wire (the phase model says so)
+            d = self.model.decide(phase, phase, window_ms, gain_ms)
+            return {**d, "overhead_ms": None, "took_ms": 0.0}
         # the controller works in wall time: windows and gains are stretched by the time dilation
-        gain = None if gain_ms is None else (3.6e6 if math.isinf(gain_ms) else min(3.6e6, gain_ms * self.tdf))
+        gain = None if gain_ms is None else (3.6e6 if math.isinf(gain_ms) else max(-3.6e6, min(3.6e6, gain_ms * self.tdf)))
         window = None if window_ms is None else min(3.6e6, window_ms * self.tdf)
         t0 = self.now()
         rec = self.tb.client.set_phase(phase, window_ms=window, gain_ms=gain)
@@ -158,7 +163,9 @@ class EmulatedBackend(Backend):
                 "window_ms": window_ms, "gain_ms": gain_ms, "reason": rec.get("reason"),
                 "overhead_ms": None if ov is None else ov / self.tdf, "took_ms": (self.now() - t0) * 1e3}
 
-    def _installed_phase(self) -> str:
+    def _installed_phase(self) -> str | None:
+        if self.tb.controller is None:
+            return None
         return self.tb.client.state().get("phase") or "train"
 
     def _installed_matchings(self) -> dict[int, Matching]:
@@ -167,8 +174,16 @@ class EmulatedBackend(Backend):
 
     def sync_weights(self, step: int) -> PhaseResult:
         spec, layout = self.scenario.fabric, self.scenario.layout
-        chains = sync_chains(spec, layout, self._installed_matchings(),
-                             holders=[t for t in self.train_servers if t not in self.pool.failed])
+        holders = [t for t in self.train_servers if t not in self.pool.failed]
+        if spec.is_static:  # no circuits: RLSim's stripes plan for a packet tree (one holder per trainer ToR)
+            by_tor: dict[int, list[int]] = {}
+            for t in holders:
+                by_tor.setdefault(t // spec.servers_per_tor, []).append(t)
+            n_chains = min(self.model.train_layout.dp, len(self.gen_servers))
+            chains = [SyncChain(tuple(src), tuple(mem)) for src, mem in
+                      stripe_plan(list(self.gen_servers), list(by_tor.values()), n_chains, len(by_tor))]
+        else:
+            chains = sync_chains(spec, layout, self._installed_matchings(), holders=holders)
         # a failed generator drops out of its chain: its predecessor feeds its successor directly
         chains = [c for c in (SyncChain(ch.sources, tuple(m for m in ch.members if m not in self.pool.failed))
                               for ch in chains) if c.members]
@@ -199,26 +214,60 @@ class EmulatedBackend(Backend):
         return PhaseResult("sync", t0, t1, detail)
 
     def train(self, step: int, lengths: np.ndarray) -> PhaseResult:
+        """The modelled compute slept in every trainer, then training's collectives for real
+        (``controller.traffic.train_traffic`` at this step's tokens, bytes scaled by the fabric's scale):
+        the EP all-to-all of each group in A2A_CHUNKS layer groups, then the DP rings as Gloo all-reduces. The
+        collectives of one stage run together, one per trainer at a time (a trainer in two rings of a stage,
+        dense and expert, runs them one after the other). Pipeline point-to-point is not emulated."""
         spec = self.scenario.fabric
-        _, model = self.model.train_s("train", lengths)
+        _, model = self.model.train_s(self._installed_phase(), lengths)
         compute = float(model.get("compute_s", 0.0))
         trainers = [t for t in self.train_servers if t not in self.pool.failed]
         t0 = self.now()
         self.pool.call_all(trainers, "compute", lambda s: {"seconds": compute}, compute * self.tdf + 60)
         t_c = self.now()
         detail = {"compute_s": t_c - t0, "modelled_compute_s": compute}
-        if len(trainers) >= 2:
-            nbytes = max(4, int(self.cm.gradient_bytes() * spec.scale))
+        tl = self.model.train_layout
+        tokens = float(np.sum(lengths) + len(lengths) * self.scenario.workload.prompt_tokens)
+        tt = train_traffic(tl, train_bytes(self.cm, tl, tokens))
+        ok = True
+        for st in tt.stages:
+            if st.name == "pp_p2p":
+                detail["pp_p2p"] = "not emulated"
+                continue
+            groups = [(name, g) for name, g in tt.named_groups() if name.startswith(st.name + "-")
+                      and not any(m in self.pool.failed for m in g.members)]
+            waves: list[dict[int, tuple[str, object]]] = []  # one collective per trainer per wave
+            for name, g in groups:
+                wave = next((w for w in waves if not set(g.members) & set(w)), None)
+                if wave is None:
+                    wave = {}
+                    waves.append(wave)
+                for m in g.members:
+                    wave[m] = (name, g)
+            if not waves:
+                continue
             before = self._port_bytes()
-            res = self.pool.call_all(trainers, "all_reduce", lambda s: {"group": "trainers", "nbytes": nbytes,
-                                                                         "iters": 1, "warmup": 0, "timeout_s": 600}, 900)
-            t1 = self.now()
-            detail.update(allreduce_s=t1 - t_c, allreduce_bytes=nbytes, correct=all(r["correct"] for r in res.values()))
-            ar = self.model.train_s(self._installed_phase(), lengths)[1].get("dp_allreduce_s")
-            self._utilisation("train", before, t1 - t_c, ar)
-        else:
-            t1 = t_c
-        return PhaseResult("train", t0, t1, detail)
+            ts = self.now()
+            nbytes = 0
+            for wave in waves:
+                def params(s: int, wave=wave) -> dict:
+                    name, g = wave[s]
+                    iters = A2A_CHUNKS if g.kind == "all_to_all" else 1
+                    return {"group": self.pool.group(name), "nbytes": max(4, int(g.nbytes * spec.scale / iters)), "iters": iters,
+                            "warmup": 0, "timeout_s": 600}
+                kind = next(iter(wave.values()))[1].kind
+                op = "all_to_all" if kind == "all_to_all" else "all_reduce"
+                res = self.pool.call_all(list(wave), op, params, 900)
+                ok = ok and all(r["correct"] for r in res.values())
+                nbytes += sum(params(s)["nbytes"] * params(s)["iters"] for s in wave)
+            span = self.now() - ts
+            key = {"ep_alltoall": "alltoall", "dp_allreduce": "allreduce"}[st.name]
+            detail.update({f"{key}_s": span, f"{key}_bytes": nbytes // len({m for w in waves for m in w}),
+                           f"{key}_waves": len(waves)})
+            self._utilisation("train", before, span, model.get(f"{st.name}_s"), stage=st.name)
+        detail["correct"] = ok
+        return PhaseResult("train", t0, self.now(), detail)
 
     # ---- health and fidelity ----
     def failures(self) -> dict[int, str]:
@@ -244,7 +293,8 @@ class EmulatedBackend(Backend):
                     out[port] = int(line.split("bytes=")[1].split(",")[0])
         return out
 
-    def _utilisation(self, phase: str, before: dict[str, int], wall_equiv_s: float, modelled_s: float | None = None) -> None:
+    def _utilisation(self, phase: str, before: dict[str, int], wall_equiv_s: float, modelled_s: float | None = None,
+                     stage: str | None = None) -> None:
         after = self._port_bytes()
         spec = self.scenario.fabric
         secs = wall_equiv_s * self.tdf  # wall seconds
@@ -255,7 +305,8 @@ class EmulatedBackend(Backend):
         busiest = max(tx.values()) if tx else 0
         total = sum(tx.values())
         cap = load_capacity()
-        rec = {"phase": phase, "busiest_port_utilisation": busiest / (rate * secs),
+        rate = spec.server_link_mbps * 1e6 / 8 if spec.is_static else rate  # a tree's pipes: its server links
+        rec = {"phase": phase, "stage": stage, "busiest_port_utilisation": busiest / (rate * secs),
                "aggregate_gbps": total * 8 / secs / 1e9,
                "capacity_gbps": cap["capacity_gbps"] if cap else None}
         if cap:

@@ -45,16 +45,16 @@ def _up(args: argparse.Namespace) -> int:
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with running_testbed(spec, layout, initial_phase=scn.controller.initial_phase,
-                             delay_ms=scn.controller.effective_delay_ms(spec)) as tb:
-            ctl = tb.controller
+                             delay_ms=scn.controller.effective_delay_ms(spec), workload=scn.workload) as tb:
+            ctl = tb.controller  # None: a static tree (spines with the builder's fixed rule, no controller)
             info = {
-                "scenario": scn.name,
-                "rest": f"{ctl.client.base_url}/api/v1/",
-                "token_file": str(ctl.token_file),
-                "controller_pid": ctl.pid,
-                "controller_log": str(ctl.log_path),
-                "of_port": ctl.of_port,
-                "phase": tb.client.state().get("phase"),
+                "scenario": scn.name, "kind": spec.kind,
+                "rest": f"{ctl.client.base_url}/api/v1/" if ctl else None,
+                "token_file": str(ctl.token_file) if ctl else None,
+                "controller_pid": ctl.pid if ctl else None,
+                "controller_log": str(ctl.log_path) if ctl else None,
+                "of_port": ctl.of_port if ctl else None,
+                "phase": tb.client.state().get("phase") if ctl else None,
                 "hosts": [{"name": spec.host_name(s), "fabric_ip": spec.host_ip(s), "mgmt_ip": tb.fabric.mgmt_ip(s),
                            "pid": tb.fabric.host(s).pid, "tor": spec.tor_of_server(s),
                            "role": layout.role_of_pod(spec.pod_of_server(s))} for s in range(spec.n_servers)],
@@ -64,12 +64,16 @@ def _up(args: argparse.Namespace) -> int:
                 write_json_atomic(info_file, info, indent=1)
                 st = info_file.stat()
                 written = (st.st_ino, st.st_mtime_ns)
-            print(f"fabric '{scn.name}' is up: {spec.n_servers} hosts, {spec.n_tors} ToRs, {spec.ocs_count} OCS; "
-                  f"phase {info['phase']}")
-            print(f"REST API   {info['rest']}   (token in {info['token_file']})")
-            print(f"  curl -s -H \"Authorization: Bearer $(cat {info['token_file']})\" {info['rest']}circuits")
-            print(f"  curl -s -H \"Authorization: Bearer $(cat {info['token_file']})\" -d '{{\"phase\": \"gen\"}}' "
-                  f"{info['rest']}phase")
+            if ctl is None:
+                print(f"fabric '{scn.name}' is up: {spec.n_servers} hosts, {spec.n_tors} ToRs, {spec.ocs_count} "
+                      f"spine(s): a static {spec.kind} tree (no controller; the builder's static_flows rule)")
+            else:
+                print(f"fabric '{scn.name}' is up: {spec.n_servers} hosts, {spec.n_tors} ToRs, {spec.ocs_count} OCS; "
+                      f"phase {info['phase']}")
+                print(f"REST API   {info['rest']}   (token in {info['token_file']})")
+                print(f"  curl -s -H \"Authorization: Bearer $(cat {info['token_file']})\" {info['rest']}circuits")
+                print(f"  curl -s -H \"Authorization: Bearer $(cat {info['token_file']})\" -d '{{\"phase\": \"gen\"}}' "
+                      f"{info['rest']}phase")
             print("hosts (run a shell in one: mnexec -a PID bash, or nsenter -t PID -n -m bash):")
             for h in info["hosts"]:
                 print(f"  {h['name']:>6}  fabric {h['fabric_ip']:<12} mgmt {h['mgmt_ip']:<12} pid {h['pid']:<7} "
@@ -77,7 +81,7 @@ def _up(args: argparse.Namespace) -> int:
             print("Ctrl-C to tear everything down", flush=True)
             up.set()
             while not stop.wait(0.5):
-                if not ctl.running:
+                if ctl is not None and not ctl.running:
                     print("controller exited; tearing down (see its log: " + info["controller_log"] + ")")
                     return 1
     finally:

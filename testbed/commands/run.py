@@ -2,6 +2,7 @@
 
     orchestrrl run SCENARIO --policy P --backend emulated|simulated --out DIR [--steps N]
     orchestrrl compare SCENARIO --out DIR [--backend emulated|simulated] [--policies a,b,...] [--steps N]
+both with [--fabric KIND[,KIND...]] [--time-dilation TDF] (``_fabric_options``)
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def register(sub) -> None:
     _common(c)
     c.add_argument("--policies", default=None, help=f"comma-separated (default: every static layout and {', '.join(POLICIES[2:])})")
     c.set_defaults(func=_compare)
+    _fabric_options(r, several=False)
+    _fabric_options(c, several=True)
     m = sub.add_parser("map", help="where adaptive compute pays: oracle and policy gains over the knobs (heatmaps)")
     m.add_argument("scenario", help="scenario YAML (the map's centre)")
     m.add_argument("--out", default=None, help="output folder (default runs/map-<time>)")
@@ -55,6 +58,36 @@ def register(sub) -> None:
     m.set_defaults(func=_map)
 
 
+def _fabric_options(p: argparse.ArgumentParser, several: bool) -> None:
+    if several:
+        p.add_argument("--fabric", default=None,
+                       help="comma-separated fabric kinds (rfabric, fat-tree, fat-tree-2to1, ...): the same RL steps "
+                            "on each, side by side in fabrics.json (emulated: cross-checked against RLSim per phase)")
+    else:
+        p.add_argument("--fabric", default=None, help="fabric kind instead of the scenario's fabric.kind (rfabric, "
+                                                      "fat-tree, fat-tree-2to1, ...)")
+    p.add_argument("--time-dilation", type=float, default=None,
+                   help="the scenario's fabric.time_dilation instead (0.05..100: links / TDF, compute x TDF; below 1 time is compressed)")
+
+
+def _with_fabric_options(args, scn):
+    """``scn`` with ``--fabric`` (the first kind; SpecError naming ``fabric``) and ``--time-dilation``."""
+    import dataclasses
+
+    kinds = [k.strip() for k in (getattr(args, "fabric", None) or "").split(",") if k.strip()]
+    args.kinds = kinds
+    if kinds:
+        from testbed.fabric_compare import check_kinds, with_kind
+
+        check_kinds(kinds, args.backend)
+        if len(kinds) > 1 and args.func is _run:
+            raise UsageError("run takes one --fabric (compare takes several)")
+        scn = with_kind(scn, kinds[0])
+    if getattr(args, "time_dilation", None) is not None:
+        scn = dataclasses.replace(scn, fabric=dataclasses.replace(scn.fabric, time_dilation=args.time_dilation))
+    return scn
+
+
 def _prepare(args):
     from emulation.scenario import load_scenario
     from testbed.experiment import Experiment
@@ -62,6 +95,7 @@ def _prepare(args):
     from rlsim.limits import check_simulatable
 
     scn = load_scenario(args.scenario)
+    scn = _with_fabric_options(args, scn)
     steps = args.steps if args.steps is not None else scn.workload.steps
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
@@ -112,6 +146,8 @@ def _run(args) -> int:
 
 
 def _compare(args) -> int:
+    if len([k for k in (getattr(args, "fabric", None) or "").split(",") if k.strip()]) > 1:  # several fabrics: testbed/fabric_compare.py
+        return _compare_fabrics(args)
     exp, steps = _prepare(args)
     from testbed.orchestrator.settings import make_policy
 
@@ -190,6 +226,33 @@ def _map(args) -> int:
     print(f"map: {out / 'map.json'}")
     for f in files:
         print(f"plot: {f}")
+    return 0
+
+
+def _compare_fabrics(args) -> int:
+    from testbed.fabric_compare import compare_fabrics, format_fabrics
+
+    exp, steps = _prepare(args)
+    names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else exp.default_policies()
+    for n in names:
+        exp.policy(n)  # SpecError (exit 2) before anything starts
+    out = Path(args.out or f"runs/fabrics-{time.strftime('%Y%m%d-%H%M%S')}")
+    with _bar(args, steps * len(names) * len(args.kinds), "compare fabrics") as bar:
+        done = {"n": -steps}
+
+        def on_policy(label):
+            done["n"] += steps
+            bar.set_description(f"compare: {label}")
+
+        def progress(msg, frac):
+            bar.set_postfix_str(msg)
+            bar.update(max(0, done["n"] + round(frac * steps) - bar.n))
+
+        report, files = compare_fabrics(exp.scn, args.kinds, args.backend, names, steps, out, progress=progress,
+                                        on_policy=on_policy)
+        bar.update(bar.total - bar.n)
+    print(format_fabrics(report))
+    print(f"report: {files['fabrics']}  plot: {files['fabrics_png']}  (per fabric: {out}/<fabric>/report.json)")
     return 0
 
 

@@ -79,6 +79,10 @@ def test_bad_scenario_exits_2_naming_the_field(tmp_path, run_cli, nothing_starts
     (["controller", DEFAULT, "--delay-ms", "70000", "--no-auth", "--state-file", "STATE"], "delay_ms"),
     (["controller", DEFAULT, "--delay-ms", "inf", "--no-auth", "--state-file", "STATE"], "delay_ms"),
     (["bench", "reconfig", "--delay-ms", "70000"], "--delay-ms"),
+    (["compare", DEFAULT, "--backend", "emulated", "--fabric", "topoopt", "--out", "OUT"], "fabric"),
+    (["compare", DEFAULT, "--backend", "simulated", "--fabric", "torus", "--out", "OUT"], "fabric"),
+    (["run", DEFAULT, "--backend", "simulated", "--fabric", "rfabric,fat-tree", "--out", "OUT"], "--fabric"),
+    (["compare", DEFAULT, "--backend", "simulated", "--time-dilation", "0.01", "--out", "OUT"], "time_dilation"),
 ])
 def test_bad_flag_exits_2_naming_the_field(tmp_path, run_cli, nothing_starts, argv, field):
     argv = [str(tmp_path / a) if a in ("OUT", "STATE") else a for a in argv]
