@@ -26,9 +26,10 @@ log = logging.getLogger(__name__)
 
 
 class Experiment:
-    def __init__(self, scenario, backend: str):
+    def __init__(self, scenario, backend: str, metrics=None):
         self.scn = scenario
         self.backend_name = backend
+        self.metrics = metrics  # testbed.metrics.DriverMetrics: every run's timeline feeds it (or None)
         self.settings = orchestrator_settings(scenario.orchestrator)
         w = scenario.workload
         self.cm = CostModel.for_names(w.model, w.gpu)
@@ -82,7 +83,9 @@ class Experiment:
 
         with self.backend(policy) as backend:
             drv = Driver(self.scn, backend, policy, self.settings, progress=progress)
-            res = drv.run(steps)
+            with (self.metrics.observe(drv.timeline, policy.name, self.scn.workload.model, self.backend_name,
+                                       self.scn.name) if self.metrics is not None else contextlib.nullcontext()):
+                res = drv.run(steps)
             res["scenario"] = self.scn.name
             files = write_run(Path(out), res, {"events": drv.timeline.events, "samples": drv.timeline.samples})
         return res, files

@@ -37,14 +37,17 @@ class Testbed:
 @contextlib.contextmanager
 def running_testbed(spec: FabricSpec, layout: JobLayout, *, initial_phase: str = "train",
                     delay_ms: float | None = None, state_file: Path | None = None,
-                    connect_timeout_s: float = 30.0, datapath_flush: str = "auto") -> Iterator[Testbed]:
-    """Start controller + fabric, wait until every switch is connected and the initial phase installed."""
+                    connect_timeout_s: float = 30.0, datapath_flush: str = "auto",
+                    metrics_port: int = 0, metrics_host: str = "127.0.0.1") -> Iterator[Testbed]:
+    """Start controller + fabric, wait until every switch is connected and the initial phase installed.
+    ``metrics_port``: the controller's Prometheus endpoint (0: none; emulation.metrics.bind_port picks one)."""
     spec.check_emulatable()
     layout.check(spec)
     # the OCS switching delay in wall time: time dilation stretches it like everything else
     wall_delay = spec.wall_ms(pick_delay_ms(delay_ms, spec.reconfig_delay_ms))
     with ControllerProcess(spec, layout, initial_phase=initial_phase, delay_ms=wall_delay,
-                           state_file=state_file, datapath_flush=datapath_flush) as ctl:
+                           state_file=state_file, datapath_flush=datapath_flush, metrics_port=metrics_port,
+                           metrics_host=metrics_host) as ctl:
         def wait_connected(dpids: set[int], timeout_s: float) -> None:
             ctl.client.wait_switches(dpids, timeout_s)
 

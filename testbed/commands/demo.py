@@ -22,4 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=None, help="RL steps (default: the scenario's)")
     p.add_argument("--out", default=None, help="output folder (default runs/demo-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    from testbed.metrics import add_flags
+
+    add_flags(p)
     p.set_defaults(func=_run)
