@@ -3,8 +3,12 @@ a loopback HTTP server, and the port rule. The controller (controller/metrics.py
 (testbed/metrics.py) define what they export with :class:`MetricDef`; README's metric table is rendered from
 those definitions (:func:`markdown_rows`) and a unit test holds the two together.
 
-The endpoint is ``prometheus_client``'s own (``start_http_server``: a threading WSGI server on a daemon
-thread), bound to ``host`` (loopback by default) on a port picked by :func:`bind_port`:
+The endpoint is ``prometheus_client``'s WSGI app on a threading WSGI server (a daemon thread), answering in
+the Prometheus text format (0.0.4) whatever the scraper offers: prometheus_client 0.26 writes a name with a
+colon (``vllm:num_requests_running``) with an underscore on the OpenMetrics sample lines but not on their
+``# TYPE`` lines (prometheus/client_python issue #1177, open), so a Prometheus server that negotiates
+OpenMetrics (2.42 does) stored ``vllm_num_requests_running``; the text format keeps the colon. It is bound
+to ``host`` (loopback by default) on a port picked by :func:`bind_port`:
 
 * 0: off (nothing listens);
 * None: the default port, or a free one when another process holds it (two runs side by side both export;
@@ -19,8 +23,11 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import socketserver
+import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -136,6 +143,34 @@ def url(host: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
 
+TEXT_FORMAT = "text/plain; version=0.0.4"
+
+
+def text_format_app(registry: CollectorRegistry) -> Callable:
+    """prometheus_client's WSGI app for ``registry`` (gzip, ``name[]`` filters, HEAD), always answering in the
+    text format (see the module docstring: OpenMetrics output loses the colons of vLLM's names)."""
+    inner = prometheus_client.make_wsgi_app(registry)
+
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        return inner({**environ, "HTTP_ACCEPT": TEXT_FORMAT}, start_response)
+
+    return app
+
+
+class _Server(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a scrape in flight never keeps the process from exiting
+    allow_reuse_address = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # no access log on stderr (a scrape a second)
+        logging.getLogger(__name__ + ".access").debug("%s " + format, self.address_string(), *args)
+
+
 class MetricsServer:
     """``registry`` served on ``host:port`` (port from :func:`bind_port`; 0 serves nothing). A context
     manager; :meth:`stop` is idempotent. ``url`` is None when off."""
@@ -158,8 +193,13 @@ class MetricsServer:
 
     def _listen(self, port: int) -> None:
         """Bind ``port`` (0: a free one the OS picks) and serve on a daemon thread."""
-        self._httpd, self._thread = prometheus_client.start_http_server(port, self.host, registry=self.registry)
-        self.port = self._httpd.server_port
+        cls = _Server6 if ":" in self.host else _Server
+        httpd = cls((self.host, port), _QuietHandler)
+        httpd.set_app(text_format_app(self.registry))
+        self._httpd = httpd
+        self._thread = threading.Thread(target=httpd.serve_forever, args=(0.5,), daemon=True, name="metrics")
+        self._thread.start()
+        self.port = httpd.server_port
         log.info("Prometheus metrics on %s", self.url)
 
     def stop(self) -> None:
@@ -177,6 +217,13 @@ class MetricsServer:
         self.stop()
 
 
+def serve_free(registry: CollectorRegistry, host: str = "127.0.0.1") -> MetricsServer:
+    """Serve ``registry`` on a free port the OS picks (benchmarks, tests: never a default one)."""
+    server = MetricsServer(registry, host, 0)
+    server._listen(0)
+    return server
+
+
 def serve(registry: CollectorRegistry, host: str, port: int | None, default: int, field: str) -> MetricsServer:
     """Serve ``registry`` in this process by the port rule (module docstring), binding at once (no window for
     another process to take the port in between). SpecError naming ``field`` when a given port is taken."""
@@ -191,10 +238,43 @@ def serve(registry: CollectorRegistry, host: str, port: int | None, default: int
         if port is not None:
             raise SpecError(field, f"port {port} on {host} is in use (another run?): give another, or 0 for no "
                                    f"endpoint") from None
-    server = MetricsServer(registry, host, 0)
     try:
-        server._listen(0)
+        server = serve_free(registry, host)
     except OSError as e:
         raise SpecError(field, f"cannot listen on {host}: {e.strerror or e}") from None
     log.warning("%s: the default port %d on %s is in use: serving on %d instead", field, default, host, server.port)
     return server
+
+
+class Scraper:
+    """GET ``url`` every ``interval_s`` on a daemon thread, as a Prometheus server would (the benchmarks' load
+    with metrics on); ``scrapes`` counts the answered ones. A context manager; :meth:`stop` is idempotent."""
+
+    def __init__(self, url: str, interval_s: float = 1.0):
+        self.url, self.interval_s = url, interval_s
+        self.scrapes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="scraper")
+
+    def _run(self) -> None:
+        import urllib.request
+
+        while not self._stop.wait(self.interval_s):
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as r:
+                    r.read()
+                self.scrapes += 1
+            except OSError as e:
+                log.warning("scrape of %s failed: %s", self.url, e)
+
+    def __enter__(self) -> "Scraper":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10.0)
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

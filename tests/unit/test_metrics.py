@@ -19,7 +19,7 @@ from controller.metrics import CONTROLLER_METRICS, ControllerMetrics
 from controller.reconfig import FakeClock, FakeDriver
 from controller.rest import RestApp
 from controller.runtime import FabricController, NotReady
-from emulation.metrics import MetricDef, bind_port, registered, serve
+from emulation.metrics import MetricDef, bind_port, registered, serve, serve_free
 from emulation.scenario import ControllerSettings, MetricsSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, from_dict
@@ -413,3 +413,22 @@ def test_metrics_settings_defaults_are_loopback():
     ms = MetricsSettings()
     assert (ms.host, ms.controller_port, ms.driver_port) == ("127.0.0.1", None, None)
     assert dataclasses.replace(ms, driver_port=0).driver_port == 0
+
+
+def test_a_scrape_keeps_vllms_colons_whatever_the_scraper_offers():
+    """prometheus_client 0.26 turns ``vllm:x`` into ``vllm_x`` on OpenMetrics sample lines (client_python
+    #1177); Prometheus 2.42 asks for OpenMetrics first, so the endpoint answers in the text format."""
+    dm = DriverMetrics()
+    dm.m["vllm:generation_tokens_total"].labels("M", "4", "p").inc(5)
+    dm.server = serve_free(dm.registry)
+    try:
+        req = urllib.request.Request(dm.url, headers={"Accept": "application/openmetrics-text;version=1.0.0,"
+                                                                "application/openmetrics-text;version=0.0.1;q=0.75,"
+                                                                "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            body = r.read().decode()
+            assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    finally:
+        dm.stop()
+    assert 'vllm:generation_tokens_total{model_name="M",policy="p",server="4"} 5.0' in body
+    assert "vllm_generation_tokens" not in body
