@@ -92,6 +92,8 @@ class ControllerMetrics:
         self._flush_s = m["orchestrrl_datapath_flush_seconds"]
         for d in SWITCH_ACTIONS:  # the decisions exist from the start (a dashboard's rate() needs a 0 first)
             self._reconf.labels("phase", d, "deferred" if d == "deferred" else "done")
+        for kind in ("phase", "circuits"):
+            self._rejected.labels(kind)
 
     def watch(self, core: Any) -> None:
         """Read the switch gauges from ``core`` (a FabricController) at every scrape."""

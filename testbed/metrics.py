@@ -160,6 +160,9 @@ class RunObserver:
         self._topology = {p: self.m["orchestrrl_fabric_topology"].labels(policy, p) for p in PHASES}
         self._migr = {r: self.m["orchestrrl_migrations_total"].labels(policy, r) for r in MIGRATION_RESULTS}
         self._downtime = self.m["orchestrrl_migration_downtime_seconds"].labels(policy)
+        for name in ("orchestrrl_requeued_requests_total", "orchestrrl_lost_requests_total",
+                     "orchestrrl_steps_total", "orchestrrl_step_tokens_total"):
+            self.m[name].labels(policy)  # at 0 from the start: a dashboard's increase() needs a first sample
         self._on = {"plan": self._plan, "layout_switch": self._switch, "migration": self._migration,
                     "migration_failed": self._migration_failed, "handover": self._handover,
                     "fabric": self._fabric, "step_end": self._step_end, "agent_failed": self._failed,
@@ -221,6 +224,9 @@ class RunObserver:
                     self.m["orchestrrl_load_index_seconds"].labels(self.policy, key),
                     self.m["orchestrrl_planner_predicted_gain_seconds"].labels(self.policy, key))
             self._server[key] = kids
+            for kind in ("live", "initial"):  # the server's counters at 0 from its first sample on
+                self.m["orchestrrl_layout_switches_total"].labels(self.policy, key, kind)
+            self.m["orchestrrl_agent_failures_total"].labels(self.policy, key)
         return kids
 
     def _count(self, key: str, rec: dict) -> None:

@@ -13,6 +13,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,7 @@ SCN = Scenario(
     orchestrator={"planning_interval_s": 0.5, "engine": {"max_num_seqs": 8}})
 
 PROMETHEUS = shutil.which("prometheus")
+ROOT = Path(__file__).resolve().parents[2]
 SCRAPE_S = 1.0
 
 
@@ -86,6 +88,13 @@ class Prometheus:
         assert doc["status"] == "success", doc
         return doc["data"]["result"]
 
+    def query_range(self, promql: str, start: float, end: float, step_s: float = 1.0) -> list[dict]:
+        q = urllib.parse.urlencode({"query": promql, "start": start, "end": end, "step": step_s})
+        with urllib.request.urlopen(f"{self.url}/api/v1/query_range?{q}", timeout=10) as r:
+            doc = json.loads(r.read())
+        assert doc["status"] == "success", (promql, doc)
+        return doc["data"]["result"]
+
     def by(self, promql: str, *labels: str) -> dict[tuple, float]:
         return {tuple(x["metric"].get(k) for k in labels): float(x["value"][1]) for x in self.query(promql)}
 
@@ -111,6 +120,11 @@ class Prometheus:
         registry.forget_process(self.proc.pid)
 
 
+def dashboard_queries() -> list[tuple[str, str]]:
+    doc = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+    return [(p["title"], t["expr"]) for p in doc["panels"] for t in p.get("targets", [])]
+
+
 @pytest.fixture
 def prometheus(tmp_path):
     if PROMETHEUS is None:
@@ -132,6 +146,7 @@ def test_prometheus_scrapes_a_run_and_a_reconfiguration(prometheus, tmp_path):
     exp = Experiment(scn, "emulated", metrics=dm)
     with dm, exp:
         client = exp.cluster[0].client
+        started = time.time()
         report, files = exp.compare([exp.policy("static-TP1x8"), exp.policy("orchestrrl")], 1, tmp_path / "run")
         # a fabric reconfiguration beyond the run's: one carried out, one deferred (window shorter than D)
         other = [[1, 4], [2, 3]] if sorted(map(sorted, client.circuits()["0"])) == [[1, 3], [2, 4]] else [[1, 3], [2, 4]]
@@ -157,6 +172,13 @@ def test_prometheus_scrapes_a_run_and_a_reconfiguration(prometheus, tmp_path):
         # generated tokens: the engines' own counters (over the agents' RPC) and the driver's step count
         tokens = prom.by("sum by (policy) (vllm:generation_tokens_total)", "policy")
         steps = prom.by("orchestrrl_step_tokens_total", "policy")
+        # the Grafana dashboard: every query runs on the server, and the panels the run must fill have data
+        filled: dict[str, bool] = {}
+        for title, expr in dashboard_queries():
+            got = prom.query_range(expr.replace("$policy", ".*"), started, done_at + SCRAPE_S)
+            filled.setdefault(title, []).append(bool(got))
+        # every query of every panel shows the run (a counter that never moved shows its 0)
+        assert {t: ok for t, ok in filled.items() if not all(ok)} == {}
     doc = json.loads(open(files["report"]).read())
     assert set(tokens) == set(steps) == {(name,) for name in doc["policies"]}
     for name, p in doc["policies"].items():

@@ -167,7 +167,8 @@ def test_a_reconfiguration_refused_while_not_ready_is_a_rejection():
     core = FabricController(SPEC, LAYOUT, FakeDriver(clock, 1), clock, threading.Lock(), metrics=cm)
     with pytest.raises(NotReady):
         core.request_phase({"phase": "gen"})
-    assert values(cm.registry, "orchestrrl_reconfigurations_rejected_total") == {(("kind", "phase"),): 1}
+    assert values(cm.registry, "orchestrrl_reconfigurations_rejected_total") == {(("kind", "phase"),): 1,
+                                                                                 (("kind", "circuits"),): 0}
     assert total(cm.registry, RECONF) == 0
     assert values(cm.registry, "orchestrrl_controller_ready")[()] == 0
     assert values(cm.registry, "orchestrrl_controller_switches_expected")[()] == len(core.expected)
@@ -432,3 +433,29 @@ def test_a_scrape_keeps_vllms_colons_whatever_the_scraper_offers():
         dm.stop()
     assert 'vllm:generation_tokens_total{model_name="M",policy="p",server="4"} 5.0' in body
     assert "vllm_generation_tokens" not in body
+
+
+def dashboard_exprs() -> list[tuple[str, str]]:
+    import json
+
+    doc = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+    return [(p["title"], t["expr"]) for p in doc["panels"] for t in p.get("targets", [])]
+
+
+def test_the_grafana_dashboard_queries_only_exported_metrics():
+    known = set(registered(ControllerMetrics().registry)) | set(registered(DriverMetrics().registry))
+    hist = {n for n, (kind, _) in {**registered(ControllerMetrics().registry),
+                                   **registered(DriverMetrics().registry)}.items() if kind == "histogram"}
+    used = set()
+    for title, expr in dashboard_exprs():
+        names = set(re.findall(r"\b(?:orchestrrl_[a-z0-9_]+|vllm:[a-z0-9_]+)", expr))
+        assert names, f"{title}: {expr} queries none of the testbed's metrics"
+        for n in names:
+            base = re.sub(r"_(bucket|sum|count)$", "", n)
+            assert n in known or (base in hist and base != n), f"{title}: {n} is not exported"
+            used.add(base if base in hist else n)
+    # the panels the issue names: phase and circuits, queues and KV, switches and migrations, step makespans
+    for name in ("orchestrrl_fabric_phase", "orchestrrl_ocs_circuits", "vllm:num_requests_running",
+                 "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "orchestrrl_layout_switches_total",
+                 "orchestrrl_migrations_total", "orchestrrl_step_makespan_seconds"):
+        assert name in used, name
