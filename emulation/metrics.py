@@ -87,8 +87,9 @@ def registered(registry: CollectorRegistry) -> dict[str, tuple[str, tuple[str, .
     for collector in list(registry._collector_to_names):  # noqa: SLF001 - the registry has no public listing
         for fam in (collector.describe() if hasattr(collector, "describe") else collector.collect()):
             name = fam.name + ("_total" if fam.type == "counter" else "")
-            labels = getattr(collector, "_labelnames", ())
-            out[name] = (fam.type, tuple(labels))
+            # a metric object's label names, else (a collector of its own) those its family was described with
+            labels = getattr(collector, "_labelnames", None)
+            out[name] = (fam.type, tuple(labels if labels is not None else getattr(fam, "_labelnames", ())))
     return out
 
 

@@ -27,6 +27,8 @@ import math
 import sys
 from typing import Any
 
+from prometheus_client.core import GaugeMetricFamily
+
 from emulation.metrics import MetricDef, MetricsServer, build, markdown_rows, new_registry, serve
 from emulation.scenario import DEFAULT_CONTROLLER_METRICS_PORT, DEFAULT_DRIVER_METRICS_PORT, check_metrics_port
 from emulation.spec import PHASES
@@ -98,9 +100,49 @@ DRIVER_METRICS = (
               "modelled link rates (emulated)", ("policy",)),
 )
 
-LIVE_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+# the gauges of a tick: rendered from each run's latest sample and plan event when a scrape asks (LatestTick),
+# so a tick costs the driver one reference per sample, not a gauge update per replica
+TICK_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                "orchestrrl_server_layout", "orchestrrl_server_switching", "orchestrrl_load_index_seconds",
-               "orchestrrl_planner_predicted_gain_seconds", "orchestrrl_fabric_topology")
+               "orchestrrl_planner_predicted_gain_seconds")
+
+
+class LatestTick:
+    """A collector: the TICK_GAUGES of every running policy, from the sample and plan event its observer
+    last saw (dicts the driver never changes once recorded, so a scrape thread reads them as they are)."""
+
+    def __init__(self, defs) -> None:
+        self.defs = [d for d in defs if d.name in TICK_GAUGES]
+        self.runs: dict[str, "RunObserver"] = {}
+
+    def describe(self) -> list:
+        return [GaugeMetricFamily(d.name, d.help, labels=d.labels) for d in self.defs]
+
+    def collect(self) -> list:
+        f = {d.name: GaugeMetricFamily(d.name, d.help, labels=d.labels) for d in self.defs}
+        run, wait, kv = f["vllm:num_requests_running"], f["vllm:num_requests_waiting"], f["vllm:kv_cache_usage_perc"]
+        for policy, obs in list(self.runs.items()):
+            smp, plan, model = obs.sample, obs.plan, obs.model
+            if smp is not None:
+                load = smp.get("load") or {}
+                for s, rec in smp["servers"].items():
+                    key = str(s)
+                    for r, (a, b, c) in enumerate(zip(rec["running"], rec["waiting"], rec["kv"])):
+                        lv = (model, str(r), key, policy)
+                        run.add_metric(lv, a)
+                        wait.add_metric(lv, b)
+                        kv.add_metric(lv, c)
+                    if rec.get("layout") is not None:
+                        f["orchestrrl_server_layout"].add_metric((policy, key, rec["layout"]), 1)
+                    f["orchestrrl_server_switching"].add_metric((policy, key), 1 if rec.get("switching") else 0)
+                    x = load.get(s, load.get(key))
+                    if _finite(x):
+                        f["orchestrrl_load_index_seconds"].add_metric((policy, key), x)
+            if plan is not None:
+                for s, g in (plan.get("gain_s") or {}).items():
+                    if _finite(g):
+                        f["orchestrrl_planner_predicted_gain_seconds"].add_metric((policy, str(s)), g)
+        return list(f.values())
 
 
 class DriverMetrics:
@@ -108,7 +150,9 @@ class DriverMetrics:
 
     def __init__(self) -> None:
         self.registry = new_registry()
-        self.m = build(self.registry, DRIVER_METRICS)
+        self.m = build(self.registry, [d for d in DRIVER_METRICS if d.name not in TICK_GAUGES])
+        self.tick = LatestTick(DRIVER_METRICS)
+        self.registry.register(self.tick)
         self.server: MetricsServer | None = None
 
     def serve(self, host: str, port: int | None, field: str = "metrics.driver_port") -> "DriverMetrics":
@@ -152,9 +196,9 @@ class RunObserver:
         self.timeline = None
         self._active = self.m["orchestrrl_run_active"].labels(policy, backend, scenario)
         self._active.set(1)
-        self._replicas: dict[str, list[tuple]] = {}  # server -> [(running, waiting, kv) children per replica]
-        self._server: dict[str, tuple] = {}  # server -> (switching, load, gain) children
-        self._layout: dict[str, tuple[str, Any]] = {}  # server -> (layout, its child)
+        self.sample: dict | None = None  # the latest tick's sample and plan event (LatestTick renders them)
+        self.plan: dict | None = None
+        metrics.tick.runs[policy] = self
         self._counts: dict[str, list] = {}  # server -> [tokens seen, preemptions seen, tokens child, preempt child]
         self._decisions = {d: self.m["orchestrrl_planner_decisions_total"].labels(policy, d) for d in ("switch", "keep")}
         self._topology = {p: self.m["orchestrrl_fabric_topology"].labels(policy, p) for p in PHASES}
@@ -171,63 +215,9 @@ class RunObserver:
 
     # ---- samples: the engines and the load index, per tick ----
     def on_sample(self, smp: dict) -> None:
-        seen = set()
-        load = smp.get("load") or {}
+        self.sample = smp  # the gauges: LatestTick, at the next scrape
         for s, rec in smp["servers"].items():
-            key = str(s)
-            seen.add(key)
-            self._engines(key, rec)
-            sw, ld, _ = self._server_children(key)
-            sw.set(1 if rec.get("switching") else 0)
-            x = load.get(s, load.get(key))
-            if _finite(x):
-                ld.set(x)
-            lay = rec.get("layout")
-            old = self._layout.get(key)
-            if lay is not None and (old is None or old[0] != lay):
-                if old is not None:
-                    self.m["orchestrrl_server_layout"].remove(self.policy, key, old[0])
-                child = self.m["orchestrrl_server_layout"].labels(self.policy, key, lay)
-                child.set(1)
-                self._layout[key] = (lay, child)
-            self._count(key, rec)
-        for key in [k for k in self._replicas if k not in seen]:  # a failed server: its engine is gone
-            self._drop_engines(key, 0)
-
-    def _engines(self, key: str, rec: dict) -> None:
-        kids = self._replicas.setdefault(key, [])
-        run, wait, kv = rec["running"], rec["waiting"], rec["kv"]
-        n = len(run)
-        if len(kids) > n:
-            self._drop_engines(key, n)
-        for r in range(len(kids), n):
-            lv = (self.model, str(r), key, self.policy)
-            kids.append((self.m["vllm:num_requests_running"].labels(*lv), self.m["vllm:num_requests_waiting"].labels(*lv),
-                         self.m["vllm:kv_cache_usage_perc"].labels(*lv)))
-        for (g_run, g_wait, g_kv), a, b, c in zip(kids, run, wait, kv):
-            g_run.set(a)
-            g_wait.set(b)
-            g_kv.set(c)
-
-    def _drop_engines(self, key: str, keep: int) -> None:
-        kids = self._replicas.get(key, [])
-        for r in range(keep, len(kids)):
-            lv = (self.model, str(r), key, self.policy)
-            for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
-                self.m[name].remove(*lv)
-        del kids[keep:]
-
-    def _server_children(self, key: str) -> tuple:
-        kids = self._server.get(key)
-        if kids is None:
-            kids = (self.m["orchestrrl_server_switching"].labels(self.policy, key),
-                    self.m["orchestrrl_load_index_seconds"].labels(self.policy, key),
-                    self.m["orchestrrl_planner_predicted_gain_seconds"].labels(self.policy, key))
-            self._server[key] = kids
-            for kind in ("live", "initial"):  # the server's counters at 0 from its first sample on
-                self.m["orchestrrl_layout_switches_total"].labels(self.policy, key, kind)
-            self.m["orchestrrl_agent_failures_total"].labels(self.policy, key)
-        return kids
+            self._count(str(s), rec)
 
     def _count(self, key: str, rec: dict) -> None:
         """The engine's cumulative counters -> counter increments (an engine that restarted from 0, e.g. a
@@ -236,6 +226,9 @@ class RunObserver:
         if c is None:
             c = self._counts[key] = [0, 0, self.m["vllm:generation_tokens_total"].labels(self.model, key, self.policy),
                                      self.m["vllm:num_preemptions_total"].labels(self.model, key, self.policy)]
+            for kind in ("live", "initial"):  # the server's counters at 0 from its first sample on
+                self.m["orchestrrl_layout_switches_total"].labels(self.policy, key, kind)
+            self.m["orchestrrl_agent_failures_total"].labels(self.policy, key)
         for i, field in ((0, "tokens"), (1, "preemptions")):
             v = rec.get(field)
             if not _finite(v):
@@ -252,16 +245,13 @@ class RunObserver:
             fn(e)
 
     def _plan(self, e: dict) -> None:
+        self.plan = e  # the predicted gains: LatestTick, at the next scrape
         gains = e.get("gain_s") or {}
-        switched = set(e.get("switch") or ())
-        n_switch = sum(1 for s in gains if s in switched)
+        n_switch = len(set(e.get("switch") or ()) & set(gains))
         if n_switch:
             self._decisions["switch"].inc(n_switch)
         if len(gains) - n_switch:
             self._decisions["keep"].inc(len(gains) - n_switch)
-        for s, g in gains.items():
-            if _finite(g):
-                self._server_children(str(s))[2].set(g)
 
     def _switch(self, e: dict) -> None:
         kind = "initial" if e.get("initial") else "live"
@@ -331,18 +321,10 @@ class RunObserver:
         self.closed = True
         if self.timeline is not None and self in self.timeline.observers:
             self.timeline.observers.remove(self)
-        for key in list(self._replicas):
-            self._drop_engines(key, 0)
-        for key in self._server:
-            for name in ("orchestrrl_server_switching", "orchestrrl_load_index_seconds",
-                         "orchestrrl_planner_predicted_gain_seconds"):
-                self.m[name].remove(self.policy, key)
-        for key, (lay, _) in self._layout.items():
-            self.m["orchestrrl_server_layout"].remove(self.policy, key, lay)
+        if self.metrics.tick.runs.get(self.policy) is self:
+            del self.metrics.tick.runs[self.policy]
         for p in PHASES:
             self.m["orchestrrl_fabric_topology"].remove(self.policy, p)
-        self._server.clear()
-        self._layout.clear()
         self._active.set(0)
 
     def __enter__(self) -> "RunObserver":
