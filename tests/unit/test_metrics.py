@@ -459,3 +459,16 @@ def test_the_grafana_dashboard_queries_only_exported_metrics():
                  "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "orchestrrl_layout_switches_total",
                  "orchestrrl_migrations_total", "orchestrrl_step_makespan_seconds"):
         assert name in used, name
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--metrics-port", "70000"], "metrics_port"), (["--metrics-port", "-1"], "metrics_port"),
+    (["--metrics-port", "7002"], "metrics_port"),  # the REST port
+    (["--metrics-port", "7003", "--metrics-host", "localhost"], "metrics_host")])
+def test_the_controllers_metrics_options_are_checked(argv, field, tmp_path, capsys):
+    from controller.__main__ import main
+
+    rc = main(["--spec-json", '{"fabric": {}}', "--of-port", "7001", "--rest-port", "7002", "--token-file",
+               str(tmp_path / "token")] + argv)
+    assert rc == 2 and f"error: {field}:" in capsys.readouterr().err
+    assert not (tmp_path / "token").exists()  # nothing created
