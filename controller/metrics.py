@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 REST_ENDPOINTS = ("topology", "circuits", "state", "history", "phase", "other")  # the label's values
 PHASE_STATES = PHASES + ("none",)  # "none": circuits set directly (POST /circuits) or adopted
 # around the switching delays a scenario uses (1-100 ms), and far past them
-BLACKOUT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 1.0)
-OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.5, 2.0)
+# (few buckets: a scrape runs in the controller's process and holds its interpreter while it renders them)
+BLACKOUT_BUCKETS = (0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.03, 0.05, 0.1, 0.5)
+OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.5)
 
 CONTROLLER_METRICS = (
     MetricDef("orchestrrl_reconfigurations_total", "counter",
@@ -43,9 +44,10 @@ CONTROLLER_METRICS = (
               "control overhead of a reconfiguration that changed something: request received to new "
               "circuits confirmed, minus the programmed delay (history overhead_ms)", ("kind",),
               OVERHEAD_BUCKETS),
-    MetricDef("orchestrrl_reconfiguration_overhead_stage_seconds", "histogram",
-              "the control overhead stage by stage (history overhead_stages_ms; controller/reconfig.py "
-              "STAGES)", ("stage",), OVERHEAD_BUCKETS),
+    MetricDef("orchestrrl_reconfiguration_overhead_stage_seconds_total", "counter",
+              "the control overhead stage by stage, summed over the reconfigurations counted in "
+              "orchestrrl_reconfiguration_overhead_seconds (history overhead_stages_ms; controller/reconfig.py "
+              "STAGES): divide by its _count for the mean", ("stage",)),
     MetricDef("orchestrrl_reconfiguration_stall_seconds_total", "counter",
               "time phases waited for stalled reconfigurations (the switching delay beyond the slack "
               "window)", ()),
@@ -65,8 +67,8 @@ CONTROLLER_METRICS = (
     MetricDef("orchestrrl_datapath_flushes_total", "counter",
               "purges of Open vSwitch's datapath flow cache around reconfigurations (controller/datapath.py), "
               "by result (ok, failed)", ("result",)),
-    MetricDef("orchestrrl_datapath_flush_seconds", "histogram", "time one datapath flow-cache purge took",
-              (), OVERHEAD_BUCKETS),
+    MetricDef("orchestrrl_datapath_flush_seconds_total", "counter", "time the datapath flow-cache purges took, "
+              "summed (divide by the ok flushes for the mean)", ()),
 )
 
 
@@ -81,7 +83,7 @@ class ControllerMetrics:
         self._rejected = m["orchestrrl_reconfigurations_rejected_total"]
         self._blackout = m["orchestrrl_reconfiguration_blackout_seconds"]
         self._overhead = m["orchestrrl_reconfiguration_overhead_seconds"]
-        self._stage = {name: m["orchestrrl_reconfiguration_overhead_stage_seconds"].labels(name)
+        self._stage = {name: m["orchestrrl_reconfiguration_overhead_stage_seconds_total"].labels(name)
                        for name, _, _ in STAGES}
         self._stall = m["orchestrrl_reconfiguration_stall_seconds_total"]
         self._circuits = m["orchestrrl_ocs_circuits"]
@@ -89,7 +91,7 @@ class ControllerMetrics:
         self._phase = {p: m["orchestrrl_fabric_phase"].labels(p) for p in PHASE_STATES}
         self._rest = m["orchestrrl_controller_rest_requests_total"]
         self._flushes = {r: m["orchestrrl_datapath_flushes_total"].labels(r) for r in ("ok", "failed")}
-        self._flush_s = m["orchestrrl_datapath_flush_seconds"]
+        self._flush_s = m["orchestrrl_datapath_flush_seconds_total"]
         for d in SWITCH_ACTIONS:  # the decisions exist from the start (a dashboard's rate() needs a 0 first)
             self._reconf.labels("phase", d, "deferred" if d == "deferred" else "done")
         for kind in ("phase", "circuits"):
@@ -125,7 +127,7 @@ class ControllerMetrics:
             for name, ms in (rec.get("overhead_stages_ms") or {}).items():
                 child = self._stage.get(name)
                 if child is not None:
-                    child.observe(max(0.0, ms) / 1000.0)
+                    child.inc(max(0.0, ms) / 1000.0)
             for ocs, ch in (rec.get("changes") or {}).get("ocs", {}).items():
                 if ch.get("added"):
                     self._changes.labels(str(ocs), "added").inc(len(ch["added"]))
@@ -147,4 +149,4 @@ class ControllerMetrics:
     def flush(self, ok: bool, seconds: float | None = None) -> None:
         self._flushes["ok" if ok else "failed"].inc()
         if ok and seconds is not None:
-            self._flush_s.observe(seconds)
+            self._flush_s.inc(max(0.0, seconds))
