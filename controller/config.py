@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
+from emulation.scenario import check_metrics_host, check_metrics_port
 from emulation.spec import FabricSpec, JobLayout, check_delay_ms, check_phase
 from emulation.validation import SpecError, from_dict, require
 from emulation.workload import WorkloadSpec
@@ -57,6 +58,8 @@ class ControllerOptions:
     datapath_flush: str = _opt("auto", "purge Open vSwitch's cached datapath flows when a reconfiguration's deletes "
                                        "and adds are confirmed, so changed paths are dark for D and no longer "
                                        "(controller/datapath.py): auto (when the local ovs-vswitchd is found), on, off")
+    metrics_port: int = _opt(0, "Prometheus /metrics port (README \"Live metrics\"; 0: no endpoint)")
+    metrics_host: str = _opt("127.0.0.1", "Prometheus /metrics address (default 127.0.0.1; read-only, no token)")
     verbose: int = _opt(0, "more logging (-vv: debug)", action="count")
 
 
@@ -158,6 +161,8 @@ class ControllerConfig:
     delay_ms: float | None = None
     datapath_flush: str = "auto"
     workload: WorkloadSpec | None = None  # what the phase topologies are planned for (None: unknown)
+    metrics_port: int = 0  # 0: no Prometheus endpoint
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         for name in ("of_port", "rest_port"):
@@ -165,6 +170,11 @@ class ControllerConfig:
             require(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 65535, name,
                     f"must be a TCP port 1..65535, got {v!r}")
         require(self.of_port != self.rest_port, "rest_port", f"must differ from of_port ({self.of_port})")
+        require(self.metrics_port is not None, "metrics_port", "must be a TCP port 1..65535 or 0 (off), got None")
+        check_metrics_port(self.metrics_port, "metrics_port")
+        require(not self.metrics_port or self.metrics_port not in (self.of_port, self.rest_port), "metrics_port",
+                f"must differ from of_port ({self.of_port}) and rest_port ({self.rest_port})")
+        check_metrics_host(self.metrics_host, "metrics_host")
         check_delay_ms(self.delay_ms, "delay_ms")
         check_flush_mode(self.datapath_flush)
 
@@ -233,7 +243,7 @@ def check_config(opts: ControllerOptions) -> ControllerConfig:
                            rest_host=opts.rest_host, of_host=opts.of_host, token=None,
                            token_file=token_file, state_file=opts.state_file,
                            initial_phase=initial_phase, delay_ms=delay_ms, datapath_flush=opts.datapath_flush,
-                           workload=workload)
+                           workload=workload, metrics_port=opts.metrics_port, metrics_host=opts.metrics_host)
     if cfg.datapath_flush == "on":
         open_flow_cache("on")  # no ovs-vswitchd to flush: stop here (exit 2), not at the first reconfiguration
     return cfg

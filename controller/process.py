@@ -48,7 +48,8 @@ class ControllerProcess:
                  state_file: str | os.PathLike | None = None, token: str | None = None,
                  start_timeout_s: float = 30.0, stop_timeout_s: float = 5.0, verbose: bool = False,
                  workdir: str | os.PathLike | None = None, datapath_flush: str = "auto",
-                 workload: WorkloadSpec | None = None):
+                 workload: WorkloadSpec | None = None,
+                 metrics_port: int = 0, metrics_host: str = "127.0.0.1"):
         self.spec = spec
         self.layout = layout
         self.workload = workload  # what the train topology is built from (None: the uniform mesh)
@@ -57,6 +58,8 @@ class ControllerProcess:
         self.initial_phase = initial_phase
         self.delay_ms = delay_ms
         self.datapath_flush = datapath_flush
+        self.metrics_port = metrics_port  # 0: no Prometheus endpoint
+        self.metrics_host = metrics_host
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.verbose = verbose
@@ -89,6 +92,13 @@ class ControllerProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def metrics_url(self) -> str | None:
+        """The controller's Prometheus endpoint, or None without one."""
+        from emulation.metrics import url
+
+        return url(self.metrics_host, self.metrics_port) if self.metrics_port else None
+
     def options(self) -> ControllerOptions:
         doc = {"fabric": to_dict(self.spec), "layout": to_dict(self.layout)}
         if self.workload is not None:
@@ -97,7 +107,8 @@ class ControllerProcess:
         return ControllerOptions(spec_json=spec_json, of_port=self.of_port, rest_port=self.rest_port,
                                  token_file=str(self.token_file), state_file=str(self.state_file),
                                  initial_phase=self.initial_phase, delay_ms=self.delay_ms,
-                                 datapath_flush=self.datapath_flush, verbose=int(self.verbose))
+                                 datapath_flush=self.datapath_flush, metrics_port=self.metrics_port,
+                                 metrics_host=self.metrics_host, verbose=int(self.verbose))
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "controller"] + to_argv(self.options())

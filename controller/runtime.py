@@ -155,7 +155,8 @@ class FabricController:
     def __init__(self, spec: FabricSpec, layout: JobLayout, driver: Driver, clock: Clock, lock: Any,
                  initial_phase: str = "train", delay_ms: float | None = None, state_path: str | Path | None = None,
                  wall: Callable[[], float] = time.time,
-                 on_stale: Callable[[list[int]], None] | None = None, traffic: Any = None):
+                 on_stale: Callable[[list[int]], None] | None = None, traffic: Any = None,
+                 metrics: Any = None):
         layout.check(spec)
         self.spec = spec
         self.layout = layout
@@ -186,6 +187,9 @@ class FabricController:
         self._history_lock = threading.Lock()
         self._stored = load_state(self.state_path, spec) if self.state_path else None
         self._writer = _StateWriter(clock)
+        self.metrics = metrics  # controller.metrics.ControllerMetrics (fed in _record), or None
+        if metrics is not None:
+            metrics.watch(self)
 
     # ---- read side (REST GETs) ---------------------------------------------------------------------
     @property
@@ -434,4 +438,9 @@ class FabricController:
             self._history.append(rec)
             if len(self._history) > HISTORY_LIMIT:
                 del self._history[: len(self._history) - HISTORY_LIMIT]
+        if self.metrics is not None:  # the one place a record is completed: each moves its counters once
+            try:
+                self.metrics.record(rec, self.matchings, self.phase)
+            except Exception:  # noqa: BLE001 - a metrics bug must not fail a reconfiguration that happened
+                log.exception("metrics: record %s not counted", rec.get("id"))
         return rec

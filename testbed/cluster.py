@@ -317,10 +317,16 @@ class AgentPool:
 def running_cluster(scn: Scenario, *, layouts: dict[int, str] | None = None,
                     engine: EngineSettings | None = None,
                     initial_phase: str | None = None, real_compute: dict | None = None) -> Iterator[tuple[Testbed, AgentPool]]:
-    """Controller + fabric + one agent per server, all torn down in reverse order."""
-    spec = scn.fabric
+    """Controller + fabric + one agent per server, all torn down in reverse order. The controller exports
+    Prometheus metrics by the scenario's ``metrics`` section (emulation.metrics.bind_port)."""
+    from emulation.metrics import bind_port
+    from emulation.scenario import DEFAULT_CONTROLLER_METRICS_PORT
+
+    spec, ms = scn.fabric, scn.metrics
+    mport = bind_port(ms.host, ms.controller_port, DEFAULT_CONTROLLER_METRICS_PORT, "metrics.controller_port")
     with running_testbed(spec, scn.layout, initial_phase=initial_phase or scn.controller.initial_phase,
-                         delay_ms=scn.controller.effective_delay_ms(spec), workload=scn.workload) as tb:
+                         delay_ms=scn.controller.effective_delay_ms(spec), workload=scn.workload,
+                         metrics_port=mport, metrics_host=ms.host) as tb:
         pool = AgentPool(tb.fabric, scn, layouts=layouts or {}, engine=engine or EngineSettings(),
                          real_compute=real_compute)
         with pool:

@@ -45,15 +45,35 @@ PAID_S = 1e-3  # a migration paid when the two servers it touched finished at le
 @dataclass
 class Timeline:
     """Everything that happened, in backend seconds: events (phases, decisions, switches, migrations,
-    failures) and per-tick samples (per replica running/waiting counts, per server load index)."""
+    failures) and per-tick samples (per replica running/waiting counts, per server load index).
+
+    ``observers`` see each event and sample as it is recorded (``on_event(e)``, ``on_sample(s)``): the live
+    metrics (testbed/metrics.py) subscribe here, so no metric call sits in the planning logic. An observer
+    that raises is logged and left out of that one call; the run goes on."""
 
     events: list[dict] = field(default_factory=list)
     samples: list[dict] = field(default_factory=list)
+    observers: list = field(default_factory=list, repr=False)
 
     def event(self, t: float, kind: str, **kw) -> dict:
         e = {"t": round(float(t), 6), "kind": kind, **kw}
         self.events.append(e)
+        for o in self.observers:
+            _notify(o.on_event, e)
         return e
+
+    def sample(self, s: dict) -> dict:
+        self.samples.append(s)
+        for o in self.observers:
+            _notify(o.on_sample, s)
+        return s
+
+
+def _notify(fn, item: dict) -> None:
+    try:
+        fn(item)
+    except Exception:  # noqa: BLE001 - watching a run must never stop it
+        log.exception("timeline observer %r failed on %s", fn, item.get("kind", "a sample"))
 
 
 class Driver:
@@ -169,6 +189,7 @@ class Driver:
             switches += sw
             migrations += mg
             self.decision_ms.append(self._thinking * 1e3)
+        self._sample(b.now(), b.states(), fc)  # the engines' final counters (tokens, preemptions) of the step
         out = b.end_generation(req)
         t_gen_end = out["ended_at"]  # the last token, not the tick that noticed it
         for m in getattr(b, "migrations", [])[:]:  # simulated hand-overs: their downtime once they happened
@@ -197,6 +218,8 @@ class Driver:
         if self.planner is not None:
             decisions = self.planner.evaluate_all(views, now, self.settings.planning_interval_s)
             near = {s for s, d in decisions.items() if d.near_switch}
+            self.timeline.event(now, "plan", step=step, gain_s={s: round(d.gain_s, 3) for s, d in decisions.items()},
+                                switch=[s for s, d in decisions.items() if d.switch])
             self._thinking += time.perf_counter() - t0
             switches += self._switch(now, step, views, decisions)
             t0 = time.perf_counter()
@@ -279,7 +302,8 @@ class Driver:
                                 "max": float(max(fin.values())) - g["gen_start"] if fin else None},
                "train": tr.detail, "sync": sy.detail, **(extra or {})}
         self.steps.append(res)
-        self.timeline.event(period_end, "step_end", step=step, makespan_s=res["makespan_s"])
+        self.timeline.event(period_end, "step_end", step=step, makespan_s=res["makespan_s"], tokens=res["tokens"],
+                            phases=res["phases"], forecast_ape=rec.ape, lost_requests=g["lost"])
         return res
 
     # ---- synchronous on-policy steps ----
@@ -379,12 +403,14 @@ class Driver:
             srv[s] = {"layout": st.layout.name(self.gpus), "running": [r["num_requests_running"] for r in reps],
                       "waiting": [r["num_requests_waiting"] for r in reps],
                       "kv": [round(r["kv_cache_usage_perc"], 4) for r in reps],
+                      "tokens": st.stats.get("generation_tokens_total"),
+                      "preemptions": st.stats.get("num_preemptions_total"),
                       "freeness": round(freeness(st.stats), 2) if math.isfinite(freeness(st.stats)) else None,
                       "switching": bool(st.busy_until and st.busy_until > now)}
             view = ServerView(s, st.layout, loads_from_snapshot(st.snapshot, fc), st.busy_until)
             load[s] = round(self.est.server_s(view.layout, view.load, current=view.layout)
                             + max(0.0, st.busy_until - now), 3)
-        self.timeline.samples.append({"t": round(now, 4), "servers": srv, "load": load})
+        self.timeline.sample({"t": round(now, 4), "servers": srv, "load": load})
 
     def _requeue(self, failed: dict[int, str], req: StepRequests, states) -> None:
         b = self.backend
@@ -432,7 +458,12 @@ class Driver:
                     if self.progress:
                         self.progress(f"step {step}/{steps}", step / steps)
                     self.run_step(step, fc, on_generated=lambda lengths, st=step: self._observe(svc, history, lengths, st))
-        return self.result()
+        res = self.result()
+        fid = res["fidelity"] or {}
+        self.timeline.event(self.backend.now(), "run_end", steps=len(self.steps), distorted=fid.get("distorted"),
+                            tdf_needed=fid.get("tdf_needed"), link_efficiency_min=fid.get("link_efficiency_min"),
+                            agents_distorted={s: bool(a.get("distorted")) for s, a in fid.get("agents", {}).items()})
+        return res
 
     def _run_async(self, steps: int, forecast_for, observe) -> None:
         """One step off policy: generation of step k+1 runs while step k trains; step k's weights go out when

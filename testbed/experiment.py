@@ -33,9 +33,10 @@ ADAPTIVE = ("planner", "balancer", "orchestrrl")
 
 class Experiment:
     def __init__(self, scenario, backend: str, steps: int | None = None, use_cache: bool = True,
-                 grid: tuple[int, ...] = GRID):
+                 grid: tuple[int, ...] = GRID, metrics=None):
         self.scn = scenario
         self.backend_name = backend
+        self.metrics = metrics  # testbed.metrics.DriverMetrics: every run's timeline feeds it (or None)
         self.settings = orchestrator_settings(scenario.orchestrator)
         w = scenario.workload
         self.cm = CostModel.for_names(w.model, w.gpu)
@@ -140,7 +141,9 @@ class Experiment:
 
         with self.backend(policy) as backend:
             drv = Driver(self.scn, backend, policy, self._settings(policy), progress=progress)
-            res = drv.run(steps)
+            with (self.metrics.observe(drv.timeline, policy.name, self.scn.workload.model, self.backend_name,
+                                       self.scn.name) if self.metrics is not None else contextlib.nullcontext()):
+                res = drv.run(steps)
             res["scenario"] = self.scn.name
             res["max_num_seqs"] = policy.engine(self.settings.engine).max_num_seqs
             files = write_run(Path(out), res, {"events": drv.timeline.events, "samples": drv.timeline.samples})

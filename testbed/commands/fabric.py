@@ -28,11 +28,13 @@ def _up(args: argparse.Namespace) -> int:
     from emulation.files import write_json_atomic
     from emulation.scenario import load_scenario
     from testbed.harness import running_testbed
+    from testbed.metrics import apply_flags, pin_controller_port
 
-    scn = load_scenario(args.scenario)
+    scn = apply_flags(load_scenario(args.scenario), args)
     spec, layout = scn.fabric, scn.layout
     spec.check_emulatable()  # before anything starts (running_testbed checks it too)
     info_file = check_info_file(args.info_file) if args.info_file else None
+    scn = pin_controller_port(scn)  # a taken port given explicitly: exit 2, nothing built
     written: tuple[int, int] | None = None  # (inode, mtime_ns) of the info file this run wrote
     stop = threading.Event()
     up = threading.Event()
@@ -45,7 +47,8 @@ def _up(args: argparse.Namespace) -> int:
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with running_testbed(spec, layout, initial_phase=scn.controller.initial_phase,
-                             delay_ms=scn.controller.effective_delay_ms(spec), workload=scn.workload) as tb:
+                             delay_ms=scn.controller.effective_delay_ms(spec), workload=scn.workload,
+                             metrics_port=scn.metrics.controller_port, metrics_host=scn.metrics.host) as tb:
             ctl = tb.controller  # None: a static tree (spines with the builder's fixed rule, no controller)
             info = {
                 "scenario": scn.name, "kind": spec.kind,
@@ -54,6 +57,7 @@ def _up(args: argparse.Namespace) -> int:
                 "controller_pid": ctl.pid if ctl else None,
                 "controller_log": str(ctl.log_path) if ctl else None,
                 "of_port": ctl.of_port if ctl else None,
+                "metrics": ctl.metrics_url if ctl else None,  # the controller's Prometheus endpoint (null: off)
                 "phase": tb.client.state().get("phase") if ctl else None,
                 "hosts": [{"name": spec.host_name(s), "fabric_ip": spec.host_ip(s), "mgmt_ip": tb.fabric.mgmt_ip(s),
                            "pid": tb.fabric.host(s).pid, "tor": spec.tor_of_server(s),
@@ -74,6 +78,7 @@ def _up(args: argparse.Namespace) -> int:
                 print(f"  curl -s -H \"Authorization: Bearer $(cat {info['token_file']})\" {info['rest']}circuits")
                 print(f"  curl -s -H \"Authorization: Bearer $(cat {info['token_file']})\" -d '{{\"phase\": \"gen\"}}' "
                       f"{info['rest']}phase")
+                print(f"metrics    {info['metrics'] or 'off'}   (Prometheus; README \"Live metrics\")")
             print("hosts (run a shell in one: mnexec -a PID bash, or nsenter -t PID -n -m bash):")
             for h in info["hosts"]:
                 print(f"  {h['name']:>6}  fabric {h['fabric_ip']:<12} mgmt {h['mgmt_ip']:<12} pid {h['pid']:<7} "
@@ -109,5 +114,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     fsub.required = True
     up = fsub.add_parser("up", help="fabric + controller for SCENARIO, held until Ctrl-C")
     up.add_argument("scenario", help="scenario YAML file")
-    up.add_argument("--info-file", help="write hosts, REST address and token file here (JSON) once up")
+    up.add_argument("--info-file", help="write hosts, REST address, token file and metrics URL here (JSON) once up")
+    from testbed.metrics import add_flags
+
+    add_flags(up, driver=False)
     up.set_defaults(func=_up)

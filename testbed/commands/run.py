@@ -7,9 +7,11 @@ both with [--fabric KIND[,KIND...]] [--time-dilation TDF] (``_fabric_options``)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 from tqdm import tqdm
 
@@ -27,6 +29,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--no-cache", action="store_true", help="tune the static baseline afresh (testbed/tuning.py "
                                                            "caches the grid by the scenario's content)")
+    from testbed.metrics import add_flags
+
+    add_flags(p)
 
 
 def register(sub) -> None:
@@ -94,7 +99,9 @@ def _prepare(args):
 
     from rlsim.limits import check_simulatable
 
-    scn = load_scenario(args.scenario)
+    from testbed.metrics import apply_flags
+
+    scn = apply_flags(load_scenario(args.scenario), args)
     scn = _with_fabric_options(args, scn)
     steps = args.steps if args.steps is not None else scn.workload.steps
     if steps < 1:
@@ -107,7 +114,31 @@ def _prepare(args):
 
         if os.geteuid() != 0:
             raise UsageError("--backend emulated builds a fabric and needs root (or use --backend simulated)")
+        from testbed.metrics import pin_controller_port
+
+        scn = pin_controller_port(scn)  # the URL is printed before the cluster starts; a taken port: exit 2
     return Experiment(scn, args.backend, steps=steps, use_cache=not args.no_cache), steps
+
+
+@contextlib.contextmanager
+def _metrics(exp) -> Iterator[None]:
+    """The run's Prometheus endpoints: this process's (the orchestrator and the engines) and, emulated, the
+    controller's, their URLs printed before anything starts; the driver's stops when the command ends."""
+    from emulation.metrics import url
+    from testbed.metrics import DriverMetrics
+
+    ms = exp.scn.metrics
+    with DriverMetrics().serve(ms.host, ms.driver_port) as dm:
+        exp.metrics = dm
+        ctl = ms.controller_port if exp.backend_name == "emulated" else 0  # pinned by _prepare
+        urls = [f"orchestrator and engines {dm.url}" if dm.url else None,
+                f"controller {url(ms.host, ctl)}" if ctl else None]
+        urls = [u for u in urls if u]
+        print("metrics: " + ("; ".join(urls) if urls else "off"), flush=True)
+        try:
+            yield
+        finally:
+            exp.metrics = None
 
 
 def _bar(args, total: int, desc: str):
@@ -131,7 +162,7 @@ def _run(args) -> int:
         _tune(args, exp)
     policy = exp.policy(args.policy)
     out = Path(args.out or f"runs/run-{policy.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    with _bar(args, steps, policy.name) as bar, exp:
+    with _metrics(exp), _bar(args, steps, policy.name) as bar, exp:
         res, files = exp.run(policy, steps, out, progress=lambda msg, frac: (bar.set_postfix_str(msg), bar.update(
             round(frac * steps) - bar.n)))
         bar.update(steps - bar.n)
@@ -163,7 +194,7 @@ def _compare(args) -> int:
     if exp.tuned().name not in {p.name for p in policies}:
         policies.insert(0, exp.tuned())
     out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
-    with _bar(args, steps * len(policies), "compare") as bar, exp:
+    with _metrics(exp), _bar(args, steps * len(policies), "compare") as bar, exp:
         done = {"n": 0}
 
         def progress(msg, frac, name=None):
