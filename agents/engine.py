@@ -20,9 +20,11 @@ and jumps, so both run exactly this scheduling code ("one engine, two clocks", D
 
 A step's tokens exist at the step's end: :meth:`Engine.advance` completes every step that ended by ``now``,
 reports the tokens it produced (request id and position: one token per request per step) and starts the
-next step of that replica at ``now`` (in real time, lateness is real lost time: the fidelity monitor's
-overshoot). :meth:`Engine.run_until` is the same thing for virtual time with many steps at once (identical
-results, a unit test checks it).
+next step of that replica at ``now``. :meth:`Engine.run_until` runs every event up to a horizon, each step
+starting when the one before it ended, many steps at once where the batch cannot change (identical results,
+a unit test checks it): the simulated backend calls it in virtual time, and an agent calls it with the wall
+clock, so a late wake-up of the agent delays the tokens it streams but never shifts the schedule (the
+fidelity monitor reports that delay).
 
 Per-request target lengths (where the response ends, like an EOS token) come from the workload and stay in
 the engine: what the orchestrator sees (:meth:`Engine.snapshot`) is how far each request has got, never its
@@ -98,15 +100,21 @@ def dense_layouts(gpus: int) -> list[Layout]:
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """Scheduler knobs with vLLM's names. Defaults: veRL's rollout ``max_num_batched_tokens`` 8192
-    (REFERENCE.md "Serving engines"); ``max_num_seqs`` 256 (vLLM's default; veRL raises it to 1024);
-    ``gpu_memory_utilization`` 0.9 and ``block_size`` 16 (vLLM's defaults)."""
+    """Scheduler knobs with vLLM's names. Defaults: veRL's rollout defaults, ``max_num_seqs`` 1024 (per replica,
+    vLLM semantics; vLLM's own default is 256) and ``max_num_batched_tokens`` 8192 (REFERENCE.md "Serving
+    engines", "Engine settings users run"); ``gpu_memory_utilization`` 0.9 and ``block_size`` 16 (vLLM's
+    defaults)."""
 
-    max_num_seqs: int = 256
+    max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     rate_window_s: float = 2.0  # window of the recent decode tokens/s statistic
+    # Not a vLLM knob: the fixed part of a layout switch (communicators, allocator, CUDA graphs), seconds;
+    # None: the cost model's calibration (1 s). Published: live switches in milliseconds with pre-built
+    # communicator pools (Flying Serving), 1-7 s TP/PP switches for 7B-70B (ReMP), minutes for a restart
+    # (REFERENCE.md "Engine settings users run").
+    switch_reinit_s: float | None = None
 
     def __post_init__(self) -> None:
         for n in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -118,6 +126,10 @@ class EngineSettings:
                 f"must be in (0, 1], got {self.gpu_memory_utilization}")
         require(math.isfinite(self.rate_window_s) and self.rate_window_s > 0, "rate_window_s",
                 f"must be > 0, got {self.rate_window_s}")
+        if self.switch_reinit_s is not None:
+            require(isinstance(self.switch_reinit_s, (int, float)) and not isinstance(self.switch_reinit_s, bool)
+                    and math.isfinite(self.switch_reinit_s) and 0 <= self.switch_reinit_s <= 600, "switch_reinit_s",
+                    f"must be in [0, 600] seconds (or null: the calibration's), got {self.switch_reinit_s!r}")
 
 
 class StepCost(Protocol):
@@ -180,6 +192,16 @@ class StepOutput:
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
+def _ff_output(replica: int, before: tuple, ff: tuple) -> "StepOutput":
+    """The tokens of ``ff[0]`` fast-forwarded pure-decode steps of one batch as one StepOutput: step by step,
+    every request of the batch one token (positions from where each stood)."""
+    t0, rid, gen, dest = before
+    k = ff[0]
+    pos = (gen[None, :] + np.arange(k, dtype=np.int64)[:, None]).ravel()
+    return StepOutput(replica, float(t0), float(ff[1]), float(ff[1] - t0) / k, np.tile(rid, k), pos,
+                      np.tile(dest, k), _EMPTY)
+
+
 class Replica:
     """One replica's scheduler state. Running requests live in fixed-size numpy arrays (slot order is
     arbitrary; ``order`` keeps admission order for preemption); waiting requests in a deque."""
@@ -206,9 +228,12 @@ class Replica:
         self.step: dict | None = None  # the step in flight
         self.busy_until: float | None = None
         self.preemptions = 0
+        self.seq_bound = False  # max_num_seqs ever kept a waiting request out (else any larger value runs the same)
         self.tokens_total = 0
         self.recent: deque[tuple[float, int]] = deque()
         self.detach_wanted: set[int] = set()
+        self._ahead: tuple[int, float, np.ndarray] | None = None  # (batch, first total context, step times)
+        self._ff_stuck: dict | None = None  # the step in flight fast_forward already found it cannot skip past
 
     # ---- bookkeeping ----
     @property
@@ -266,6 +291,8 @@ class Replica:
             return False
         s = self.s
         n = self.n
+        if self.waiting and n >= s.max_num_seqs:
+            self.seq_bound = True
         if n and (not self.waiting or n >= s.max_num_seqs) and not self.pre[:n].any():
             # the common case, every request decoding and nothing to admit: one pass, no preemption if it fits
             ctx = self.prompt[:n] + self.gen[:n]
@@ -312,7 +339,10 @@ class Replica:
                 chunk[i] = c
                 budget -= c
         free = self.kv_blocks - self.used_blocks
-        while self.waiting and self.n < s.max_num_seqs and budget > 0:
+        while self.waiting and budget > 0:
+            if self.n >= s.max_num_seqs:
+                self.seq_bound = True
+                break
             rec = self.waiting[0]
             kv = rec[5]
             need = int(self._blocks_for(rec[1] + rec[2] + 1))
@@ -391,17 +421,17 @@ class Replica:
         run the pure-decode steps that end by ``horizon`` in one go; returns (steps, end time, tokens) or None
         when the next step must be planned normally. Exactly the steps :meth:`plan`/:meth:`complete` would run."""
         st = self.step
-        if st is None or self.n == 0:
+        if st is None or self.n == 0 or st is self._ff_stuck:
             return None
         n = self.n
-        if st["chunk"] is not None or st["emit"] is not None or self.pre[:n].any():
+        if st["chunk"] is not None or st["emit"] is not None or self.pre[:n].any() or self._admissible():
+            self._ff_stuck = st  # the batch may change at the next step: plan it normally
             return None
-        if self.waiting and self.n < self.s.max_num_seqs:
-            return None  # an admission may happen at the next step
         # the step in flight ends at t1; the following k-1 steps are pure decode with the same batch
         remaining = self.target[:n] - self.gen[:n]  # tokens left incl. the in-flight one
         k = int(remaining.min())  # steps until the first finish (the k-th step finishes someone)
         if k <= 1:
+            self._ff_stuck = st
             return None
         # KV: blocks needed over the next k-1 planned steps must fit (else preemption: plan normally)
         ctx_now = self.prompt[:n] + self.gen[:n] + 1  # after the in-flight step
@@ -420,13 +450,15 @@ class Replica:
                     hi = mid - 1
             k = lo + 1
             if k <= 1:
+                self._ff_stuck = st
                 return None
         if st["t1"] > horizon:
             return None
-        # steps after the in-flight one: planned at ctx sums c0 + n*j, j = 0..k-2
+        # steps after the in-flight one: planned at ctx sums c0 + n*j, j = 0..k-2. Only as many as can end by
+        # the horizon are costed: chunks of doubling size until one ends past it (a poll every few ms of a
+        # 16k-token response would otherwise cost all of its remaining steps each time)
         c0 = float(np.sum(self.prompt[:n] + self.gen[:n])) + n
-        ctx = c0 + n * np.arange(k - 1, dtype=float)
-        durs = np.asarray(self.cost.decode_steps_s(self.layout, n, ctx), dtype=float)
+        durs = self._lookahead(n, c0, k - 1, horizon - st["t1"])
         ends = st["t1"] + np.cumsum(durs)
         # follow-up steps ending by the horizon, but never the k-th step (it finishes a request: plan normally)
         m = min(int(np.searchsorted(ends, horizon, side="right")), k - 2)
@@ -445,6 +477,43 @@ class Replica:
         self.step = {"t0": t_end, "t1": t_end + nxt, "dur": nxt, "chunk": None, "emit": None, "preempted": ()}
         self.busy_until = t_end + nxt
         return steps, t_end, tokens
+
+    def _admissible(self) -> bool:
+        """Whether the head of the queue could be admitted at the next step: a slot is free, the step's token
+        budget has room, and its blocks fit what the KV cache has free now. Blocks only grow while the batch
+        decodes, so a head that does not fit now does not fit before a request finishes (or is preempted,
+        which ``fits`` below rules out): such a queue does not stop a fast-forward."""
+        if not self.waiting or self.n >= self.s.max_num_seqs or self.n >= self.s.max_num_batched_tokens:
+            return False
+        rec = self.waiting[0]
+        return int(self._blocks_for(rec[1] + rec[2] + 1)) <= self.kv_blocks - self.used_blocks
+
+    def _lookahead(self, n: int, c0: float, total: int, span: float) -> np.ndarray:
+        """Durations of the next pure-decode steps of a batch of ``n`` (total contexts ``c0 + n*j``), at most
+        ``total`` of them, stopping after the first chunk whose steps reach past ``span`` seconds: elementwise
+        the same numbers as costing all ``total`` steps at once, and their running sum the same prefix.
+
+        The steps costed are kept: the next call for the same batch further on (the next poll of the
+        simulated backend, a few steps later) takes them from there instead of costing them again."""
+        have = np.zeros(0)
+        if self._ahead is not None:
+            bn, bc, bd = self._ahead
+            j = (c0 - bc) / n if bn == n else -1.0
+            if 0 <= j < len(bd) and j == int(j):
+                have = bd[int(j):int(j) + total]
+        parts = [have] if len(have) else []
+        acc, j, size = float(have.sum()), len(have), 64
+        while j < total and not acc > span + 1e-9 * (abs(span) + acc):  # past it beyond any rounding
+            c = min(size, total - j)
+            d = np.asarray(self.cost.decode_steps_s(self.layout, n, c0 + n * np.arange(j, j + c, dtype=float)),
+                           dtype=float)
+            parts.append(d)
+            acc += float(d.sum())
+            j += c
+            size *= 2
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self._ahead = (n, c0, out)
+        return out
 
 
 @dataclass
@@ -481,8 +550,10 @@ class Engine:
         self._detach_pending: set[int] = set()
         self.finished_total = 0
         self.finished_log: list[tuple[int, float]] = []  # (request id, finish time) seen by run_until
+        self.last_end = -math.inf  # end of the last step completed (run_until: when the engine went idle)
         self.held: set[int] = set()  # ids of every request on this server (running or waiting)
         self._base_preemptions = 0  # counters of replicas replaced by a layout switch
+        self._base_seq_bound = False
         self._base_tokens = 0
         self._build(layout)
 
@@ -615,9 +686,13 @@ class Engine:
                 self._detach_pending.discard(rid)
         out.detached = tuple(got)
 
-    def run_until(self, horizon: float) -> tuple[int, int]:
-        """Virtual time: run every event up to ``horizon`` (steps back to back, many at once where the batch
-        cannot change). Returns (steps, tokens). Finished request ids accumulate in ``finished_log``."""
+    def run_until(self, horizon: float, sink: list | None = None) -> tuple[int, int]:
+        """Run every event up to ``horizon`` (steps back to back, many at once where the batch cannot change):
+        each step starts when the one before it ended, whatever time the caller calls at. Returns (steps,
+        tokens). Finished request ids accumulate in ``finished_log``. ``sink``: a list that receives every
+        step's :class:`StepOutput` (a fast-forwarded run of steps as one output of all their tokens, in step
+        order): what an agent pacing this engine by the wall clock streams (its lateness then delays tokens,
+        never the schedule)."""
         steps = tokens = 0
         while True:
             t = self.next_event()
@@ -627,19 +702,29 @@ class Engine:
             for rep in self.replicas:
                 if rep.busy_until is not None and rep.busy_until <= horizon and not self._detach_pending \
                         and (self.switch is None or self.switch.applied):
+                    before = None
+                    if sink is not None and rep.n:
+                        n = rep.n
+                        before = (rep.step["t0"], rep.rid[:n].copy(), rep.gen[:n].copy(), rep.dest[:n].copy())
                     ff = rep.fast_forward(horizon)
                     if ff is not None:
                         steps += ff[0]
                         tokens += ff[2]
+                        self.last_end = max(self.last_end, ff[1])
                         progressed = True
+                        if before is not None:
+                            sink.append(_ff_output(rep.index, before, ff))
             if progressed:
                 continue
             outs = self.advance(t)
             for o in outs:
                 steps += 1
                 tokens += len(o.ids)
+                self.last_end = max(self.last_end, o.t_end)
                 if len(o.finished):
                     self.finished_log.extend((int(x), o.t_end) for x in o.finished)
+            if sink is not None:
+                sink.extend(outs)
         return steps, tokens
 
     # ---- layout ----
@@ -675,6 +760,7 @@ class Engine:
                 running.append(rep._remove_slot(rep.n - 1))
             waiting.extend(rep.waiting)
         self._base_preemptions += sum(r.preemptions for r in self.replicas)
+        self._base_seq_bound = self.seq_bound
         self._base_tokens += sum(r.tokens_total for r in self.replicas)
         self._build(sw.new)
         # running requests keep their KV (relocated) on the replica with the least KV held that has room; what
@@ -695,6 +781,12 @@ class Engine:
         self.paused_until = sw.end
         self.switches.append({"from": sw.old.name(self.gpus), "to": sw.new.name(self.gpus), "requested": sw.requested,
                               "start": sw.start, "end": sw.end, "switch_s": sw.switch_s, "kv_tokens": sw.kv_tokens})
+
+    @property
+    def seq_bound(self) -> bool:
+        """Whether ``max_num_seqs`` ever kept a waiting request out of a batch on this server: if not, every
+        larger ``max_num_seqs`` schedules exactly the same steps (a tuning grid skips those runs)."""
+        return self._base_seq_bound or any(r.seq_bound for r in self.replicas)
 
     # ---- what the orchestrator sees ----
     def stats(self, now: float) -> dict:
@@ -747,9 +839,10 @@ class ModelledCost:
     compute-bound, so this is its compute time).
     """
 
-    def __init__(self, cm, gpus: int = 8):
+    def __init__(self, cm, gpus: int = 8, reinit_s: float | None = None):
         self.cm = cm
         self.gpus = gpus
+        self.reinit_s = reinit_s  # the fixed part of a layout switch (None: the calibration's)
 
     def step_s(self, layout: Layout, n_decode: int, decode_ctx: float, prefill_tokens: int,
                prefill_seqs: int) -> float:
@@ -775,4 +868,5 @@ class ModelledCost:
         (docs/costmodel.md; ReMP reports 1-7 s for 7B-70B)."""
         if old == new:
             return 0.0
-        return float(self.cm.layout_switch_s(old.tp, new.tp, kv_tokens, from_ep=old.ep, to_ep=new.ep, gpus=self.gpus))
+        return float(self.cm.layout_switch_s(old.tp, new.tp, kv_tokens, from_ep=old.ep, to_ep=new.ep, gpus=self.gpus,
+                                             fixed_s=self.reinit_s))

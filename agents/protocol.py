@@ -136,6 +136,12 @@ class AgentConfig:
     collectors: tuple[Endpoint, ...] = ()  # token destinations, by index (request.dest)
     real_compute: Optional[RealComputeConfig] = None
     heartbeat_s: float = 0.5
+    tick_s: float = 0.002  # the engine loop wakes at most this often (wall seconds): steps ending closer together
+                           # are completed (and their tokens streamed) together, on schedule (Agent.engine_loop)
+    # the agent lowers its CPU priority by this much: the emulated GPUs' compute is modelled and late wakes only
+    # delay tokens (the fidelity monitor bounds that), while the driver's decisions (bench planner: a few ms)
+    # and the datapath must not wait behind eight agents on two cores
+    nice: int = 5
     # the process that started it (PID, and its start time in clock ticks since boot, /proc/PID/stat field 22):
     # when that process is gone (even killed by SIGKILL) the agent shuts itself down
     owner_pid: Optional[int] = None
@@ -149,6 +155,8 @@ class AgentConfig:
         _finite_positive(self.time_dilation, "time_dilation", 1000.0)
         _finite_positive(self.scale, "scale", 1.0)
         _finite_positive(self.heartbeat_s, "heartbeat_s", 60.0)
+        _finite_positive(self.tick_s, "tick_s", 1.0)
+        require(isinstance(self.nice, int) and 0 <= self.nice <= 19, "nice", f"must be in 0..19, got {self.nice!r}")
         if self.collector_port is not None:
             require(1 <= self.collector_port <= 65535, "collector_port",
                     f"must be a TCP port 1..65535, got {self.collector_port}")

@@ -44,6 +44,7 @@ from .ocs import COOKIE_MASK, OCS_COOKIE, OCS_PRIORITY, TOR_COOKIE, FlowSpec
 from .reconfig import PreciseClock
 from .rest import RestApp, make_server
 from .runtime import FabricController
+from .traffic import phase_traffic
 from .tor_sync import TorTables, tor_ops
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ STATS_TIMEOUT_S = 10.0
 ALL_BITS = 0xFFFFFFFFFFFFFFFF
 
 _CONFIG: ControllerConfig | None = None  # set by run_controller before the app is instantiated
+_METRICS = None  # controller.metrics.ControllerMetrics when --metrics-port is given (set by run_controller)
 
 
 class SwitchTimeout(Exception):
@@ -78,11 +80,13 @@ class OrlControllerApp(app_manager.OSKenApp):
         flow_cache = open_flow_cache(cfg.datapath_flush)
         log.info("datapath flow cache: %s", f"purged around reconfigurations ({flow_cache.path})" if flow_cache
                  else f"not flushed (datapath_flush={cfg.datapath_flush})")
-        self.driver = OsKenDriver(self, flow_cache)
+        self.driver = OsKenDriver(self, flow_cache, metrics=_METRICS)
+        traffic = phase_traffic(cfg.spec, cfg.layout, cfg.workload) if cfg.workload is not None else None
         self.core = FabricController(cfg.spec, cfg.layout, self.driver, PreciseClock(time.sleep),
                                      threading.Lock(), initial_phase=cfg.initial_phase,
                                      delay_ms=cfg.delay_ms, state_path=cfg.state_file,
-                                     on_stale=self._resync_later)
+                                     on_stale=self._resync_later, traffic=traffic,
+                                     metrics=_METRICS)
 
     # ---- connection life cycle -----------------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
@@ -340,10 +344,11 @@ class OsKenDriver:
     """:class:`controller.reconfig.Driver` over the app's connected datapaths; ``flow_cache``: the
     ovs-vswitchd flow cache to flush around reconfigurations (controller/datapath.py), or None."""
 
-    def __init__(self, app: OrlControllerApp, flow_cache: FlowCache | None = None):
+    def __init__(self, app: OrlControllerApp, flow_cache: FlowCache | None = None, metrics: Any = None):
         self.app = app
         self.flow_cache = flow_cache
         self.flush_failures = 0
+        self.metrics = metrics  # controller.metrics.ControllerMetrics, or None
 
     @property
     def flushes_flow_cache(self) -> bool:
@@ -356,6 +361,11 @@ class OsKenDriver:
         except FlowCacheError as e:  # fidelity, not correctness: the cache still catches up by itself
             self.flush_failures += 1
             log.warning("datapath flow cache not purged (%d so far): %s", self.flush_failures, e)
+            if self.metrics is not None:
+                self.metrics.flush(False)
+            return
+        if self.metrics is not None:
+            self.metrics.flush(True, ms / 1000.0)
 
     def _dp(self, dpid: int):
         dp = self.app.dps.get(dpid)
@@ -428,7 +438,7 @@ def send_route_changes(app: OrlControllerApp, changes: Any, full: bool) -> list[
 # ---- process entry --------------------------------------------------------------------------------
 def run_controller(cfg: ControllerConfig) -> int:
     """Run the controller in this process until it is killed (SIGTERM/SIGINT end it)."""
-    global _CONFIG
+    global _CONFIG, _METRICS
     from os_ken import cfg as oscfg
 
     if cfg.token is None and cfg.token_file is not None:  # check_config's result without with_token
@@ -440,16 +450,30 @@ def run_controller(cfg: ControllerConfig) -> int:
     except OSError as e:
         log.error("cannot listen for REST on %s:%d: %s", cfg.rest_host, cfg.rest_port, e)
         return 1
+    metrics_server = None
+    if cfg.metrics_port:
+        from emulation.metrics import MetricsServer
+
+        from .metrics import ControllerMetrics
+
+        _METRICS = ControllerMetrics()
+        try:
+            metrics_server = MetricsServer(_METRICS.registry, cfg.metrics_host, cfg.metrics_port).start()
+        except OSError as e:
+            log.error("cannot serve metrics on %s:%d: %s", cfg.metrics_host, cfg.metrics_port, e)
+            server.server_close()
+            return 1
     _CONFIG = cfg
     mgr = app_manager.AppManager.get_instance()
     mgr.load_apps([__name__])
     contexts = mgr.create_contexts()
     services = mgr.instantiate_apps(**contexts)
     app = app_manager.lookup_service_brick(OrlControllerApp.__name__)
-    server.set_app(RestApp(app.core, cfg.token))
+    server.set_app(RestApp(app.core, cfg.token, on_answer=_METRICS.rest if _METRICS is not None else None))
     services.append(hub.spawn(server.serve_forever, 0.2))
-    log.info("OpenFlow on %s:%d; REST API on http://%s:%d/api/v1/ (%s)", cfg.of_host, cfg.of_port,
-             cfg.rest_host, cfg.rest_port, "no auth" if cfg.token is None else f"token in {cfg.token_file}")
+    log.info("OpenFlow on %s:%d; REST API on http://%s:%d/api/v1/ (%s); metrics %s", cfg.of_host, cfg.of_port,
+             cfg.rest_host, cfg.rest_port, "no auth" if cfg.token is None else f"token in {cfg.token_file}",
+             metrics_server.url if metrics_server is not None else "off")
     # SIGTERM / SIGHUP / Ctrl-C: leave at once. Nothing answered is lost: the state file is written atomically
     # before a change is reported done, and the fail-secure switches keep their flows (a restart reconciles).
     for sig in EXIT_SIGNALS:

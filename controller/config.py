@@ -16,10 +16,12 @@ import secrets
 import typing
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional
 
+from emulation.scenario import check_metrics_host, check_metrics_port
 from emulation.spec import FabricSpec, JobLayout, check_delay_ms, check_phase
 from emulation.validation import SpecError, from_dict, require
+from emulation.workload import WorkloadSpec
 
 from .datapath import check_flush_mode, open_flow_cache
 from .runtime import load_state
@@ -60,6 +62,8 @@ class ControllerOptions:
                                        "the controller: a driver killed with SIGKILL takes its controller with it)")
     owner_start: int | None = _opt(None, "the owner's start time (field 22 of /proc/PID/stat), so a recycled PID "
                                          "is not mistaken for it")
+    metrics_port: int = _opt(0, "Prometheus /metrics port (README \"Live metrics\"; 0: no endpoint)")
+    metrics_host: str = _opt("127.0.0.1", "Prometheus /metrics address (default 127.0.0.1; read-only, no token)")
     verbose: int = _opt(0, "more logging (-vv: debug)", action="count")
 
 
@@ -137,10 +141,13 @@ def to_argv(opts: ControllerOptions) -> list[str]:
 # ---- the validated configuration ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class SpecJson:
-    """``--spec-json``: a FabricSpec plus an optional layout (and nothing else)."""
+    """``--spec-json``: a FabricSpec plus an optional layout and workload (and nothing else). The workload
+    is what the train topology is built from (``controller.traffic``); without it the train phase is the
+    uniform mesh."""
 
     fabric: FabricSpec = FabricSpec()
     layout: JobLayout = JobLayout()
+    workload: Optional[WorkloadSpec] = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,9 @@ class ControllerConfig:
     datapath_flush: str = "auto"
     owner_pid: int | None = None  # exit once this process is gone
     owner_start: int | None = None
+    workload: WorkloadSpec | None = None  # what the phase topologies are planned for (None: unknown)
+    metrics_port: int = 0  # 0: no Prometheus endpoint
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if self.owner_pid is not None:
@@ -173,6 +183,11 @@ class ControllerConfig:
             require(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 65535, name,
                     f"must be a TCP port 1..65535, got {v!r}")
         require(self.of_port != self.rest_port, "rest_port", f"must differ from of_port ({self.of_port})")
+        require(self.metrics_port is not None, "metrics_port", "must be a TCP port 1..65535 or 0 (off), got None")
+        check_metrics_port(self.metrics_port, "metrics_port")
+        require(not self.metrics_port or self.metrics_port not in (self.of_port, self.rest_port), "metrics_port",
+                f"must differ from of_port ({self.of_port}) and rest_port ({self.rest_port})")
+        check_metrics_host(self.metrics_host, "metrics_host")
         check_delay_ms(self.delay_ms, "delay_ms")
         check_flush_mode(self.datapath_flush)
 
@@ -219,7 +234,7 @@ def check_config(opts: ControllerOptions) -> ControllerConfig:
         from emulation.scenario import load_scenario
 
         sc = load_scenario(opts.scenario)
-        spec, layout = sc.fabric, sc.layout
+        spec, layout, workload = sc.fabric, sc.layout, sc.workload
         initial_phase = initial_phase or sc.controller.initial_phase
         delay_ms = sc.controller.delay_ms if delay_ms is None else delay_ms
     else:
@@ -228,7 +243,7 @@ def check_config(opts: ControllerOptions) -> ControllerConfig:
         except ValueError as e:
             raise SpecError("spec_json", f"not valid JSON: {e}") from None
         sj = from_dict(SpecJson, data, "spec_json")
-        spec, layout = sj.fabric, sj.layout
+        spec, layout, workload = sj.fabric, sj.layout, sj.workload
     layout.check(spec)
     initial_phase = check_phase(initial_phase or "train", "initial_phase")
     if opts.state_file:
@@ -241,7 +256,8 @@ def check_config(opts: ControllerOptions) -> ControllerConfig:
                            rest_host=opts.rest_host, of_host=opts.of_host, token=None,
                            token_file=token_file, state_file=opts.state_file,
                            initial_phase=initial_phase, delay_ms=delay_ms, datapath_flush=opts.datapath_flush,
-                           owner_pid=opts.owner_pid, owner_start=opts.owner_start)
+                           owner_pid=opts.owner_pid, owner_start=opts.owner_start,
+                           workload=workload, metrics_port=opts.metrics_port, metrics_host=opts.metrics_host)
     if cfg.datapath_flush == "on":
         open_flow_cache("on")  # no ovs-vswitchd to flush: stop here (exit 2), not at the first reconfiguration
     return cfg

@@ -33,18 +33,27 @@ rest), :func:`reachable` and :func:`bfs_depth` on the ToR-level :class:`CircuitG
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+import numpy as np
 
 from emulation.spec import PHASES, FabricSpec, JobLayout, check_phase  # noqa: F401 - PHASES: phases.PHASES
 from emulation.validation import SpecError
 
 from .ocs import Matching
+from .traffic import Demand, TrainTraffic, stage_server_bound_s
+
+if TYPE_CHECKING:
+    from .traffic import PhaseTraffic
 
 log = logging.getLogger(__name__)
+GBPS = 1e9 / 8  # bytes/s per Gb/s
+PLAN_TIE = 0.005  # train_plan: estimates within 0.5% of the best count as equal
 
 Edge = tuple[int, int, int]  # (tor_port, peer_tor, ocs)
 
@@ -98,6 +107,9 @@ class _Circuits:
         self.spec = spec
         self.used: set[tuple[int, int]] = set()  # (tor, uplink)
         self.circ: dict[tuple[int, int], tuple[int, int]] = {}  # (tor, u) -> (peer tor, peer u)
+        self.n_free = [spec.uplinks_per_tor] * spec.n_tors  # free uplinks per ToR
+        k = spec.ports_per_tor_per_ocs
+        self.free_on = [[k] * spec.ocs_count for _ in range(spec.n_tors)]  # free uplinks per ToR per OCS
 
     def free(self, tor: int, u: int) -> bool:
         return (tor, u) not in self.used
@@ -110,12 +122,21 @@ class _Circuits:
         self.used.add((b, ub))
         self.circ[(a, ua)] = (b, ub)
         self.circ[(b, ub)] = (a, ua)
+        self.n_free[a] -= 1
+        self.n_free[b] -= 1
+        self.free_on[a][ua % c] -= 1
+        self.free_on[b][ub % c] -= 1
 
     def remove(self, a: int, ua: int) -> None:
         b, ub = self.circ.pop((a, ua))
         del self.circ[(b, ub)]
         self.used.discard((a, ua))
         self.used.discard((b, ub))
+        self.n_free[a] += 1
+        self.n_free[b] += 1
+        c = self.spec.ocs_count
+        self.free_on[a][ua % c] += 1
+        self.free_on[b][ub % c] += 1
 
     def free_slots(self, tor: int, ocs: int) -> list[int]:
         c = self.spec.ocs_count
@@ -124,17 +145,47 @@ class _Circuits:
     def connect(self, a: int, b: int) -> bool:
         """Join a free uplink of ``a`` and one of ``b`` on a common OCS, the one with most spare ports (ties:
         the lowest OCS); False if none."""
-        best = None
-        for o in range(self.spec.ocs_count):
-            fa, fb = self.free_slots(a, o), self.free_slots(b, o)
-            if fa and fb:
-                score = len(fa) + len(fb)
-                if best is None or score > best[0]:
-                    best = (score, fa[0], fb[0])
-        if best is None:
+        if not (self.n_free[a] and self.n_free[b]):
             return False
-        self.add(a, best[1], b, best[2])
+        fa, fb = self.free_on[a], self.free_on[b]
+        best, best_o = 0, None
+        for o in range(self.spec.ocs_count):
+            if fa[o] and fb[o] and fa[o] + fb[o] > best:
+                best, best_o = fa[o] + fb[o], o
+        if best_o is None:
+            return False
+        self.add(a, self.free_slots(a, best_o)[0], b, self.free_slots(b, best_o)[0])
         return True
+
+    def place(self, a: int, b: int) -> bool:
+        """A circuit between ``a`` and ``b``: :meth:`connect`, and when no OCS has a free port on both but the
+        wiring gives every ToR one port per OCS, free one by swapping two OCSes along an alternating path of
+        circuits (a Kempe chain: every ToR on the path keeps its peers, on other ports). False if neither works."""
+        if self.connect(a, b):
+            return True
+        spec = self.spec
+        if spec.ports_per_tor_per_ocs != 1 or a == b:
+            return False
+        up = spec.uplinks_per_tor  # one port per OCS: uplink u is on OCS u
+        free_a = [u for u in range(up) if self.free(a, u)]
+        free_b = [u for u in range(up) if self.free(b, u)]
+        for al in free_a:
+            for be in free_b:
+                path, x, col, other = [], b, al, be
+                while (x, col) in self.circ and len(path) <= spec.n_tors:
+                    y, _ = self.circ[(x, col)]
+                    path.append((x, y, col))
+                    x, col, other = y, other, col
+                if x == a or (x, col) in self.circ:  # the chain ends at ``a`` (or never ends): no use
+                    continue
+                for x0, y0, c0 in path:
+                    self.remove(x0, c0)
+                for x0, y0, c0 in path:
+                    c1 = be if c0 == al else al
+                    self.add(x0, c1, y0, c1)
+                self.add(a, al, b, al)
+                return True
+        return False
 
     def matchings(self) -> dict[int, Matching]:
         spec = self.spec
@@ -160,13 +211,27 @@ def _round_robin(circ: _Circuits, tors: list[int]) -> None:
 
 
 # ---- phases --------------------------------------------------------------------------------------
-def phase_matchings(spec: FabricSpec, layout: JobLayout, phase: str) -> dict[int, Matching]:
-    """OCS index -> matching over ``spec.ports_per_ocs`` ports for ``phase`` (one of PHASES)."""
+def phase_matchings(spec: FabricSpec, layout: JobLayout, phase: str,
+                    traffic: "PhaseTraffic | None" = None) -> dict[int, Matching]:
+    """OCS index -> matching over ``spec.ports_per_ocs`` ports for ``phase`` (one of PHASES).
+
+    ``traffic`` (``controller.traffic.phase_traffic`` of the scenario's workload): the train topology is
+    built from what training sends (:func:`train_plan`). Without it (a controller told no workload) the
+    train phase is the uniform mesh over every ToR, the right topology only for unknown or uniform traffic.
+    """
     check_phase(phase)
     layout.check(spec)
+    return dict(_phase_matchings(spec, layout, phase, traffic))
+
+
+@functools.lru_cache(maxsize=256)
+def _phase_matchings(spec: FabricSpec, layout: JobLayout, phase: str, traffic) -> dict[int, Matching]:
     circ = _Circuits(spec)
     if phase == "train":
-        _round_robin(circ, list(range(spec.n_tors)))
+        if traffic is None:
+            _round_robin(circ, list(range(spec.n_tors)))
+        else:
+            _build_train(spec, layout, circ, traffic.train)
     elif phase == "gen":
         _build_gen(spec, circ)
     else:
@@ -277,6 +342,308 @@ def _build_sync(spec: FabricSpec, layout: JobLayout, circ: _Circuits) -> None:
         hops = [h for h in hops if circ.connect(*h)]
 
 
+# ---- the train topology, from training's traffic ------------------------------------------------------------
+@dataclass(frozen=True)
+class TrainPlan:
+    """How the train topology allots the trainer ToRs' uplinks (:func:`train_plan`).
+
+    ``cells``: trainer ToRs joined by model-parallel traffic (an EP group's all-to-all or a pipeline's
+    point-to-point); ``circuits``: ``(a, b, n)`` circuits between trainer ToRs ``a < b``; ``intra_ports``
+    (``C``): uplinks per ToR of a multi-ToR cell inside its cell; ``base``: circuits from a ToR to every ToR
+    of an adjacent cell before the rest follows the rings' bytes; ``estimate_s``: each stage's estimated
+    time at that choice; ``by_choice``: the estimated train network time of every (C, base) tried."""
+
+    cells: tuple[tuple[int, ...], ...]
+    circuits: tuple[tuple[int, int, int], ...]
+    intra_ports: int
+    base: int
+    estimate_s: tuple[tuple[str, float], ...]
+    by_choice: tuple[tuple[int, int, float], ...]
+
+    def summary(self) -> dict:
+        return {"cells": len(self.cells), "tors_per_cell": sorted({len(c) for c in self.cells}),
+                "intra_cell_ports": self.intra_ports, "base_per_tor_pair": self.base,
+                "trainer_circuits": sum(n for _, _, n in self.circuits),
+                "estimate_s": {k: round(float(v), 6) for k, v in self.estimate_s}}
+
+
+def _tor_demand(spt: int, demands: Iterable[Demand]) -> dict[tuple[int, int], float]:
+    acc: dict[tuple[int, int], float] = {}
+    for s_, d, b in demands:
+        a, c = s_ // spt, d // spt
+        if a != c:
+            acc[(a, c)] = acc.get((a, c), 0.0) + b
+    return acc
+
+
+def _cells(spt: int, tors: list[int], tt: TrainTraffic) -> list[tuple[int, ...]]:
+    """Trainer ToRs joined (union-find) by all-to-all and point-to-point groups: model-parallel traffic
+    stays inside a cell; only the DP rings (AllReduce, whose ring order the library chooses) cross cells."""
+    parent = {t: t for t in tors}
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for st in tt.stages:
+        for g in st.groups:
+            if g.kind == "ring":
+                continue
+            ts = sorted({m // spt for m in g.members})
+            for t in ts[1:]:
+                ra, rb = find(ts[0]), find(t)
+                if ra != rb:
+                    parent[max(ra, rb)] = min(ra, rb)
+    out: dict[int, list[int]] = {}
+    for t in tors:
+        out.setdefault(find(t), []).append(t)
+    return [tuple(v) for _, v in sorted(out.items())]
+
+
+def _split(total: int, weights: list[float]) -> list[int]:
+    """``total`` ports dealt in proportion to ``weights`` (largest remainders; ties: first)."""
+    wsum = sum(weights)
+    if total <= 0 or wsum <= 0:
+        return [0] * len(weights)
+    raw = [total * w / wsum for w in weights]
+    out = [int(math.floor(x)) for x in raw]
+    for i in sorted(range(len(raw)), key=lambda i: (-(raw[i] - out[i]), i))[:total - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def _width(c: dict[int, dict[int, int]], a: int, b: int, share: dict[tuple[int, int], float]) -> float:
+    """The circuits' worth a ToR pair's bytes can use: the direct bundle, plus half of every two-hop path
+    (the narrower of its bundles, each at ``share`` of its circuits when other detours cross it too: a
+    two-hop byte takes two circuit hops and the bundles it borrows carry their own traffic)."""
+    ca, cb = c.get(a, {}), c.get(b, {})
+    w = float(ca.get(b, 0))
+    for m, n in ca.items():
+        if m != b and m in cb:
+            w += 0.5 * min(n * share.get((a, m), 1.0), cb[m] * share.get((m, b), 1.0))
+    return w
+
+
+def train_plan(spec: FabricSpec, tt: TrainTraffic) -> TrainPlan:
+    """Allot the trainer ToRs' uplinks from training's traffic (pure). TopoOpt splits a server's degree
+    between model-parallel traffic and the AllReduce rings in proportion to their traffic; MixNet gives the
+    bottleneck pairs of the all-to-all direct circuits. Here, at ToR granularity and for stages that run one
+    after the other (each may borrow the others' circuits over two hops):
+
+    1. Cells: trainer ToRs joined by EP all-to-all or PP point-to-point traffic (:func:`_cells`).
+    2. A ToR of a multi-ToR cell puts ``C`` uplinks into circuits inside its cell (spread over its cell
+       peers); the other ``U - C`` go to the cells its DP rings hop to, in proportion to the ring bytes
+       toward each. Toward an adjacent cell a ToR first gives ``base`` circuits to every one of its ToRs
+       (the all-to-all's two-hop paths through that cell, and the rings' detours), then the rest in
+       proportion to its ring bytes to each (the direct ring hops). A one-ToR cell has no ``C``.
+    3. ``(C, base)`` minimises the sum of the stages' estimated times: each the larger of its non-blocking
+       time (the busiest server link) and its slowest ToR pair, bytes over :func:`_width` (a cell's own
+       circuits shared by the detours of every adjacent cell while the rings run). Within PLAN_TIE of the
+       best, the most direct circuits (largest ``C``, then ``base``) win: the estimate's two-hop paths are
+       the idealised part.
+    """
+    spt = spec.servers_per_tor
+    U = spec.uplinks_per_tor
+    R = spec.uplink_gbps * GBPS
+    tors = sorted({s // spt for s in tt.layout.servers})
+    cells = _cells(spt, tors, tt)
+    cell_of = {t: i for i, c in enumerate(cells) for t in c}
+    stage_dem = []  # (name, non-blocking time, ToR-level demand with two-way rings)
+    for st in tt.stages:
+        dem = st.demands(two_way=True)
+        stage_dem.append((st.name, stage_server_bound_s(spec, dem), _tor_demand(spt, dem)))
+    ring_bytes: dict[tuple[int, int], float] = {}  # between ToRs of different cells, both directions
+    adj_w: dict[int, dict[int, float]] = {i: {} for i in range(len(cells))}
+    for _, _, td in stage_dem:
+        for (a, b), v in td.items():
+            g, h = cell_of.get(a), cell_of.get(b)
+            if g is None or h is None or g == h:
+                continue
+            key = (min(a, b), max(a, b))
+            ring_bytes[key] = ring_bytes.get(key, 0.0) + v
+            adj_w[g][h] = adj_w[g].get(h, 0.0) + v
+            adj_w[h][g] = adj_w[h].get(g, 0.0) + v
+    multi = any(len(c) > 1 for c in cells)
+
+    def counts(C: int, base: int) -> dict[int, dict[int, int]] | None:
+        alloc: dict[int, dict[int, int]] = {t: {} for t in tors}
+        for g, cell in enumerate(cells):
+            own = C if len(cell) > 1 else 0
+            for a in cell:
+                peers = [b for b in cell if b != a]
+                # the rotation puts a remainder on different peers from ToR to ToR
+                k = cell.index(a)
+                for b, n in zip(peers[k:] + peers[:k], _split(own, [1.0] * len(peers))):
+                    alloc[a][b] = n
+                nb = sorted(adj_w[g])
+                for h, p in zip(nb, _split(U - own, [adj_w[g][h] for h in nb])):
+                    q = cells[h]
+                    if base * len(q) > p:
+                        return None
+                    rest = _split(p - base * len(q), [ring_bytes.get((min(a, b), max(a, b)), 0.0) for b in q])
+                    if p - base * len(q) > 0 and not any(rest):  # no ring bytes to this cell's ToRs: evenly
+                        rest = _split(p - base * len(q), [1.0] * len(q))
+                    for b, n in zip(q, rest):
+                        alloc[a][b] = base + n
+        c: dict[int, dict[int, int]] = {t: {} for t in tors}
+        for a in tors:
+            for b, n in alloc[a].items():
+                m = min(n, alloc[b].get(a, 0))
+                if m > 0:
+                    c[a][b] = m
+        return c
+
+    # while the rings run, a cell's own circuits carry the detours of every adjacent cell
+    share: dict[tuple[int, int], float] = {(a, b): 1.0 / len(adj_w[g]) for g, cell in enumerate(cells)
+                                           if len(cell) > 1 and len(adj_w[g]) > 1 for a in cell for b in cell}
+
+    def estimate(c: dict[int, dict[int, int]], sh: dict) -> list[tuple[str, float]]:
+        out = []
+        for name, t_srv, td in stage_dem:
+            t = t_srv
+            for (a, b), v in td.items():
+                if a not in cell_of or b not in cell_of:
+                    continue
+                w = _width(c, a, b, sh if cell_of[a] != cell_of[b] else {})
+                t = max(t, v / (w * R) if w > 0 else math.inf)
+            out.append((name, t))
+        return out
+
+    scored: list[tuple[int, int, float]] = []
+    seen: set[int] = set()
+
+    def score(Cs) -> None:
+        for C in Cs:
+            if C in seen or not 0 <= C <= U:
+                continue
+            seen.add(C)
+            for base in range(U + 1):
+                c = counts(C, base)
+                if c is None:
+                    break
+                scored.append((C, base, sum(t for _, t in estimate(c, share))))
+
+    # every other C, then the neighbours of the best ones (the estimate is smooth in C)
+    score(range(0, U + 1, 2) if multi else [0])
+    if multi:
+        low = min(t for _, _, t in scored)
+        score([C + d for C, _, t in scored if t <= low * (1 + 4 * PLAN_TIE) for d in (-1, 1)])
+    low = min(t for _, _, t in scored)
+    C, base, _ = max((k for k in scored if k[2] <= low * (1 + PLAN_TIE)), key=lambda k: (k[0], k[1]))
+    best_c = counts(C, base)
+    circuits = tuple((a, b, n) for a in tors for b, n in sorted(best_c[a].items()) if a < b)
+    return TrainPlan(tuple(cells), circuits, C if multi else 0, base, tuple(estimate(best_c, share)),
+                     tuple(scored))
+
+
+def _build_train(spec: FabricSpec, layout: JobLayout, circ: _Circuits, tt: TrainTraffic) -> None:
+    """The train topology: :func:`train_plan`'s circuits among the trainer ToRs (those inside cells
+    first), the generation pods isolated as in the gen phase (generation runs beside training in the async
+    mode), then every ToR joined into one connected graph (:func:`_connect_all`)."""
+    plan = train_plan(spec, tt)
+    cell_of = {t: i for i, c in enumerate(plan.cells) for t in c}
+    lost = 0
+    # one circuit per bundle at a time, so a bundle that cannot be placed in full loses its last circuits
+    todo = sorted(plan.circuits, key=lambda abn: (cell_of[abn[0]] != cell_of[abn[1]], abn[0], abn[1]))
+    left = {(a, b): n for a, b, n in todo}
+    while left:
+        for a, b, _ in todo:
+            if left.get((a, b)):
+                lost += not circ.place(a, b)
+                left[(a, b)] -= 1
+                if not left[(a, b)]:
+                    del left[(a, b)]
+    if lost:
+        log.debug("train phase: %d planned circuits found no common free OCS port", lost)
+    for p in layout.gen_pods:
+        _round_robin(circ, list(spec.tors_in_pod(p)))
+    _connect_all(spec, circ)
+
+
+def _connect_all(spec: FabricSpec, circ: _Circuits) -> None:
+    """Join the ToR graph into one component: over free ports on a common OCS where there are some, else by
+    re-pairing two parallel circuits of different components on one OCS (a-b, c-d -> a-c, b-d: no ToR
+    loses a port, each bundle keeps a circuit; the widest bundles give theirs). Logs a warning when
+    neither is possible."""
+    oc = spec.ocs_count
+    while True:
+        parent = list(range(spec.n_tors))
+
+        def find(x: int) -> int:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for (a, _), (b, _) in circ.circ.items():
+            ra, rb = find(a), find(b)
+            if ra != rb:
+                parent[ra] = rb
+        comp = [find(t) for t in range(spec.n_tors)]
+        roots = sorted(set(comp), key=lambda r: min(t for t in range(spec.n_tors) if comp[t] == r))
+        if len(roots) <= 1:
+            return
+        free: dict[int, dict[int, tuple[int, int]]] = {r: {} for r in roots}  # comp -> OCS -> (tor, u)
+        for t in range(spec.n_tors):
+            if circ.n_free[t]:
+                for u in range(spec.uplinks_per_tor):
+                    if circ.free(t, u):
+                        free[comp[t]].setdefault(u % oc, (t, u))
+        mult: dict[tuple[int, int], int] = {}
+        for (a, _), (b, _) in circ.circ.items():
+            if a < b:
+                mult[(a, b)] = mult.get((a, b), 0) + 1
+        par: dict[int, dict[int, list[tuple[int, int, int, int]]]] = {r: {} for r in roots}  # comp -> OCS -> circuits
+        for (a, ua), (b, ub) in sorted(circ.circ.items()):
+            if a < b and mult[(a, b)] > 1:
+                par[comp[a]].setdefault(ua % oc, []).append((a, ua, b, ub))
+        given: dict[int, int] = {}  # circuits a ToR gave up for a join: spread them over the ToRs
+
+        def pick(cands: list[tuple[int, int, int, int]]) -> tuple[int, int, int, int] | None:
+            live = [c for c in cands if mult[(c[0], c[2])] > 1 and circ.circ.get((c[0], c[1])) == (c[2], c[3])]
+            if not live:
+                return None
+            return max(live, key=lambda c: (mult[(c[0], c[2])] - given.get(c[0], 0) - given.get(c[2], 0), -c[0], -c[2]))
+
+        A, joined = roots[0], 0
+        for B in roots[1:]:  # join every other component to A in one pass (A's tables absorb B's)
+            common = sorted(set(free[A]) & set(free[B]))
+            if common:
+                o = common[0]
+                (a, ua), (b, ub) = free[A].pop(o), free[B].pop(o)
+                circ.add(a, ua, b, ub)
+            else:
+                best = None
+                for o in sorted(set(par[A]) & set(par[B])):
+                    ca, cb = pick(par[A][o]), pick(par[B][o])
+                    if ca and cb:
+                        score = mult[(ca[0], ca[2])] + mult[(cb[0], cb[2])] - sum(given.get(t, 0) for t in (*ca[::2], *cb[::2]))
+                        if best is None or score > best[0]:
+                            best = (score, ca, cb)
+                if best is None:
+                    continue
+                (a, ua, b, ub), (c, uc, d, ud) = best[1], best[2]
+                circ.remove(a, ua)
+                circ.remove(c, uc)
+                circ.add(a, ua, c, uc)
+                circ.add(b, ub, d, ud)
+                for x, y in ((a, b), (c, d)):
+                    mult[(x, y)] -= 1
+                    given[x] = given.get(x, 0) + 1
+                    given[y] = given.get(y, 0) + 1
+            joined += 1
+            for o, v in free[B].items():
+                free[A].setdefault(o, v)
+            for o, v in par[B].items():
+                par[A].setdefault(o, []).extend(v)
+        if not joined:
+            log.warning("phase topology: %d ToR components cannot be joined (no free or parallel ports on a "
+                        "common OCS)", len(roots))
+            return
+
+
 @dataclass(frozen=True)
 class SyncChain:
     """One pipelined chain of the weight broadcast, at server level.
@@ -289,6 +656,26 @@ class SyncChain:
 
     sources: tuple[tuple[int, float], ...]
     members: tuple[int, ...]
+
+
+def stripe_plan(gen_servers: list[int], groups: list[list[int]], n_chains: int,
+                k_stripes: int) -> list[tuple[list[tuple[int, float]], list[int]]]:
+    """The weight-sync plan of a fabric without phase circuits (a packet tree): ``(sources, members)``
+    per chain. The generator servers split into ``n_chains`` contiguous chains; chain ``d``'s head pulls
+    ``1/k_stripes`` of the weights from ``k_stripes`` holders, one from each of the groups (trainer ToRs)
+    ``d .. d+k-1`` (round robin), the holder within a group round robin over the chains; each member relays
+    the whole weights to the next. ``groups``: the holders (opaque ids: replicas or servers) per trainer
+    ToR."""
+    G = len(groups)
+    out = []
+    for d in range(n_chains):
+        members = gen_servers[d * len(gen_servers) // n_chains:(d + 1) * len(gen_servers) // n_chains]
+        sources = []
+        for k in range(k_stripes):
+            grp = groups[(d + k) % G]
+            sources.append((grp[(d // G) % len(grp)], 1.0 / k_stripes))
+        out.append((sources, list(members)))
+    return out
 
 
 def sync_chains(spec: FabricSpec, layout: JobLayout, matchings: Mapping[int, Matching],

@@ -29,6 +29,7 @@ from emulation import registry as _registry
 from emulation.signals import shielded
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, to_dict
+from emulation.workload import WorkloadSpec
 
 from .client import ControllerClient
 from .config import ControllerOptions, to_argv
@@ -47,14 +48,19 @@ class ControllerProcess:
                  rest_port: int | None = None, initial_phase: str = "train", delay_ms: float | None = None,
                  state_file: str | os.PathLike | None = None, token: str | None = None,
                  start_timeout_s: float = 30.0, stop_timeout_s: float = 5.0, verbose: bool = False,
-                 workdir: str | os.PathLike | None = None, datapath_flush: str = "auto"):
+                 workdir: str | os.PathLike | None = None, datapath_flush: str = "auto",
+                 workload: WorkloadSpec | None = None,
+                 metrics_port: int = 0, metrics_host: str = "127.0.0.1"):
         self.spec = spec
         self.layout = layout
+        self.workload = workload  # what the train topology is built from (None: the uniform mesh)
         self.of_port = of_port or free_port()
         self.rest_port = rest_port or free_port()
         self.initial_phase = initial_phase
         self.delay_ms = delay_ms
         self.datapath_flush = datapath_flush
+        self.metrics_port = metrics_port  # 0: no Prometheus endpoint
+        self.metrics_host = metrics_host
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.verbose = verbose
@@ -88,12 +94,23 @@ class ControllerProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def metrics_url(self) -> str | None:
+        """The controller's Prometheus endpoint, or None without one."""
+        from emulation.metrics import url
+
+        return url(self.metrics_host, self.metrics_port) if self.metrics_port else None
+
     def options(self) -> ControllerOptions:
-        spec_json = json.dumps({"fabric": to_dict(self.spec), "layout": to_dict(self.layout)})
+        doc = {"fabric": to_dict(self.spec), "layout": to_dict(self.layout)}
+        if self.workload is not None:
+            doc["workload"] = to_dict(self.workload)
+        spec_json = json.dumps(doc)
         return ControllerOptions(spec_json=spec_json, of_port=self.of_port, rest_port=self.rest_port,
                                  token_file=str(self.token_file), state_file=str(self.state_file),
                                  initial_phase=self.initial_phase, delay_ms=self.delay_ms,
-                                 datapath_flush=self.datapath_flush, verbose=int(self.verbose),
+                                 datapath_flush=self.datapath_flush, metrics_port=self.metrics_port,
+                                 metrics_host=self.metrics_host, verbose=int(self.verbose),
                                  owner_pid=os.getpid(), owner_start=_registry.proc_start_time(os.getpid()))
 
     def argv(self) -> list[str]:

@@ -46,6 +46,9 @@ def fits_slack(window_ms: float | None, delay_ms: float) -> bool:
 
 
 SWITCH_ACTIONS = ("switched", "stalled", "deferred")  # what decide_switch answers
+#: a predicted gain this far below zero (ms) means the new topology makes the next phase slower: never switch.
+#: Within it a gain counts as "no loss" (RLSim's own gains of equal topologies differ by microseconds of latency).
+LOSS_TOLERANCE_MS = 1.0
 
 
 @dataclass(frozen=True)
@@ -59,20 +62,39 @@ class SwitchDecision:
 
 
 def decide_switch(window_ms: float | None, delay_ms: float, gain_ms: float | None) -> SwitchDecision:
-    """Benefit-aware switching, for the controller and RLSim alike (pure).
+    """Benefit-aware switching, for the controller and RLSim alike (pure). The gain is weighed in every case.
 
-    * ``switched``: the reconfiguration fits the idle window (:func:`fits_slack`: no window given, or one
-      longer than ``delay_ms``), or it takes no time at all (``delay_ms == 0``): nothing waits;
-    * ``stalled``: the window is too short, but the new topology's predicted gain ``gain_ms`` (what the next
-      phase saves on it against staying on the old one; ``inf`` when the old one cannot carry that phase)
-      exceeds the stall ``delay_ms - max(window_ms, 0)``: switch anyway and the next phase waits that long;
-    * ``deferred``: otherwise (no gain given, or one not larger than the stall): keep the old topology.
+    ``gain_ms`` is what the next phase is predicted to save on the new topology against staying on the old
+    one (negative: the new one is slower; ``inf``: the old one cannot carry that phase; None: not predicted).
+
+    * ``deferred`` when ``gain_ms < -LOSS_TOLERANCE_MS``: the switch would make the next phase slower, so it
+      is never made, however long the window;
+    * ``switched`` when the reconfiguration fits the idle window (:func:`fits_slack`: no window given, or
+      one longer than ``delay_ms``) or takes no time (``delay_ms == 0``): nothing waits. A gain within
+      +-LOSS_TOLERANCE_MS (no loss) still switches here: the slack makes it free, and the phase's own
+      topology is what the phases beside it were planned for (in the async mode the next generation streams
+      its tokens and migrates its KV over the circuits training or sync hand back; the next transition's
+      window and gain are predicted from the phase's own circuits). No gain given (None) trusts the caller;
+    * ``stalled``: the window is too short, but the gain exceeds the stall ``delay_ms - max(window_ms, 0)``:
+      switch anyway and the next phase waits that long;
+    * ``deferred`` otherwise (no gain given, or one not larger than the stall): keep the old topology.
     """
+    if gain_ms is not None and gain_ms < -LOSS_TOLERANCE_MS:
+        return SwitchDecision("deferred", 0.0, f"gain_ms {gain_ms:g}: the new topology is predicted to make "
+                                               f"the next phase slower (by more than {LOSS_TOLERANCE_MS:g} ms), "
+                                               "so it is never switched to: the current circuits stay")
     if fits_slack(window_ms, delay_ms) or delay_ms == 0:
         why = ("no window_ms given" if window_ms is None else
                f"window_ms {window_ms:g} is longer than the switching delay {delay_ms:g} ms" if delay_ms
                else "a switch that takes no time needs no window")
-        return SwitchDecision("switched", 0.0, f"{why}: switching in the slack")
+        if gain_ms is None:
+            gain = "no gain_ms given"
+        elif gain_ms > LOSS_TOLERANCE_MS:
+            gain = f"gain_ms {gain_ms:g}"
+        else:
+            gain = (f"gain_ms {gain_ms:g} is no loss (within {LOSS_TOLERANCE_MS:g} ms): the phase gets its own "
+                    "topology, which the phases beside it were planned for, at no cost")
+        return SwitchDecision("switched", 0.0, f"{why}, {gain}: switching in the slack")
     stall = delay_ms - max(window_ms, 0.0)
     short = f"window_ms {window_ms:g} is not longer than the switching delay {delay_ms:g} ms"
     if gain_ms is not None and gain_ms > stall:
@@ -86,11 +108,20 @@ def decide_switch(window_ms: float | None, delay_ms: float, gain_ms: float | Non
 
 # ---- requests ------------------------------------------------------------------------------------
 def _check_window(value: float | None, name: str = "window_ms") -> None:
-    """A slack window or a predicted gain (``gain_ms``): finite, >= 0, at most MAX_WINDOW_MS."""
+    """A slack window: finite, 0..MAX_WINDOW_MS ms."""
     if value is None:
         return
     v = finite_float(value, name)
     require(0 <= v <= MAX_WINDOW_MS, name, f"must be in 0..{MAX_WINDOW_MS:g} ms, got {v:g}")
+
+
+def _check_gain(value: float | None, name: str = "gain_ms") -> None:
+    """A predicted gain: finite, -MAX_WINDOW_MS..MAX_WINDOW_MS ms (negative: the new topology is slower)."""
+    if value is None:
+        return
+    v = finite_float(value, name)
+    require(-MAX_WINDOW_MS <= v <= MAX_WINDOW_MS, name,
+            f"must be in {-MAX_WINDOW_MS:g}..{MAX_WINDOW_MS:g} ms (negative: the new topology is slower), got {v:g}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +135,7 @@ class _TimingBody:
     def __post_init__(self) -> None:
         check_delay_ms(self.delay_ms, "delay_ms")
         _check_window(self.window_ms)
-        _check_window(self.gain_ms, "gain_ms")
+        _check_gain(self.gain_ms)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,7 +172,7 @@ class ReconfigRequest:
     def __post_init__(self) -> None:
         check_delay_ms(self.delay_ms, "delay_ms")
         _check_window(self.window_ms)
-        _check_window(self.gain_ms, "gain_ms")
+        _check_gain(self.gain_ms)
 
 
 def _ocs_index(spec: FabricSpec, key: object) -> int:
@@ -165,13 +196,14 @@ def circuits_request(spec: FabricSpec, data: Any) -> ReconfigRequest:
     return ReconfigRequest(target=target, delay_ms=body.delay_ms, window_ms=body.window_ms, gain_ms=body.gain_ms)
 
 
-def phase_request(spec: FabricSpec, layout: JobLayout, data: Any) -> ReconfigRequest:
-    """Validate a ``POST /phase`` JSON body into a request with the phase's matchings on every OCS."""
+def phase_request(spec: FabricSpec, layout: JobLayout, data: Any, traffic: Any = None) -> ReconfigRequest:
+    """Validate a ``POST /phase`` JSON body into a request with the phase's matchings on every OCS
+    (``traffic``: ``controller.traffic.PhaseTraffic``, what the train topology is built from)."""
     from . import phases
 
     body = from_dict(PhaseBody, data)
     check_phase(body.phase)
-    target = phases.phase_matchings(spec, layout, body.phase)
+    target = phases.phase_matchings(spec, layout, body.phase, traffic)
     return ReconfigRequest(target=dict(target), phase=body.phase, delay_ms=body.delay_ms,
                            window_ms=body.window_ms, gain_ms=body.gain_ms)
 

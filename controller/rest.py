@@ -162,12 +162,17 @@ def _read_body(environ: dict, max_bytes: int) -> bytes:
 
 
 class RestApp:
-    """WSGI callable. ``token`` None disables authentication (only with an explicit --no-auth)."""
+    """WSGI callable. ``token`` None disables authentication (only with an explicit --no-auth).
 
-    def __init__(self, api: ControllerAPI, token: str | None, max_body_bytes: int = MAX_BODY_BYTES):
+    ``on_answer(method, endpoint, status)``: called once per answered request (the controller's metrics);
+    ``endpoint`` is the name under /api/v1/ (``other`` for anything else)."""
+
+    def __init__(self, api: ControllerAPI, token: str | None, max_body_bytes: int = MAX_BODY_BYTES,
+                 on_answer: Callable[[str, str, int], None] | None = None):
         self.api = api
         self.token = token
         self.max_body_bytes = max_body_bytes
+        self.on_answer = on_answer
         self._get: dict[str, Callable[[], Any]] = {
             "topology": api.topology, "circuits": api.circuits, "state": api.state, "history": api.history}
         self._post: dict[str, Callable[[Any], Any]] = {
@@ -222,6 +227,13 @@ class RestApp:
         except Exception as e:  # noqa: BLE001 - the API must answer, and log the bug
             log.exception("REST handler failed")
             status, body = 500, {"error": f"internal error: {type(e).__name__}: {e}", "field": None}
+        if self.on_answer is not None:
+            path = environ.get("PATH_INFO", "") or "/"
+            name = path[len(PREFIX) + 1:].rstrip("/") if path.startswith(PREFIX + "/") else "other"
+            try:
+                self.on_answer(str(environ.get("REQUEST_METHOD", "GET")).upper(), name, status)
+            except Exception:  # noqa: BLE001 - counting must never cost the answer
+                log.exception("REST metrics hook failed")
         data = json.dumps(body).encode()
         start_response(f"{status} {_REASONS.get(status, 'Error')}",
                        [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])

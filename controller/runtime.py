@@ -155,10 +155,12 @@ class FabricController:
     def __init__(self, spec: FabricSpec, layout: JobLayout, driver: Driver, clock: Clock, lock: Any,
                  initial_phase: str = "train", delay_ms: float | None = None, state_path: str | Path | None = None,
                  wall: Callable[[], float] = time.time,
-                 on_stale: Callable[[list[int]], None] | None = None):
+                 on_stale: Callable[[list[int]], None] | None = None, traffic: Any = None,
+                 metrics: Any = None):
         layout.check(spec)
         self.spec = spec
         self.layout = layout
+        self.traffic = traffic  # controller.traffic.PhaseTraffic: what the phase topologies are built from
         self.driver = driver
         self.clock = clock
         self._lock = lock
@@ -186,6 +188,9 @@ class FabricController:
         self._history_lock = threading.Lock()
         self._stored = load_state(self.state_path, spec) if self.state_path else None
         self._writer = _StateWriter(clock)
+        self.metrics = metrics  # controller.metrics.ControllerMetrics (fed in _record), or None
+        if metrics is not None:
+            metrics.watch(self)
 
     # ---- read side (REST GETs) ---------------------------------------------------------------------
     @property
@@ -250,7 +255,7 @@ class FabricController:
     def request_phase(self, data: Any) -> dict:
         received = self.clock.now()
         try:
-            req = phase_request(self.spec, self.layout, data)
+            req = phase_request(self.spec, self.layout, data, self.traffic)
         except SpecError as e:
             self.record_rejected("phase", str(e))
             raise
@@ -368,7 +373,7 @@ class FabricController:
             source = "adopt"
             log.info("no state file: adopting the circuits the OCSes hold")
         else:
-            target = dict(phases.phase_matchings(self.spec, self.layout, self.initial_phase))
+            target = dict(phases.phase_matchings(self.spec, self.layout, self.initial_phase, self.traffic))
             phase = self.initial_phase
             source = "initial"
         plan = plan_reconfig(self.spec, current, None, target, stray=stray)
@@ -453,4 +458,9 @@ class FabricController:
             self._history.append(rec)
             if len(self._history) > HISTORY_LIMIT:
                 del self._history[: len(self._history) - HISTORY_LIMIT]
+        if self.metrics is not None:  # the one place a record is completed: each moves its counters once
+            try:
+                self.metrics.record(rec, self.matchings, self.phase)
+            except Exception:  # noqa: BLE001 - a metrics bug must not fail a reconfiguration that happened
+                log.exception("metrics: record %s not counted", rec.get("id"))
         return rec

@@ -1,6 +1,10 @@
 """Build the emulated RFabric from a FabricSpec: Mininet hosts, userspace OVS ToR and OCS bridges, htb-shaped
 links, static ARP, and a management network that never touches OVS.
 
+A static fabric (``spec.kind`` a Fat-Tree kind) gets spine bridges in the OCSes' places, on the same uplinks,
+shaped to the tree's oversubscription (``FabricSpec.static_uplink_mbps``), and no controller: the builder
+installs :func:`static_flows`, a fixed rule (see there), once at start.
+
 ``plan_fabric(spec)`` is the pure part (names, ports, rates); ``EmulatedFabric`` builds it (root + OVS).
 Mininet is imported only when a fabric starts.
 
@@ -9,6 +13,7 @@ Every process / bridge / interface is recorded in ``emulation.registry`` before 
 """
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -29,6 +34,42 @@ from .validation import SpecError
 log = logging.getLogger(__name__)
 
 MGMT_BRIDGE = f"{NAME_PREFIX}mgmt"
+# Open vSwitch's userspace datapath receives from every bridge port on an AF_PACKET socket opened with the
+# kernel's default receive buffer (net.core.rmem_default, 212 KB here: three 64 KB GSO packets). When
+# ovs-vswitchd waits a few ms for a core, that buffer overflows and TCP loses segments (`ss -0 -m` shows
+# the drops; each costs a retransmission, some a 200 ms timeout). The builder raises the default to this
+# while the fabric's ports are added, and restores it at once: only these sockets get it.
+PACKET_RCVBUF = 8 * 2**20
+RMEM_DEFAULT = "/proc/sys/net/core/rmem_default"
+
+
+@contextlib.contextmanager
+def packet_socket_buffers(nbytes: int = PACKET_RCVBUF):
+    """net.core.rmem_default at least ``nbytes`` inside the block (sockets opened then keep it), the old
+    value after. Best effort: without the file (or permission) nothing changes."""
+    try:
+        with open(RMEM_DEFAULT, encoding="ascii") as f:
+            old = f.read().strip()
+    except OSError:
+        yield
+        return
+    changed = False
+    try:
+        if int(old) < nbytes:
+            with open(RMEM_DEFAULT, "w", encoding="ascii") as f:
+                f.write(str(nbytes))
+            changed = True
+    except (OSError, ValueError) as e:
+        log.warning("cannot raise %s for the datapath's sockets: %s", RMEM_DEFAULT, e)
+    try:
+        yield
+    finally:
+        if changed:
+            try:
+                with open(RMEM_DEFAULT, "w", encoding="ascii") as f:
+                    f.write(old)
+            except OSError as e:
+                log.error("could not restore %s to %s: %s", RMEM_DEFAULT, old, e)
 
 
 # ---- the plan (pure) ----------------------------------------------------------------------------
@@ -47,7 +88,7 @@ class HostPlan:
 @dataclass(frozen=True)
 class SwitchPlan:
     name: str
-    kind: str  # "tor" | "ocs"
+    kind: str  # "tor" | "ocs" | "spine" (a static fabric's, in an OCS's place)
     index: int
     dpid: int
 
@@ -102,23 +143,53 @@ def plan_fabric(spec: FabricSpec) -> FabricPlan:
                               intf=intf_name(name, 0), mgmt_ip=spec.host_mgmt_ip(s),
                               mgmt_intf=f"{name}-m", mgmt_peer=f"{NAME_PREFIX}m{s}"))
     switches = [SwitchPlan(spec.tor_name(t), "tor", t, spec.tor_dpid(t)) for t in range(spec.n_tors)]
-    switches += [SwitchPlan(spec.ocs_name(o), "ocs", o, spec.ocs_dpid(o)) for o in range(spec.ocs_count)]
+    upper = "spine" if spec.is_static else "ocs"
+    switches += [SwitchPlan(spec.ocs_name(o), upper, o, spec.ocs_dpid(o)) for o in range(spec.ocs_count)]
     links = []
     for s in range(spec.n_servers):
         h = spec.host_name(s)
         tor = spec.tor_name(spec.tor_of_server(s))
         p = spec.server_port(s)
         links.append(LinkPlan("server", h, 0, intf_name(h, 0), tor, p, intf_name(tor, p), spec.server_link_mbps))
-    for up in spec.uplinks():
+    for up in spec.built_uplinks():
         tor, ocs = spec.tor_name(up.tor), spec.ocs_name(up.ocs)
         links.append(LinkPlan("uplink", tor, up.tor_port, intf_name(tor, up.tor_port),
-                              ocs, up.ocs_port, intf_name(ocs, up.ocs_port), spec.uplink_mbps))
+                              ocs, up.ocs_port, intf_name(ocs, up.ocs_port),
+                              spec.static_uplink_mbps if spec.is_static else spec.uplink_mbps))
     for h in hosts:
         for n in (h.mgmt_intf, h.mgmt_peer):
             if len(n) > 15:
                 raise SpecError("servers", f"interface name {n!r} is longer than Linux's 15 characters")
     return FabricPlan(tuple(hosts), tuple(switches), tuple(links), MGMT_BRIDGE, spec.mgmt_gateway_ip,
                       mgmt_prefix, spec.prefixlen)
+
+
+def static_flows(spec: FabricSpec) -> dict[str, list[str]]:
+    """The forwarding rule of a static packet fabric, as ``ovs-ofctl`` flows per bridge (pure).
+
+    A ToR has one uplink to each spine (``FabricSpec.built_uplinks``), shaped to its share of the ToR's up
+    capacity. A server's traffic to another ToR leaves on the uplink to spine ``(server's local index) mod
+    spines``; the spine delivers it by destination address to the destination ToR, which hands it to the
+    server's port. With one spine (the emulated scenarios) every flow shares one ToR pipe of the whole up
+    capacity, RLSim's aggregated pipe; the paths are the same in every run (no ECMP hash collisions). ToRs
+    deliver their own servers' addresses first. Anything else (non-IP: hosts have static ARP) matches
+    nothing and is dropped.
+    """
+    if not spec.is_static:
+        raise SpecError("kind", f"static_flows is for a static fabric, got {spec.kind!r}")
+    n_sp = spec.ocs_count
+    out: dict[str, list[str]] = {}
+    for t in range(spec.n_tors):
+        flows = [f"priority=200,ip,nw_dst={spec.host_ip(s)},actions=output:{spec.server_port(s)}"
+                 for s in spec.servers_on_tor(t)]
+        flows += [f"priority=100,ip,in_port={spec.server_port(s)},actions=output:{spec.uplink(t, i % n_sp).tor_port}"
+                  for i, s in enumerate(spec.servers_on_tor(t))]
+        out[spec.tor_name(t)] = flows
+    for o in range(n_sp):
+        out[spec.ocs_name(o)] = [f"priority=100,ip,nw_dst={spec.host_ip(s)},"
+                                 f"actions=output:{spec.uplink(spec.tor_of_server(s), o).ocs_port}"
+                                 for s in range(spec.n_servers)]
+    return out
 
 
 def host_batch(plan: FabricPlan, server: int) -> list[str]:
@@ -162,12 +233,15 @@ class EmulatedFabric:
     once the controller sees every dpid (raise on timeout); ``timeout_s`` is ``connect_timeout_s``.
     """
 
-    def __init__(self, spec: FabricSpec, controller_port: int, controller_host: str = "127.0.0.1",
+    def __init__(self, spec: FabricSpec, controller_port: int | None, controller_host: str = "127.0.0.1",
                  wait_connected: Callable[[set[int], float], None] | None = None,
                  connect_timeout_s: float = 30.0):
         if not isinstance(spec, FabricSpec):
             raise SpecError("spec", f"must be a FabricSpec, got {type(spec).__name__}")
-        if isinstance(controller_port, bool) or not isinstance(controller_port, int) \
+        if spec.is_static:  # no controller: static_flows are installed at start
+            if controller_port is not None:
+                raise SpecError("controller_port", f"a static fabric ({spec.kind}) has no controller: give None")
+        elif isinstance(controller_port, bool) or not isinstance(controller_port, int) \
                 or not 1 <= controller_port <= 65535:
             raise SpecError("controller_port", f"must be an integer in 1..65535, got {controller_port!r}")
         try:
@@ -265,7 +339,8 @@ class EmulatedFabric:
                 fails now and then on the controller's binary hello (UnicodeDecodeError, start aborted).
                 ``wait_connected`` checks the connection for real."""
 
-        net.addController("orlc0", controller=_Remote, ip=self.controller_host, port=self.controller_port)
+        if not self.spec.is_static:
+            net.addController("orlc0", controller=_Remote, ip=self.controller_host, port=self.controller_port)
         # interfaces first in the registry, then the things that create them
         for name in plan.interfaces():
             registry.record_resource("interface", name)
@@ -282,14 +357,16 @@ class EmulatedFabric:
         for link in plan.links:
             net.addLink(link.node1, link.node2, port1=link.port1, port2=link.port2,
                         intfName1=link.intf1, intfName2=link.intf2)
-        net.build()
-        self.timings["build_s"] = time.monotonic() - t0
-
-        t1 = time.monotonic()
-        net.start()
-        self._check_ports()
+        with packet_socket_buffers():  # the bridges' ports (their datapath sockets) are added in here
+            net.build()
+            self.timings["build_s"] = time.monotonic() - t0
+            t1 = time.monotonic()
+            net.start()
+            self._check_ports()
         self._configure_root()
         self._configure_hosts()
+        if self.spec.is_static:
+            self._install_static_flows()
         self.timings["start_s"] = time.monotonic() - t1
         if self.wait_connected is not None:
             t2 = time.monotonic()
@@ -330,6 +407,11 @@ class EmulatedFabric:
         pids = {s: node.pid for s, node in self._hosts.items()}
         _run(["ip", "-batch", "-"], input_text="\n".join(mgmt_root_batch(plan, pids)) + "\n")
         _run(["sysctl", "-q", "-w", f"net.ipv6.conf.{plan.mgmt_bridge}.disable_ipv6=1"])
+
+    def _install_static_flows(self) -> None:
+        """:func:`static_flows` on every bridge, one ``ovs-ofctl add-flows`` per bridge (at start only)."""
+        for br, flows in static_flows(self.spec).items():
+            _run(["ovs-ofctl", "-O", "OpenFlow13", "add-flows", br, "-"], input_text="\n".join(flows) + "\n")
 
     def _configure_hosts(self) -> None:
         plan = self.plan

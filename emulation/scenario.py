@@ -9,6 +9,7 @@ workload when the scenario loads (``workload.trace: line 17: response_length mus
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,6 +38,46 @@ class ControllerSettings:
         return pick_delay_ms(self.delay_ms, fabric.reconfig_delay_ms)
 
 
+DEFAULT_CONTROLLER_METRICS_PORT = 9480  # the controller's Prometheus endpoint (README "Live metrics")
+DEFAULT_DRIVER_METRICS_PORT = 9481  # the driver's (orchestrrl run / compare): the orchestrator and the engines
+
+
+def check_metrics_port(value: int | None, field: str) -> int | None:
+    """A Prometheus endpoint's port: None (the default port), 0 (off) or a TCP port; SpecError otherwise."""
+    require(value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 65535),
+            field, f"must be a TCP port 1..65535, 0 (off) or null (the default port), got {value!r}")
+    return value
+
+
+def check_metrics_host(value: str, field: str) -> str:
+    """The address a Prometheus endpoint listens on: an IP address literal (no name to resolve)."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise SpecError(field, f"must be an IP address (127.0.0.1 keeps the endpoint on loopback), got {value!r}") \
+            from None
+    return value
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """Where the run's Prometheus endpoints listen (README "Live metrics").
+
+    A port of 0 turns that endpoint off; null (the default) takes the default port (controller 9480, driver
+    9481), or a free one when another process holds it (the run prints the one it took). A port given
+    explicitly must be free. ``host`` is loopback by default: /metrics is read-only and has no token.
+    """
+
+    host: str = "127.0.0.1"
+    controller_port: int | None = None  # the SDN controller's /metrics (emulated backend, fabric up)
+    driver_port: int | None = None  # the driver's /metrics: orchestrator, engines (run, compare)
+
+    def __post_init__(self) -> None:
+        check_metrics_host(self.host, "host")
+        check_metrics_port(self.controller_port, "controller_port")
+        check_metrics_port(self.driver_port, "driver_port")
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str = "scenario"
@@ -48,6 +89,7 @@ class Scenario:
     # the orchestrator's settings: validated by testbed.orchestrator.settings (a floor above this one), which
     # names the field path (orchestrator.planner.min_gain_s) of anything wrong before a run starts
     orchestrator: dict[str, Any] = field(default_factory=dict)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
     def __post_init__(self) -> None:
         require(bool(self.name.strip()), "name", "must not be empty")

@@ -27,8 +27,20 @@ TOR_DPID_BASE = 0x1000
 OCS_DPID_BASE = 0x2000
 MAX_EMULATED_SERVERS = 250
 MAX_TIME_DILATION = 100.0
+# Below 1 the emulator runs faster than real time (time compression): a long-response step of minutes takes a
+# fraction of that; scale must then be lowered by the same factor so the shaped rates stay what this machine
+# forwards (FabricSpec.check_emulatable), and the agents' CPU must keep up (the fidelity monitor says so).
+MIN_TIME_DILATION = 0.05
 MAX_DELAY_MS = 60000.0  # longest OCS switching delay anything accepts (scenario, controller, REST)
 PHASES = ("train", "gen", "sync")  # the phase topologies (controller/phases.py builds them)
+# Fabric kinds: one name set for the emulator (``FabricSpec.kind``) and RLSim (rlsim/fabrics.py models them all)
+FABRICS = ("fat-tree", "fat-tree-2to1", "fat-tree-4to1", "fat-tree-8to1", "fat-tree-16to1", "rail", "topoopt",
+           "mixnet", "rfabric")
+# the Fat-Trees' oversubscription at the ToR: 2:1 .. 16:1 are the tapers of RFabric's swept configurations
+# (16 .. 2 uplinks against 32 server ports), a cluster architect's cheaper static alternatives
+OVERSUB = {"fat-tree": 1.0, "fat-tree-2to1": 2.0, "fat-tree-4to1": 4.0, "fat-tree-8to1": 8.0, "fat-tree-16to1": 16.0}
+# what the emulator builds: RFabric (OCS bridges under the controller) or a static packet tree (spine bridges)
+EMULATED_FABRICS = ("rfabric",) + tuple(OVERSUB)
 # The largest optical circuit switch on sale, in duplex ports (one port = one ToR uplink, each circuit pairs two):
 # CALIENT's S320, 320 x 320 (the S-series' largest; its hardware user guide: bulk reconfiguration <= 200 ms,
 # REFERENCE.md), ahead of Lumentum's R300, 300 x 300 (MEMS, shown at OFC 2025: gazettabyte.com, 2025-06-07).
@@ -92,12 +104,20 @@ class FabricSpec:
     # Time dilation (Etalon's TDF): the emulator runs time_dilation times slower than real time: links are
     # shaped to rate / TDF, modelled compute and the OCS switching delay last TDF times longer in wall time,
     # and every time reported is divided by TDF. For a scenario too big for this machine's cores or its
-    # forwarding capacity (the fidelity monitor says which TDF a run needed). RLSim ignores it.
+    # forwarding capacity (the fidelity monitor says which TDF a run needed). Below 1 it compresses time (steps
+    # of long responses in a fraction of their real time; lower ``scale`` by the same factor). RLSim ignores it.
     time_dilation: float = 1.0
     fabric_subnet: str = "10.0.0.0/24"
     mgmt_subnet: str = "10.0.1.0/24"
+    # rfabric: the uplinks go to OCS bridges re-wired per phase by the controller; a Fat-Tree kind
+    # (OVERSUB): one uplink per ToR to each of ocs_count spine bridges (in the OCSes' places) that forward
+    # by destination, static for the job; together they carry the ToR's up capacity, servers_per_tor x
+    # server rate / oversubscription (RLSim's aggregated ToR pipe; the builder's static_flows rule). RLSim
+    # takes the fabric to simulate as an argument (any of FABRICS).
+    kind: str = "rfabric"
 
     def __post_init__(self) -> None:
+        require(self.kind in FABRICS, "kind", f"must be one of {', '.join(FABRICS)}, got {self.kind!r}")
         for name in ("pods", "tors_per_pod", "servers_per_tor", "gpus_per_server", "ocs_count",
                      "uplinks_per_tor"):
             require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
@@ -116,7 +136,8 @@ class FabricSpec:
             require(v > 0, name, f"must be > 0, got {v:g}")
         check_delay_ms(self.reconfig_delay_ms, "reconfig_delay_ms")
         v = finite_float(self.time_dilation, "time_dilation")
-        require(1 <= v <= MAX_TIME_DILATION, "time_dilation", f"must be in [1, {MAX_TIME_DILATION:g}], got {v:g}")
+        require(MIN_TIME_DILATION <= v <= MAX_TIME_DILATION, "time_dilation",
+                f"must be in [{MIN_TIME_DILATION:g}, {MAX_TIME_DILATION:g}], got {v:g}")
         nets = {}
         for name in ("fabric_subnet", "mgmt_subnet"):
             try:
@@ -284,9 +305,29 @@ class FabricSpec:
         """Most traffic the hosts can inject at once (all server links busy), emulated Gb/s."""
         return self.n_servers * self.server_link_mbps / 1000.0
 
+    @property
+    def is_static(self) -> bool:
+        """A static packet fabric (spine bridges), not RFabric's OCSes."""
+        return self.kind != "rfabric"
+
+    @property
+    def static_uplink_mbps(self) -> float:
+        """A static tree's shaped ToR uplink (one per spine): the ToR's up capacity (its servers' rate /
+        oversubscription) over its spines."""
+        return self.servers_per_tor * self.server_link_mbps / OVERSUB[self.kind] / self.ocs_count
+
+    def built_uplinks(self) -> Iterator[Uplink]:
+        """The ToR uplinks the emulator wires: all of them for RFabric; for a static tree the first on each
+        spine (uplinks 0..ocs_count-1: one per spine per ToR)."""
+        for up in self.uplinks():
+            if not self.is_static or up.uplink < self.ocs_count:
+                yield up
+
     def check_emulatable(self) -> None:
         """Raise SpecError when the Mininet builder cannot build this spec on one machine, or would build
         something else than it says (the builder makes only the OCS ports the ToR uplinks are wired to)."""
+        require(self.kind in EMULATED_FABRICS, "kind",
+                f"the emulator builds {', '.join(EMULATED_FABRICS)}, got {self.kind!r} (RLSim models it)")
         require(self.ocs_ports in (0, self.ocs_ports_needed), "ocs_ports",
                 f"{self.ocs_ports} ports per OCS, but the emulator builds only the {self.ocs_ports_needed} the ToR "
                 f"uplinks are wired to (a circuit to a spare port would go nowhere): use 0 or "

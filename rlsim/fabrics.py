@@ -3,7 +3,7 @@
 Every fabric has one up and one down link per server (``server_gbps``: all of a server's NICs, used evenly
 by rank-aligned collectives). Above the servers:
 
-* ``fat-tree`` (and ``fat-tree-2to1`` / ``fat-tree-4to1``): three tiers (ToR, pod aggregation, core) as
+* ``fat-tree`` (and ``fat-tree-2to1`` .. ``fat-tree-16to1``): three tiers (ToR, pod aggregation, core) as
   aggregated pipes with ideal ECMP: ToR up/down of ``servers_per_tor * server_gbps / oversub`` and pod up/down
   of ``tors_per_pod`` times that (non-blocking above the ToR).
 * ``rail``: rail-optimised: the same-rank NICs of a whole pod hang off one rail switch per rank, so a pod is
@@ -32,11 +32,10 @@ from typing import Sequence
 import numpy as np
 
 from controller.phases import circuit_graph, phase_matchings
-from emulation.spec import FabricSpec, JobLayout
+from emulation.spec import FABRICS, OVERSUB, FabricSpec, JobLayout  # noqa: F401 - FABRICS, OVERSUB: re-exported
 from emulation.validation import SpecError
 
-FABRICS = ("fat-tree", "fat-tree-2to1", "fat-tree-4to1", "rail", "topoopt", "mixnet", "rfabric")
-OVERSUB = {"fat-tree": 1.0, "fat-tree-2to1": 2.0, "fat-tree-4to1": 4.0}
+
 GBPS = 1e9 / 8  # bytes/s per Gb/s
 FAT_TREE_TIERS = ("auto", "2", "3")
 # what each tier count means (rlsim.cost counts the ports; docs/rlsim.md)
@@ -305,9 +304,11 @@ def mixnet_counts(spec: FabricSpec, ocs_uplinks: int) -> np.ndarray:
     return c
 
 
-def rfabric_counts(spec: FabricSpec, layout: JobLayout, phase: str) -> tuple[np.ndarray, dict]:
-    """Circuit counts of RFabric in ``phase``, from the controller's phase topologies, and the matchings."""
-    matchings = phase_matchings(spec, layout, phase)
+def rfabric_counts(spec: FabricSpec, layout: JobLayout, phase: str, traffic=None) -> tuple[np.ndarray, dict]:
+    """Circuit counts of RFabric in ``phase``, from the controller's phase topologies (``traffic``:
+    ``controller.traffic.phase_traffic`` of the workload, what the train topology is built from), and the
+    matchings."""
+    matchings = phase_matchings(spec, layout, phase, traffic)
     graph = circuit_graph(spec, matchings)
     c = np.zeros((spec.n_tors, spec.n_tors), dtype=np.int64)
     for t in range(spec.n_tors):
@@ -324,8 +325,9 @@ def mixnet_split(spec: FabricSpec, opts: FabricOptions) -> tuple[int, int]:
 
 
 def build_network(fabric: str, spec: FabricSpec, layout: JobLayout, phase: str = "train",
-                  opts: FabricOptions = FabricOptions()) -> Network:
-    """The network of ``fabric`` (one of FABRICS) during ``phase`` (only RFabric changes with the phase)."""
+                  opts: FabricOptions = FabricOptions(), traffic=None) -> Network:
+    """The network of ``fabric`` (one of FABRICS) during ``phase`` (only RFabric changes with the phase;
+    ``traffic``: what its train topology is built from, see :func:`rfabric_counts`)."""
     if fabric not in FABRICS:
         raise SpecError("fabric", f"must be one of {', '.join(FABRICS)}, got {fabric!r}")
     if fabric in OVERSUB:
@@ -338,5 +340,5 @@ def build_network(fabric: str, spec: FabricSpec, layout: JobLayout, phase: str =
         ocs, eps = mixnet_split(spec, opts)
         return CircuitNetwork(fabric, spec, mixnet_counts(spec, ocs), opts.max_two_hop,
                               eps_uplink_gbps=eps * spec.uplink_gbps)
-    counts, matchings = rfabric_counts(spec, layout, phase)
+    counts, matchings = rfabric_counts(spec, layout, phase, traffic)
     return CircuitNetwork(fabric, spec, counts, opts.max_two_hop, matchings=matchings)

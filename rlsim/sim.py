@@ -43,7 +43,9 @@ import numpy as np
 
 from agents.costmodel import CostModel
 from controller.ocs import diff
-from controller.phases import sync_chains
+from controller.phases import stripe_plan, sync_chains, train_plan
+from controller.traffic import (Group, TrainLayout, broadcast_tree, merge, phase_traffic, train_bytes, train_layout,
+                                train_traffic)
 from controller.reconfig import decide_switch
 from emulation.spec import MAX_DELAY_MS
 from emulation.scenario import Scenario
@@ -51,7 +53,6 @@ from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, require
 from emulation.workload import LengthSchedule
 
-from . import traffic
 from .cost import fabric_cost
 from .fabrics import (FABRICS, GBPS, CircuitNetwork, FabricOptions, Network, Unreachable, build_network,
                       mixnet_split, rfabric_counts)
@@ -174,7 +175,7 @@ def merge_with_latency(groups) -> tuple[list, list]:
     """Merge ``[(demands, latency_s), ...]``: bytes of the same (src, dst) add up, the latency is the largest."""
     acc: dict[tuple[int, int], list[float]] = {}
     for dem, lat in groups:
-        for s, d, b in traffic.merge(dem):
+        for s, d, b in merge(dem):
             e = acc.setdefault((s, d), [0.0, 0.0])
             e[0] += b
             e[1] = max(e[1], lat)
@@ -196,7 +197,7 @@ def ring_order(net: Network, servers: list[int]) -> list[int]:
     for s in servers:
         by_tor.setdefault(s // spt, []).append(s)
     tors = list(by_tor)
-    if isinstance(net, CircuitNetwork) and len(tors) > 2:
+    if isinstance(net, CircuitNetwork) and net.matchings is None and len(tors) > 2:
         c = net.counts[np.ix_(tors, tors)]
         adj = (net.counts[tors] > 0).astype(np.int64)
         width = c + np.minimum(adj @ adj.T, net.max_two_hop)  # direct circuits + two-hop paths used
@@ -212,113 +213,59 @@ def ring_order(net: Network, servers: list[int]) -> list[int]:
     return [s for t in tors for s in by_tor[t]]
 
 
-def _train_layout(w, spec: FabricSpec, train_servers: list[int]):
-    gps = spec.gpus_per_server
-    mp = w.train_tp * w.train_pp
-    require(w.train_tp <= gps, "workload.train_tp",
-            f"tensor parallelism stays inside a server: must be <= gpus_per_server ({gps}), got {w.train_tp}")
-    n_gpus = len(train_servers) * gps
-    require(n_gpus % mp == 0, "workload.train_pp",
-            f"train_tp x train_pp ({mp}) must divide the {n_gpus} trainer GPUs")
-    max_dp = n_gpus // mp
-    dp = w.train_dp or max_dp
-    require(dp <= max_dp, "workload.train_dp", f"{n_gpus} trainer GPUs hold at most {max_dp} replicas, got {dp}")
-    require(w.train_ep <= dp, "workload.train_ep", f"expert parallelism spans DP replicas: must be <= {dp}")
-    require(dp % w.train_ep == 0, "workload.train_ep", f"must divide the DP degree {dp}, got {w.train_ep}")
-
-    # GPU g (in trainer order) -> server; replica r, stage j occupies GPUs [(r*pp + j)*tp, ... + tp)
-    def server_of(r: int, j: int) -> int:
-        return train_servers[((r * w.train_pp + j) * w.train_tp) // gps]
-
-    return dp, server_of
-
-
-def dp_allreduce_groups(w, cm: CostModel, net: Network, dp: int, server_of, lat: float) -> tuple[list, dict]:
-    """DP gradient all-reduce as ring demand groups ``[(demands, latency_s)]`` and a summary.
-
-    Dense parameters (everything but the routed experts) are reduced over all ``dp`` replicas. With expert
-    parallelism ``ep`` a replica holds ``1/ep`` of the experts (EP group ``g`` = replicas ``g*ep .. g*ep+ep-1``,
-    member ``i`` holds shard ``i``), so expert gradients are reduced over the ``dp/ep`` replicas holding the
-    same shard, at ``1/ep`` of the expert bytes. One ring per pipeline stage (``1/pp`` of the bytes each)."""
-    pp, ep = w.train_pp, w.train_ep
-    dense, expert = cm.dense_gradient_bytes(), cm.expert_gradient_bytes()
-    if ep == 1:
-        dense, expert = dense + expert, 0.0
-    groups, n_dense, n_exp = [], 0, 0
-    for j in range(pp):
-        members = ring_order(net, list(dict.fromkeys(server_of(r, j) for r in range(dp))))
-        n_dense = max(n_dense, len(members))
-        groups.append((traffic.ring_allreduce(members, dense / pp), lat * 2 * (len(members) - 1)))
-        if expert > 0:
-            for i in range(ep):
-                m = ring_order(net, list(dict.fromkeys(server_of(g * ep + i, j) for g in range(dp // ep))))
-                n_exp = max(n_exp, len(m))
-                groups.append((traffic.ring_allreduce(m, expert / ep / pp), lat * 2 * (len(m) - 1)))
-    info = {"dp_dense_bytes": dense, "dp_expert_bytes_per_shard": expert / ep if expert else 0.0,
-            "dp_ring_members": n_dense, "dp_expert_ring_members": n_exp}
-    return groups, info
+def _train_layout(w, spec: FabricSpec, train_servers: list[int]) -> TrainLayout:
+    return train_layout(train_servers, spec.gpus_per_server, w.train_tp, w.train_pp, w.train_dp, w.train_ep)
 
 
 def train_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers: list[int],
                 lengths: np.ndarray, settings: SimSettings) -> PhaseRun:
-    dp, server_of = _train_layout(w, spec, train_servers)
-    tp, pp, ep = w.train_tp, w.train_pp, w.train_ep
-    m = cm.model
+    """Training: compute ``6 N D`` (plus attention) times the pipeline bubble, then the stages of
+    ``controller.traffic.train_traffic`` one after the other (EP all-to-all, PP point-to-point, the DP
+    rings). The rings are ordered for the network (:func:`ring_order`); on a direct-connect network they run
+    one-way and two-way (the library's choice; the same bytes leave every member) and the faster is kept."""
+    tl = _train_layout(w, spec, train_servers)
+    dp, tp, pp, ep = tl.dp, tl.tp, tl.pp, tl.ep
     tokens = float(np.sum(lengths) + len(lengths) * w.prompt_tokens)
     seq = tokens / len(lengths)
     micro = max(1, len(lengths) // dp)
     compute = cm.train_compute_s(tokens, dp * tp * pp, seq_len=seq) * (1 + (pp - 1) / micro)
     lat = settings.latency_us * 1e-6
-    t_r = tokens / dp  # tokens per replica
+    b = train_bytes(cm, tl, tokens)
+    tt = train_traffic(tl, b)
     busy = {}
     t = compute
-    stages = {}
-    # MoE expert all-to-all: dispatch + combine, forward + backward, every layer of the stage
-    if m.is_moe and ep > 1:
-        dem = []
-        per_replica = t_r * m.experts_per_token * m.hidden * cm.dtype_bytes * 4 * (m.layers / pp)
-        for g in range(dp // ep):
-            for j in range(pp):
-                members = sorted({server_of(g * ep + i, j) for i in range(ep)})
-                dem += traffic.all_to_all(members, per_replica * ep / len(members))
-        dem = traffic.merge(dem)
-        if dem:
-            res = run_demands(net, dem, latency=lat * ep * micro)
-            stages["ep_alltoall_s"] = res.makespan
-            busy["ep"] = (net, res, t)
-            t += stages["ep_alltoall_s"]
-    # pipeline point-to-point activations (forward) and their gradients (backward)
-    if pp > 1:
-        dem = []
-        act = t_r * m.hidden * cm.dtype_bytes
-        for r in range(dp):
-            for j in range(pp - 1):
-                a, b = server_of(r, j), server_of(r, j + 1)
-                dem += [(a, b, act), (b, a, act)]
-        dem = traffic.merge(dem)
-        if dem:
-            res = run_demands(net, dem, latency=lat * 2 * micro * (pp - 1))
-            stages["pp_p2p_s"] = res.makespan
-            busy["pp"] = (net, res, t)
-            t += stages["pp_p2p_s"]
-    # data-parallel gradient all-reduce (dense over all replicas, experts over the replicas of a shard)
-    groups, info = dp_allreduce_groups(w, cm, net, dp, server_of, lat)
-    dem, lats = merge_with_latency(groups)
-    if dem:
-        res = run_demands(net, dem, latency=lats)
-        stages["dp_allreduce_s"] = res.makespan
-        busy["dp"] = (net, res, t)
-        t += stages["dp_allreduce_s"]
+    stages: dict = {}
+    info = {"dp_dense_bytes": b.dense_grad, "dp_expert_bytes_per_shard": b.expert_grad / ep if b.expert_grad else 0.0,
+            "dp_ring_members": 0, "dp_expert_ring_members": 0}
+    for st in tt.stages:
+        key = {"ep_alltoall": "ep", "pp_p2p": "pp", "dp_allreduce": "dp"}[st.name]
+        if st.name != "dp_allreduce":
+            latency = lat * ep * micro if st.name == "ep_alltoall" else lat * 2 * micro * (pp - 1)
+            res = run_demands(net, st.demands(), latency=latency)
+        else:
+            rings = [Group(g.kind, tuple(ring_order(net, list(g.members))), g.nbytes, g.label) for g in st.groups]
+            for g in rings:
+                k = "dp_ring_members" if g.label == "dense" else "dp_expert_ring_members"
+                info[k] = max(info[k], len(g.members))
+            res, mode = None, None
+            for two_way in ((False, True) if isinstance(net, CircuitNetwork) else (False,)):
+                dem, lats = merge_with_latency([(g.demands(two_way), lat * 2 * (len(g.members) - 1)) for g in rings])
+                r = run_demands(net, dem, latency=lats)
+                if res is None or r.makespan < res.makespan:
+                    res, mode = r, "two-way" if two_way else "one-way"
+            info["dp_rings"] = mode
+        stages[f"{st.name}_s"] = res.makespan
+        busy[key] = (net, res, t)
+        t += res.makespan
     detail = {"compute_s": compute, "dp": dp, "tp": tp, "pp": pp, "ep": ep, "tokens": tokens, **stages, **info}
     return PhaseRun(t, detail, busy)
 
 
 def _stripe_sources(net: Network, head: int, groups: list[list[int]], tor_keys: list[int], d: int,
                     k_stripes: int) -> list[tuple[int, float]]:
-    """(replica, share of the weights) a chain head pulls on a fabric without a phase plan (packet fabrics,
-    TopoOpt, MixNet): on a direct-connect fabric linking the head's ToR to trainer ToRs, those ToRs in
-    proportion to their circuits; otherwise ``k_stripes`` trainer ToRs round robin, equal shares. One
-    replica per ToR, round robin."""
+    """(replica, share of the weights) a chain head pulls on a direct-connect fabric without a phase plan
+    (TopoOpt, MixNet): the trainer ToRs linked to the head's ToR in proportion to their circuits; without
+    such circuits ``controller.phases.stripe_plan``'s stripes. One replica per ToR, round robin."""
     def pick(g: int) -> int:
         grp = groups[g]
         return grp[(d // len(groups)) % len(grp)]
@@ -349,7 +296,8 @@ def sync_phase(w, cm: CostModel, spec: FabricSpec, layout: JobLayout, net: Netwo
     over circuits, chains relay down their members. Elsewhere every trainer DP replica holds a copy, the
     generator servers are split into as many chains as replicas, and a head pulls stripes from replicas
     (one per trainer ToR, or in proportion to a direct-connect fabric's circuits)."""
-    dp, server_of = _train_layout(w, spec, train_servers)
+    tl = _train_layout(w, spec, train_servers)
+    dp, server_of = tl.dp, tl.server_of
     W = cm.weight_bytes()
     pp = w.train_pp
     dem = []
@@ -373,7 +321,7 @@ def sync_phase(w, cm: CostModel, spec: FabricSpec, layout: JobLayout, net: Netwo
                 else:  # relayed by a generator server of an earlier chain
                     dem.append((src, head, W * share))
                     lead = max(lead, hops[src])
-            dem += traffic.broadcast_tree(head, ch.members[1:], W, settings.sync_fanout)
+            dem += broadcast_tree(head, ch.members[1:], W, settings.sync_fanout)
             for k, m in enumerate(ch.members):
                 hops[m] = lead + 1 + k
         detail = {"plan": "sync_chains", "chains": len(chains),
@@ -391,15 +339,16 @@ def sync_phase(w, cm: CostModel, spec: FabricSpec, layout: JobLayout, net: Netwo
         groups = list(by_tor.values())
         tor_keys = list(by_tor)
         k_stripes = max(1, min(settings.sync_stripes or len(groups), dp))
-        for d in range(chains_n):
-            members = gen_servers[d * len(gen_servers) // chains_n:(d + 1) * len(gen_servers) // chains_n]
-            for r, share in _stripe_sources(net, members[0], groups, tor_keys, d, k_stripes):
+        for d, (sources, members) in enumerate(stripe_plan(gen_servers, groups, chains_n, k_stripes)):
+            if isinstance(net, CircuitNetwork):  # direct-connect: the head's circuits say where it pulls from
+                sources = _stripe_sources(net, members[0], groups, tor_keys, d, k_stripes)
+            for r, share in sources:
                 for j in range(pp):  # the replica's servers each hold their stages' shards
                     dem.append((server_of(r, j), members[0], W * share / pp))
-            dem += traffic.broadcast_tree(members[0], members[1:], W, settings.sync_fanout)
+            dem += broadcast_tree(members[0], members[1:], W, settings.sync_fanout)
             depth = max(depth, len(members))
         detail = {"plan": "stripes", "chains": chains_n, "stripes": k_stripes}
-    dem = traffic.merge(dem)
+    dem = merge(dem)
     planned = detail["plan"] == "sync_chains" and pp == 1 and settings.sync_fanout == 1
     res = run_demands(net, dem, latency=settings.latency_us * 1e-6 * depth, planned=planned) if dem else None
     dur = res.makespan if res else 0.0
@@ -593,9 +542,10 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
 
     nets: dict = {}
     matchings: dict = {}
+    traffic = phase_traffic(spec, layout, w) if fabric == "rfabric" else None
     for ph in ("gen", "train", "sync"):
         if fabric == "rfabric":
-            counts, matchings[ph] = rfabric_counts(spec, layout, ph)
+            counts, matchings[ph] = rfabric_counts(spec, layout, ph, traffic)
             nets[ph] = CircuitNetwork(fabric, spec, counts, settings.fabric.max_two_hop, matchings=matchings[ph])
         else:
             nets[ph] = nets.get("gen") or build_network(fabric, spec, layout, ph, settings.fabric)
@@ -633,6 +583,7 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
         "wall_s": wall,
         "detail": {"gen": gen.detail, "train": train.detail, "sync": sync.detail, "reconfig": reconfig,
                    "steady_state_gen_topology": steady_start,
+                   "train_plan": train_plan(spec, traffic.train).summary() if traffic is not None else None,
                    "cost": cost, "model": w.model, "gpu": w.gpu,
                    "train_servers": len(train_servers), "gen_servers": len(gen_servers),
                    "mixnet_split": list(mixnet_split(spec, settings.fabric)) if fabric == "mixnet" else None},

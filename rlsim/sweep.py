@@ -204,9 +204,11 @@ def _label(r: dict) -> str:
 def summarise(results: Sequence[dict]) -> dict:
     """Per scale: each point's slowdown, cost and perf/cost relative to the non-blocking Fat-Tree built of
     switches of the same radix (points whose cost does not depend on the radix: against each such
-    Fat-Tree): ``rows``; and ``best_within_slowdown``: per Fat-Tree radix, the other point with the highest
+    Fat-Tree): ``rows``; ``best_within_slowdown``: per Fat-Tree radix, the other point with the highest
     perf/cost whose iteration is within SLOWDOWN_GOAL of that Fat-Tree's (each at T_ocs = 10 ms or the
-    nearest swept)."""
+    nearest swept); ``vs_static``: per radix, the best static fabric (none re-wires during the job: the
+    Fat-Trees, rail, TopoOpt, MixNet as modelled), the best oversubscribed Fat-Tree and the best RFabric
+    configuration within the goal, and RFabric's perf/cost against the first two."""
     out: dict = {}
     ok = [r for r in results if r.get("iteration_s")]
     for n in sorted({r["gpus"] for r in ok}):
@@ -225,7 +227,7 @@ def summarise(results: Sequence[dict]) -> dict:
                                                           (r["iteration_s"] * r["cost_usd"])})
         if not rows:
             continue
-        best = {}
+        best, vs_static = {}, {}
         for rad in sorted({row["fat_tree_radix"] for row in rows}, key=str):
             near: dict = {}  # per configuration, the row at T_ocs = 10 ms (or the nearest swept)
             for row in rows:
@@ -236,7 +238,27 @@ def summarise(results: Sequence[dict]) -> dict:
             cands = [row for row in near.values() if row["slowdown_vs_fat_tree"] <= SLOWDOWN_GOAL]
             if cands:
                 best[str(rad)] = max(cands, key=lambda row: row["perf_per_cost_vs_fat_tree"])
-        out[str(n)] = {"rows": rows, "best_within_slowdown": best, "slowdown_goal": SLOWDOWN_GOAL}
+            # against the best static fabric (everything that does not re-wire during the job, the
+            # non-blocking Fat-Tree included) and the best oversubscribed Fat-Tree, both within the goal
+            ok_rows = [row for row in rows if row["fat_tree_radix"] == rad and row["slowdown_vs_fat_tree"] <= SLOWDOWN_GOAL]
+            static = [row for row in ok_rows if row["fabric"] not in RECONFIGURING]
+            over = [row for row in ok_rows if row["fabric"] in OVERSUB and row["fabric"] != "fat-tree"]
+            rf = [row for row in near.values() if row["fabric"] in RECONFIGURING
+                  and row["slowdown_vs_fat_tree"] <= SLOWDOWN_GOAL]
+            entry: dict = {}
+            for key, cand in (("best_static", static), ("best_oversubscribed_fat_tree", over),
+                              ("best_rfabric", rf)):
+                if cand:
+                    entry[key] = max(cand, key=lambda row: row["perf_per_cost_vs_fat_tree"])
+            if "best_rfabric" in entry:
+                for key in ("best_static", "best_oversubscribed_fat_tree"):
+                    if key in entry:
+                        entry[f"rfabric_vs_{key}"] = (entry["best_rfabric"]["perf_per_cost_vs_fat_tree"] /
+                                                      entry[key]["perf_per_cost_vs_fat_tree"])
+            if entry:
+                vs_static[str(rad)] = entry
+        out[str(n)] = {"rows": rows, "best_within_slowdown": best, "vs_static": vs_static,
+                       "slowdown_goal": SLOWDOWN_GOAL}
     return out
 
 

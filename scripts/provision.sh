@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Provision a Debian 12 machine (CI, a lab VM through the Vagrantfile, a fresh box) for the testbed.
 # Idempotent: safe to run again; it only adds what is missing.
-#   - Debian packages: Open vSwitch, Mininet, iperf3, tc/iproute2, ethtool, python3-venv
+#   - Debian packages: Open vSwitch, Mininet, iperf3, tc/iproute2, ethtool, python3-venv, prometheus (the
+#     server the metrics system test scrapes with; installed with no service started: see below)
 #   - Open vSwitch started without systemd, userspace TSO enabled (see shared PLATFORM.md)
 #   - .venv (Debian's /usr/bin/python3, the one Mininet is packaged for) with the project and its extras
 # Usage: scripts/provision.sh [--extras test] [--with-vagrant] [--no-ovs-start]
@@ -31,7 +32,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # ---- Debian packages -------------------------------------------------------------------------
-pkgs=(openvswitch-switch openvswitch-common mininet iperf3 iproute2 ethtool python3-venv python3-dev procps)
+pkgs=(openvswitch-switch openvswitch-common mininet iperf3 iproute2 ethtool python3-venv python3-dev procps prometheus)
 [ "$with_vagrant" = 1 ] && pkgs+=(vagrant)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -41,8 +42,23 @@ if [ ${#missing[@]} -gt 0 ]; then
   log "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
-  # mininet recommends openvswitch-testcontroller etc.; only what we name is needed
+  # No package may start a service behind the project's back (prometheus' postinst runs its init script,
+  # openvswitch-switch's too; the testbed starts what it needs itself and tracks it): a policy-rc.d that
+  # denies every start, for the install only, unless the machine already has one (Docker images do).
+  policy=/usr/sbin/policy-rc.d
+  own_policy=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\n# scripts/provision.sh: no service starts while it installs packages\nexit 101\n' > "$policy"
+    chmod 0755 "$policy"
+    own_policy=1
+    trap 'rm -f "$policy"' EXIT
+  fi
+  # mininet recommends openvswitch-testcontroller etc., prometheus its node exporter; only what we name is needed
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+  if [ "$own_policy" = 1 ]; then
+    rm -f "$policy"
+    trap - EXIT
+  fi
 else
   log "Debian packages present"
 fi

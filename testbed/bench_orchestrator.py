@@ -9,6 +9,12 @@ The ticks start from the heap the driver's decision path starts from (testbed.dr
 and frozen after the imports and the set-up): the process's first full collection after its imports takes
 ~12 ms on the 2-core machine (~45k objects) and would otherwise land in one of the 50 ticks and be their p99. ``gc_full_collections`` counts the full collections that still
 ran during the ticks (their time is in the figures).
+
+``metrics``: the tick also records what the driver's timeline records at a tick (the planner's ``plan`` event,
+inside the decision time as in the driver; the tick's sample of every replica, timed apart as ``sample_ms``),
+and with ``metrics`` on, the run's metrics observer (testbed/metrics.py) turns them into metrics while an
+endpoint serves them to a scraper every ``scrape_interval_s`` (Prometheus' load). Off, the same events and
+samples are recorded with no observer: the difference is what metrics cost the decision path.
 """
 from __future__ import annotations
 
@@ -20,7 +26,9 @@ import numpy as np
 from agents.costmodel import CostModel
 from agents.engine import Layout, ModelledCost
 from emulation.scenario import Scenario
-from testbed.driver import settle_heap
+from emulation.metrics import Scraper, serve_free
+from testbed.driver import Timeline, settle_heap
+from testbed.metrics import DriverMetrics
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator
 from testbed.orchestrator.forecast import LengthForecast
@@ -28,8 +36,23 @@ from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapsho
 from testbed.orchestrator.settings import feasible_layouts, orchestrator_settings
 
 
+def _tick_sample(now: float, views: dict, lay, gpus: int) -> dict:
+    """The tick's sample as the driver takes it (testbed.driver.Driver._sample), from the synthetic state."""
+    srv, load = {}, {}
+    r = lay.replicas(gpus)
+    for s, v in views.items():
+        rep = v.load.replica % r
+        running = np.bincount(rep[v.load.running], minlength=r)
+        waiting = np.bincount(rep[~v.load.running], minlength=r)
+        srv[s] = {"layout": lay.name(gpus), "running": running.tolist(), "waiting": waiting.tolist(),
+                  "kv": [round(float(x) / max(1, v.load.n), 4) for x in running],  # a stand-in share
+                  "tokens": int(v.load.ctx0.sum()), "preemptions": 0, "freeness": None, "switching": False}
+        load[s] = float(v.load.rem.sum())
+    return {"t": round(now, 4), "servers": srv, "load": load}
+
+
 def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: int = 0,
-                  progress=None) -> dict:
+                  progress=None, metrics: bool = False, scrape_interval_s: float = 1.0) -> dict:
     st = orchestrator_settings(scn.orchestrator)
     w = scn.workload
     cm = CostModel.for_names(w.model, w.gpu)
@@ -41,7 +64,14 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
     balancer = Balancer(est, st.balancer)
     fc0 = LengthForecast.from_workload(w, 0)
     rng = np.random.default_rng(seed)
-    times, plan_ms, bal_ms, online_ms = [], [], [], []
+    times, plan_ms, bal_ms, online_ms, sample_ms = [], [], [], [], []
+    timeline = Timeline()
+    dm = scraper = None
+    if metrics:  # on a free port: a benchmark takes no default one
+        dm = DriverMetrics()
+        dm.server = serve_free(dm.registry)
+        dm.observe(timeline, "bench", w.model, "bench", scn.name)
+        scraper = Scraper(dm.url, scrape_interval_s).__enter__()
     lay = lays[0]
     r = lay.replicas(gpus)
     full = []
@@ -69,20 +99,30 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
                     "replica": np.arange(int(m.sum())) % r}
             views[s] = ServerView(s, lay, loads_from_snapshot(snap, fc))
             rids[s] = snap["rid"]
-        planner.evaluate_all(views, now=10.0, interval=st.planning_interval_s)
+        ts = time.perf_counter()
+        timeline.sample(_tick_sample(10.0, views, lay, gpus))  # the driver samples a tick before deciding
+        sample_s = time.perf_counter() - ts  # timed apart: not part of the decision (as in the driver)
+        decisions = planner.evaluate_all(views, now=10.0, interval=st.planning_interval_s)
+        timeline.event(10.0, "plan", step=0, gain_s={s: round(d.gain_s, 3) for s, d in decisions.items()},
+                       switch=[s for s, d in decisions.items() if d.switch])
         t2 = time.perf_counter()
         balancer.decide(views, rids, now=10.0)
         t3 = time.perf_counter()
-        times.append((t3 - t0) * 1e3)
+        times.append((t3 - t0 - sample_s) * 1e3)
         online_ms.append((t1 - t0) * 1e3)
-        plan_ms.append((t2 - t1) * 1e3)
+        plan_ms.append((t2 - t1 - sample_s) * 1e3)
+        sample_ms.append(sample_s * 1e3)
         bal_ms.append((t3 - t2) * 1e3)
         if progress:
             progress(k + 1)
     gc.callbacks.remove(watch)
+    if dm is not None:
+        scraper.stop()
+        dm.stop()
     pct = lambda xs, q: round(float(np.percentile(xs, q)), 3)  # noqa: E731
     return {"scenario": scn.name, "requests": requests, "servers": len(servers), "layouts": [x.name(gpus) for x in lays],
             "ticks": ticks, "decision_ms_p50": pct(times, 50), "decision_ms_p99": pct(times, 99),
             "online_forecast_ms_p50": pct(online_ms, 50), "planner_ms_p50": pct(plan_ms, 50),
             "planner_ms_p99": pct(plan_ms, 99), "balancer_ms_p50": pct(bal_ms, 50), "balancer_ms_p99": pct(bal_ms, 99),
-            "gc_full_collections": len(full)}
+            "gc_full_collections": len(full), "metrics": bool(metrics), "sample_ms_p50": pct(sample_ms, 50),
+            "sample_ms_p99": pct(sample_ms, 99), "scrapes": scraper.scrapes if metrics else None}

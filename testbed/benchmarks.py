@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Callable
@@ -72,9 +73,12 @@ def _stage_p50(recs: list[dict]) -> dict[str, float]:
 
 
 def bench_reconfig(delay_ms: float, samples: int = 20, pps: float = 2000.0, spacing_s: float = 0.15,
-                   progress: Callable[[int], None] | None = None, datapath_flush: str = "auto") -> dict:
+                   progress: Callable[[int], None] | None = None, datapath_flush: str = "auto",
+                   metrics: bool = False, scrape_interval_s: float | None = 1.0) -> dict:
     """Both cases (CASES), ``samples`` reconfigurations each, under one pair of probe streams.
-    ``datapath_flush``: the controller's option (controller/datapath.py)."""
+    ``datapath_flush``: the controller's option (controller/datapath.py). ``metrics``: the controller serves
+    its Prometheus metrics on a free loopback port and the benchmark scrapes them every ``scrape_interval_s``
+    (what a Prometheus server does; None: never); ``metrics_scrapes`` says how many scrapes the run saw."""
     if samples < 1:
         raise ValueError("samples must be >= 1")
     spec, layout = RECONFIG_SPEC, RECONFIG_LAYOUT
@@ -82,8 +86,16 @@ def bench_reconfig(delay_ms: float, samples: int = 20, pps: float = 2000.0, spac
     duration = 0.6 + len(CASES) * (samples * per_sample_s + 0.5) + 0.6
     interval = 1.0 / pps
     recs: dict[str, list[dict]] = {case: [] for case in CASES}
+    from emulation.metrics import bind_port
+
+    from controller.process import free_port
+    from emulation.metrics import Scraper
+
+    mport = free_port() if metrics else 0  # a free port: a benchmark takes no default one
     with running_testbed(spec, layout, initial_phase="train", delay_ms=delay_ms,
-                         datapath_flush=datapath_flush) as tb:
+                         datapath_flush=datapath_flush, metrics_port=mport) as tb, \
+            (Scraper(tb.controller.metrics_url, scrape_interval_s) if metrics and scrape_interval_s
+             else contextlib.nullcontext()) as scraper:
         tb.client.set_circuits({0: CASES["repaired"][0]}, delay_ms=0)
         streams = [ProbeStream(tb.fabric, *CHANGED, pps=pps, duration_s=duration, port=47001),
                    ProbeStream(tb.fabric, *UNCHANGED, pps=pps, duration_s=duration, port=47002)]
@@ -110,7 +122,8 @@ def bench_reconfig(delay_ms: float, samples: int = 20, pps: float = 2000.0, spac
             log.warning("reconfigurations ran past the probe streams; later samples may be unmeasured")
         changed, unchanged = (s.summary() for s in streams)
         unchanged_sent_at = {int(r[0]): float(r[1]) for r in unchanged["records"]}
-    out: dict = {"delay_ms": float(delay_ms), "datapath_flush": datapath_flush}
+    out: dict = {"delay_ms": float(delay_ms), "datapath_flush": datapath_flush, "metrics": bool(metrics),
+                 "metrics_scrapes": scraper.scrapes if scraper is not None else None}
     for case, rs in recs.items():
         blackouts, losses = [], 0
         for rec in rs:

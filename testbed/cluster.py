@@ -36,6 +36,7 @@ import numpy as np
 from agents.client import AgentClient, AgentError, AgentGone, AgentTimeout, call_all, call_each
 from agents.engine import EngineSettings
 from agents.protocol import unpack_array
+from controller.traffic import phase_traffic
 from emulation.builder import EmulatedFabric
 from emulation.registry import proc_start_time
 from emulation.scenario import Scenario
@@ -103,6 +104,8 @@ class AgentPool:
         self.failed_at: dict[int, float] = {}  # agent -> time.monotonic() when it was marked failed
         self.pids: dict[int, int] = {}
         self._generation = 0
+        self.group_members: dict[str, frozenset[int]] = {}
+        self.group_alias: dict[str, str] = {}
         self._pool = ThreadPoolExecutor(max_workers=max(4, 2 * self.n), thread_name_prefix="pool")
         self._fail_lock = threading.Lock()
         self._dir: Path | None = None
@@ -185,6 +188,8 @@ class AgentPool:
         """(Re-)form the torch.distributed world of ``agents`` and the groups ``trainers`` and ``generators``
         (without restarting anything)."""
         self._generation += 1
+        self.group_members: dict[str, frozenset[int]] = {}  # the groups formed in this world
+        self.group_alias: dict[str, str] = {}
         master = {"host": self.fabric.mgmt_ip(agents[0]), "port": STORE_PORT_BASE + self._generation % 500}
         members = {a: self.clients[a] for a in agents}
         res = call_all(members, "dist_init", lambda a: {"agents": list(agents), "master": master,
@@ -193,12 +198,35 @@ class AgentPool:
             live = [a for a in group if a in agents]
             if len(live) >= 2:
                 self.form_group(name, live, timeout_s)
+        # training's collectives (controller.traffic): EP all-to-all groups, DP rings
+        for name, g in self.train_groups():
+            if g.kind != "p2p" and all(a in agents for a in g.members):
+                self.form_group(name, list(g.members), timeout_s)
         return res
 
+    def train_groups(self) -> list:
+        """(process-group name, ``controller.traffic.Group``) of every collective training runs."""
+        scn = self.scenario
+        return phase_traffic(scn.fabric, scn.layout, scn.workload).train.named_groups()
+
     def form_group(self, name: str, agents: Sequence[int], timeout_s: float = 60.0) -> dict:
+        """Form process group ``name``. torch names a locally synchronised group by its ranks, so a second
+        group of the same agents would meet the first one's rendezvous: it becomes an alias instead
+        (:meth:`group`)."""
+        members = frozenset(agents)
+        same = next((n for n, m in self.group_members.items() if m == members and n != name), None)
+        if same is not None:
+            self.group_alias[name] = same
+            return {"group": name, "alias_of": same}
+        self.group_members[name] = members
+        self.group_alias.pop(name, None)
         return call_all({a: self.clients[a] for a in agents}, "form_group",
                         lambda a: {"name": name, "agents": list(agents), "timeout_s": timeout_s}, timeout_s + 10,
                         self._pool)
+
+    def group(self, name: str) -> str:
+        """The process group the agents know ``name`` by."""
+        return self.group_alias.get(name, name)
 
     def stop(self) -> None:
         """Ask every agent to stop, then make sure (by PID: the fabric's records) they are gone. Idempotent; a
@@ -428,10 +456,16 @@ class AgentPool:
 def running_cluster(scn: Scenario, *, layouts: dict[int, str] | None = None,
                     engine: EngineSettings | None = None,
                     initial_phase: str | None = None, real_compute: dict | None = None) -> Iterator[tuple[Testbed, AgentPool]]:
-    """Controller + fabric + one agent per server, all torn down in reverse order."""
-    spec = scn.fabric
+    """Controller + fabric + one agent per server, all torn down in reverse order. The controller exports
+    Prometheus metrics by the scenario's ``metrics`` section (emulation.metrics.bind_port)."""
+    from emulation.metrics import bind_port
+    from emulation.scenario import DEFAULT_CONTROLLER_METRICS_PORT
+
+    spec, ms = scn.fabric, scn.metrics
+    mport = bind_port(ms.host, ms.controller_port, DEFAULT_CONTROLLER_METRICS_PORT, "metrics.controller_port")
     with running_testbed(spec, scn.layout, initial_phase=initial_phase or scn.controller.initial_phase,
-                         delay_ms=scn.controller.effective_delay_ms(spec)) as tb:
+                         delay_ms=scn.controller.effective_delay_ms(spec), workload=scn.workload,
+                         metrics_port=mport, metrics_host=ms.host) as tb:
         pool = AgentPool(tb.fabric, scn, layouts=layouts or {}, engine=engine or EngineSettings(),
                          real_compute=real_compute)
         with pool:

@@ -31,7 +31,8 @@ from testbed.backends.base import Backend, PhaseResult, StepRequests, deal, step
 from testbed.backends.phases import PhaseModel
 from testbed.orchestrator.balancer import Balancer, freeness
 from testbed.orchestrator.estimate import Estimator, ServerLoad
-from testbed.orchestrator.forecast import ForecastErrors, ForecastService, LengthForecast, forecast_next
+from testbed.orchestrator.forecast import (ForecastErrors, ForecastService, LengthForecast, forecast_next,
+                                           prompt_share, prompt_shifts)
 from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshot, request_levels
 from testbed.orchestrator.settings import OrchestratorSettings, Policy, feasible_layouts
 from testbed.ticks import IntervalBudget, TickClock, tick_deadline_s
@@ -39,21 +40,41 @@ from testbed.ticks import IntervalBudget, TickClock, tick_deadline_s
 log = logging.getLogger(__name__)
 
 FIT_WAIT_S = 30.0
-POLL_S = 0.05  # how often the end of generation is looked for between planning ticks (backend seconds)
+PAID_S = 1e-3  # a migration paid when the two servers it touched finished at least this much sooner with it
 
 
 @dataclass
 class Timeline:
     """Everything that happened, in backend seconds: events (phases, decisions, switches, migrations,
-    failures) and per-tick samples (per replica running/waiting counts, per server load index)."""
+    failures) and per-tick samples (per replica running/waiting counts, per server load index).
+
+    ``observers`` see each event and sample as it is recorded (``on_event(e)``, ``on_sample(s)``): the live
+    metrics (testbed/metrics.py) subscribe here, so no metric call sits in the planning logic. An observer
+    that raises is logged and left out of that one call; the run goes on."""
 
     events: list[dict] = field(default_factory=list)
     samples: list[dict] = field(default_factory=list)
+    observers: list = field(default_factory=list, repr=False)
 
     def event(self, t: float, kind: str, **kw) -> dict:
         e = {"t": round(float(t), 6), "kind": kind, **kw}
         self.events.append(e)
+        for o in self.observers:
+            _notify(o.on_event, e)
         return e
+
+    def sample(self, s: dict) -> dict:
+        self.samples.append(s)
+        for o in self.observers:
+            _notify(o.on_sample, s)
+        return s
+
+
+def _notify(fn, item: dict) -> None:
+    try:
+        fn(item)
+    except Exception:  # noqa: BLE001 - watching a run must never stop it
+        log.exception("timeline observer %r failed on %s", fn, item.get("kind", "a sample"))
 
 
 class Driver:
@@ -70,7 +91,7 @@ class Driver:
         self.gpus = scenario.fabric.gpus_per_server
         self.est = Estimator(self.cm, self.gpus, settings.engine)
         feasible = feasible_layouts(self.cm, self.gpus, settings.engine, w.prompt_tokens, w.max_response_tokens)
-        self.planner = Planner(self.est, backend_cost(self.cm, self.gpus), settings.planner, self.cm.model.is_moe,
+        self.planner = Planner(self.est, backend_cost(self.cm, self.gpus, settings.engine), settings.planner, self.cm.model.is_moe,
                                tuple(feasible)) if policy.planner else None
         self.balancer = Balancer(self.est, settings.balancer) if policy.balancer else None
         self.model = PhaseModel(scenario)
@@ -89,6 +110,16 @@ class Driver:
         self.decision_ms: list[float] = []
         self.tick_log: list[dict] = []  # every planning tick: when it was due, started, how long it took
         self._ticket = 0
+        self._first_step = 0  # the run's first step: its layouts are chosen free of charge
+        self._req: StepRequests | None = None  # the step being generated
+        self._prompt_steps: list = []  # (lengths, prompt ids) of every finished step: the prompt share's data
+        # before any: the workload's own split of the spread (its prior, as the length forecast's is)
+        self._prompt_prior = (0.0 if w.mixture or w.trace or w.response_sigma <= 0
+                              else (w.prompt_sigma / w.response_sigma) ** 2)
+        self._thinking = 0.0  # this tick's decision time so far (the planner's and balancer's computing, not the RPCs)
+        self.realised: list[tuple[float, float]] = []  # (predicted, realised) gain of every migration that has both
+        self._budget: IntervalBudget | None = None  # this generation phase's max_migrations per interval of time
+        self._deadline: float | None = None  # this generation phase's per-tick call deadline
 
     # ---- workload ----
     def lengths(self, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -110,9 +141,11 @@ class Driver:
         return d
 
     # ---- generation of one step ----
-    def generate(self, step: int, forecast: LengthForecast, on_tick: Callable[[float], None] | None = None) -> dict:
+    def generate(self, step: int, forecast: LengthForecast, on_tick: Callable[[float], None] | None = None,
+                 wake_hint: Callable[[], float] | None = None) -> dict:
         """One step's generation phase with the planner and the balancer in the loop; ``on_tick(now)`` is called
-        at every poll (the asynchronous mode runs training and weight sync beside it)."""
+        at every poll (the asynchronous mode runs training and weight sync beside it) and ``wake_hint()`` says
+        when it next needs a poll (a job's known end; inf: none)."""
         b = self.backend
         lengths, prompt_ids = self.lengths(step)
         self._failures(None)  # one that died between steps gets no share of this step
@@ -122,25 +155,25 @@ class Driver:
         for s, idx in placed.items():  # a generator streams to one trainer's collector (RLSim's pairing)
             dest[idx] = b.gen_servers.index(s) % len(b.train_servers)
         req = step_requests(step, lengths, prompt_ids, self.w.prompt_tokens, dest)
+        self._req = req
         t_start = b.now()
         self.timeline.event(t_start, "step", step=step, requests=req.n, tokens=int(lengths.sum()))
-        self._initial_layouts(placed, req, forecast)
+        switches = self._initial_layouts(placed, req, forecast)
         if self.settings.step_mode == "sync" or self.installed not in ("gen", "sync"):
             self.phase("gen", first_step_s=self.cm.prefill_s(1, self.w.prompt_tokens, 1))
         t_gen = b.now()
         for s, idx in placed.items():
             self._place(s, req.specs(idx), chunked=self.settings.dispatch == "contiguous")
         self.timeline.event(t_gen, "phase_start", phase="gen", step=step)
-        switches = migrations = 0
+        migrations = 0
         fc = forecast
         interval = self.settings.planning_interval_s
-        poll = min(interval, POLL_S)
         ticks = TickClock(t_gen, interval)  # on the clock: a late tick is never made up for
-        budget = IntervalBudget(t_gen, interval, self.settings.balancer.max_migrations)
-        deadline = tick_deadline_s(interval)  # no tick waits longer than this on the servers
+        self._budget = IntervalBudget(t_gen, interval, self.settings.balancer.max_migrations)
+        self._deadline = deadline = tick_deadline_s(interval)  # no tick waits longer than this on the servers
         acct = self._accounting_start()
         while True:
-            b.wait_until(min(ticks.next_at, b.now() + poll))
+            b.wait_until(self._wake(ticks.next_at, wake_hint), until_idle=True)
             if on_tick is not None:
                 on_tick(b.now())
             self._failures(req)  # a process exit is acted on at once, not at the next tick
@@ -159,65 +192,15 @@ class Driver:
                 continue
             t_dec = time.perf_counter()
             fc = self._online(forecast, states, req)
-            self.est.forecast = fc
-            views = {s: ServerView(s, st.layout, loads_from_snapshot(st.snapshot, fc), st.busy_until,
-                                   self.last_switch_end.get(s, -math.inf)) for s, st in states.items()}
-            if self.planner is not None:
-                decisions = self.planner.evaluate_all(views, now, interval)
-                for s, v in list(views.items()):
-                    d = decisions[s]
-                    if d.switch and s not in self.failed:
-                        lay = Layout.parse(d.best, self.gpus)
-                        t_sw = b.now()
-                        try:
-                            sw = b.set_layout(s, lay)
-                        except Exception as e:  # noqa: BLE001 - the server failed meanwhile: next tick re-plans
-                            self.timeline.event(t_sw, "layout_switch_failed", server=s, step=step, to=d.best,
-                                                error=str(e))
-                            continue
-                        self.last_switch_end[s] = sw["end"]
-                        switches += 1
-                        views[s] = ServerView(s, lay, ServerLoad(v.load.ctx0, v.load.rem, v.load.running,
-                                                                 np.full(v.load.n, -1), v.load.gen, v.load.key),
-                                              sw["end"], sw["end"])
-                        self.timeline.event(t_sw, "layout_switch", server=s, step=step, frm=d.current, to=d.best,
-                                            gain_s=round(d.gain_s, 3), cost_s=round(d.switch_cost_s, 3),
-                                            start=sw["start"], end=sw["end"], predicted=d.predicted_s,
-                                            reason=d.reason, decided=now)
-            if self.balancer is not None:
-                # a server in a layout switch neither gives nor takes requests: its replicas are being rebuilt
-                steady = {s: v for s, v in views.items() if v.busy_until <= now}
-                rids = {s: states[s].snapshot["rid"] for s in steady}
-                moves, loads = self.balancer.decide(steady, rids, now)
-                for m in moves:
-                    t_m = b.now()
-                    if m.src in self.failed or m.dst in self.failed:
-                        continue  # one of them failed during this tick
-                    if t_m - now > deadline:  # this tick has spent its time on the servers: the rest waits
-                        self.timeline.event(t_m, "migration_deferred", rid=m.rid, src=m.src, dst=m.dst,
-                                            reason=f"the tick is {t_m - now:.3f} s old (deadline {deadline:g} s)")
-                        break
-                    if budget.left(t_m) <= 0:  # this tick ran into the next interval: that one's limit holds
-                        self.timeline.event(t_m, "migration_deferred", rid=m.rid, src=m.src, dst=m.dst,
-                                            reason=f"max_migrations ({budget.limit}) reached in this interval")
-                        break
-                    budget.spend(t_m)
-                    try:
-                        res = b.migrate(m.rid, m.src, m.dst, self.settings.balancer.mode, m.dst_replica)
-                    except Exception as e:  # noqa: BLE001 - a request that finished meanwhile, a failed agent
-                        self.timeline.event(t_m, "migration_failed", rid=m.rid, src=m.src, dst=m.dst, error=str(e),
-                                            end=b.now())
-                        self._failures(req)  # if an agent died under the migration: re-queued now
-                        continue
-                    migrations += 1
-                    self.timeline.event(t_m, "migration", rid=m.rid, src=m.src, dst=m.dst, dst_replica=m.dst_replica,
-                                        step=step, before=[round(x, 3) for x in m.before],
-                                        after=[round(x, 3) for x in m.after], downtime_s=res.get("downtime_s"),
-                                        kv_bytes=res.get("kv_bytes"), result=res.get("result"), end=b.now(),
-                                        decided=now)
-            self.decision_ms.append((time.perf_counter() - t_dec) * 1e3)
+            self._thinking = time.perf_counter() - t_dec
+            sw, mg = self._decide(now, states, fc, step)
+            switches += sw
+            migrations += mg
+            self.decision_ms.append(self._thinking * 1e3)
             self._failures(req)
             ticks.end(tick, b.now())
+        # the engines' final counters (tokens, preemptions) of the step
+        self._sample(b.now(), {s: st for s, st in b.states(deadline).items() if s not in self.failed}, fc)
         out = b.end_generation(req)
         t_gen_end = out["ended_at"]  # the last token, not the tick that noticed it
         for m in getattr(b, "migrations", [])[:]:  # simulated hand-overs: their downtime once they happened
@@ -231,8 +214,119 @@ class Driver:
         self.tick_log.extend(dict(r, step=step) for r in ticks.ticks)
         return {"step": step, "req": req, "lengths": lengths, "start": t_start, "gen_start": t_gen,
                 "gen_end": t_gen_end, "out": out, "switches": switches, "migrations": migrations, "lost": lost,
-                "ticks": dict(ticks.summary(), migrations_per_interval_max=budget.most()),
+                "ticks": dict(ticks.summary(), migrations_per_interval_max=self._budget.most()),
                 "accounting": self._accounting_end(acct, req, out)}
+
+    def _decide(self, now: float, states: dict, fc: LengthForecast, step: int) -> tuple[int, int]:
+        """One planning tick's decisions, carried out: (layout switches, migrations). The planner decides first;
+        the balancer then leaves alone every server in or near a switch (switching, cooling down after one, or
+        held by the lookahead: its replicas are being or about to be rebuilt), and the planner looks again at
+        the servers the balancer's moves changed, so its predictions see the moves."""
+        t0 = time.perf_counter()
+        self.est.forecast = fc
+        shifts = self._prompt_shifts(fc, states, self._req)
+        views = {s: ServerView(s, st.layout, loads_from_snapshot(st.snapshot, fc, shifts.get(s)), st.busy_until,
+                               self.last_switch_end.get(s, -math.inf)) for s, st in states.items()}
+        switches = migrations = 0
+        near: set[int] = set()
+        if self.planner is not None:
+            decisions = self.planner.evaluate_all(views, now, self.settings.planning_interval_s)
+            near = {s for s, d in decisions.items() if d.near_switch}
+            self.timeline.event(now, "plan", step=step, gain_s={s: round(d.gain_s, 3) for s, d in decisions.items()},
+                                switch=[s for s, d in decisions.items() if d.switch])
+            self._thinking += time.perf_counter() - t0
+            switches += self._switch(now, step, views, decisions)
+            t0 = time.perf_counter()
+        if self.balancer is not None:
+            steady = {s: v for s, v in views.items() if v.busy_until <= now and s not in near}
+            rids = {s: states[s].snapshot["rid"] for s in steady}
+            moves, _ = self.balancer.decide(steady, rids, now)
+            self._thinking += time.perf_counter() - t0
+            moved = self._migrate(now, step, moves)
+            migrations += len(moved)
+            if self.planner is not None and moved:
+                t0 = time.perf_counter()
+                after = _after_moves(views, rids, moved)
+                decisions = self.planner.evaluate_all(after, now, self.settings.planning_interval_s)
+                self._thinking += time.perf_counter() - t0
+                switches += self._switch(now, step, after, decisions)
+        else:
+            self._thinking += time.perf_counter() - t0
+        return switches, migrations
+
+    def _switch(self, now: float, step: int, views: dict, decisions: dict) -> int:
+        b = self.backend
+        n = 0
+        for s, d in decisions.items():
+            if not d.switch or s in self.failed:
+                continue
+            lay = Layout.parse(d.best, self.gpus)
+            try:
+                sw = b.set_layout(s, lay)
+            except Exception as e:  # noqa: BLE001 - the server failed meanwhile: its requests are re-queued
+                self.timeline.event(b.now(), "layout_switch_failed", server=s, step=step, to=d.best, error=str(e),
+                                    tick=round(now, 6))
+                self._failures(self._req)
+                continue
+            self.last_switch_end[s] = sw["end"]
+            n += 1
+            self.timeline.event(b.now(), "layout_switch", server=s, step=step, frm=d.current, to=d.best,
+                                gain_s=round(d.gain_s, 3), cost_s=round(d.switch_cost_s, 3), start=sw["start"],
+                                end=sw["end"], predicted=d.predicted_s, reason=d.reason, tick=round(now, 6))
+        return n
+
+    def _migrate(self, now: float, step: int, moves: list) -> list:
+        """Carry out the balancer's moves, in order, while the tick has time and the interval has budget: a
+        tick past its deadline (it spent its time on the servers) or an interval that already holds
+        ``max_migrations`` (a tick that ran into the next one) defers the rest to a later tick. A move to or from
+        a server that failed during this tick is dropped; one that fails because an agent died under it has
+        that agent's requests re-queued at once."""
+        b = self.backend
+        budget, deadline = self._budget, self._deadline
+        done = []
+        for m in moves:
+            t_m = b.now()
+            if m.src in self.failed or m.dst in self.failed:
+                continue  # one of them failed during this tick
+            if deadline is not None and t_m - now > deadline:
+                self.timeline.event(t_m, "migration_deferred", rid=m.rid, src=m.src, dst=m.dst, tick=round(now, 6),
+                                    reason=f"the tick is {t_m - now:.3f} s old (deadline {deadline:g} s)")
+                break
+            if budget is not None:
+                if budget.left(t_m) <= 0:
+                    self.timeline.event(t_m, "migration_deferred", rid=m.rid, src=m.src, dst=m.dst,
+                                        tick=round(now, 6),
+                                        reason=f"max_migrations ({budget.limit}) reached in this interval")
+                    break
+                budget.spend(t_m)
+            try:
+                res = b.migrate(m.rid, m.src, m.dst, self.settings.balancer.mode, m.dst_replica,
+                                predicted_gain_s=m.gain_s)
+            except Exception as e:  # noqa: BLE001 - a request that finished meanwhile, a busy or failed agent
+                self.timeline.event(b.now(), "migration_failed", rid=m.rid, src=m.src, dst=m.dst, error=str(e),
+                                    start=round(t_m, 6), tick=round(now, 6))
+                self._failures(self._req)  # if an agent died under the migration: re-queued now
+                continue
+            done.append(m)
+            self.timeline.event(b.now(), "migration", rid=m.rid, src=m.src, dst=m.dst, dst_replica=m.dst_replica,
+                                step=step, before=[round(x, 3) for x in m.before], after=[round(x, 3) for x in m.after],
+                                downtime_s=res.get("downtime_s"), kv_bytes=res.get("kv_bytes"),
+                                result=res.get("result"), predicted_gain_s=round(m.gain_s, 4),
+                                realised_gain_s=res.get("realised_gain_s"), start=round(t_m, 6), tick=round(now, 6))
+            if res.get("realised_gain_s") is not None:
+                self.realised.append((m.gain_s, float(res["realised_gain_s"])))
+        return done
+
+    def _wake(self, until: float, hint: Callable[[], float] | None) -> float:
+        """The next time the driver must look: ``until``, the backend's poll (emulated: the end of generation
+        and the jobs beside it are seen only by looking), and a known job end."""
+        b = self.backend
+        t = until if b.poll_s is None else min(until, b.now() + b.poll_s)
+        if hint is not None:
+            t = min(t, max(hint(), b.now()))
+        if math.isinf(t):
+            raise RuntimeError("internal: the driver would wait for nothing")
+        return t
 
     def _record(self, g: dict, forecast: LengthForecast, tr: PhaseResult, sy: PhaseResult, period_end: float,
                 extra: dict | None = None) -> dict:
@@ -250,7 +344,8 @@ class Driver:
                                 "max": float(max(fin.values())) - g["gen_start"] if fin else None},
                "train": tr.detail, "sync": sy.detail, "accounting": g["accounting"], "ticks": g["ticks"], **(extra or {})}
         self.steps.append(res)
-        self.timeline.event(period_end, "step_end", step=step, makespan_s=res["makespan_s"])
+        self.timeline.event(period_end, "step_end", step=step, makespan_s=res["makespan_s"], tokens=res["tokens"],
+                            phases=res["phases"], forecast_ape=rec.ape, lost_requests=g["lost"])
         return res
 
     # ---- synchronous on-policy steps ----
@@ -273,24 +368,35 @@ class Driver:
         self.timeline.event(r.end, "phase_end", phase=r.phase, step=step, duration_s=r.duration,
                             **{k: v for k, v in r.detail.items() if isinstance(v, (int, float, str))})
 
-    def _initial_layouts(self, placed: dict[int, np.ndarray], req: StepRequests, fc: LengthForecast) -> None:
+    def _initial_layouts(self, placed: dict[int, np.ndarray], req: StepRequests, fc: LengthForecast) -> int:
+        """Every generator's layout for the step. The run's first step starts in whatever layout its policy
+        picks, free (the weights are loaded once, in that layout, as every static layout's are); a change at a
+        later step boundary is a switch like any other, charged what the cost model says and counted (the
+        engine re-shards before the step's requests start)."""
         b = self.backend
         cur = b.layouts()
+        first = req.step == self._first_step
+        charged = 0
         for s, idx in placed.items():
             if self.policy.layout is not None:
                 want = self.policy.layout
+                d = None
             else:
                 n = len(idx)
                 self.est.forecast = fc
                 load = ServerLoad(np.full(n, float(self.w.prompt_tokens)), np.full(n, fc.mean()), np.zeros(n, bool),
                                   np.full(n, -1), np.zeros(n), request_levels(req.rid[idx]))
-                d = self.planner.initial(ServerView(s, cur[s], load))
+                d = self.planner.initial(ServerView(s, cur[s], load), charged=not first)
                 want = Layout.parse(d.best, self.gpus)
-            if want != cur[s]:  # at a step boundary: the weights are (re)loaded in the new layout anyway
-                sw = b.set_layout(s, want, free=True)
+            if want != cur[s]:
+                sw = b.set_layout(s, want, free=first)
                 self.last_switch_end[s] = sw["end"]
+                charged += not first
                 self.timeline.event(b.now(), "layout_switch", server=s, step=req.step, frm=cur[s].name(self.gpus),
-                                    to=want.name(self.gpus), start=sw["start"], end=sw["end"], initial=True)
+                                    to=want.name(self.gpus), start=sw["start"], end=sw["end"], initial=True,
+                                    charged=not first, cost_s=round(sw["end"] - sw["start"], 3),
+                                    reason=None if d is None else d.reason)
+        return charged
 
     def _online(self, forecast: LengthForecast, states, req: StepRequests) -> LengthForecast:
         """The step's forecast updated with what the step has shown so far (finished and running requests)."""
@@ -308,6 +414,29 @@ class Driver:
         except ValueError:
             return forecast
 
+    def _prompt_shifts(self, fc: LengthForecast, states, req: StepRequests) -> dict[int, np.ndarray]:
+        """Per server, every request's log-offset from what its prompt's other samples have shown
+        (forecast.prompt_shifts): finished ones by their lengths, running ones by their tokens so far."""
+        if not self.settings.forecast.prompt_groups or req is None or not states:
+            return {}
+        share = prompt_share(self._prompt_steps, self._prompt_prior)
+        if share <= 0:
+            return {}
+        held = np.concatenate([st.snapshot["rid"] for st in states.values()])
+        done = ~np.isin(req.rid, held)
+        k = self.backend.finished_count()
+        di = np.nonzero(done)[0][:max(k, 0)]  # as _online: only as many as the backends report finished
+        run_idx = np.concatenate([st.snapshot["rid"] for st in states.values()]) - req.rid[0]
+        run_gen = np.concatenate([st.snapshot["generated"] for st in states.values()])
+        post = prompt_shifts(fc, share, req.prompt_id[di], req.target[di], req.prompt_id[run_idx], run_gen)
+        if not post:
+            return {}
+        out = {}
+        for s, st in states.items():
+            pid = req.prompt_id[st.snapshot["rid"] - req.rid[0]]
+            out[s] = np.array([post.get(int(p), 0.0) for p in pid.tolist()], dtype=np.float64)
+        return out
+
     def _sample(self, now: float, states, fc: LengthForecast) -> None:
         srv, load = {}, {}
         self.est.forecast = fc
@@ -316,12 +445,14 @@ class Driver:
             srv[s] = {"layout": st.layout.name(self.gpus), "running": [r["num_requests_running"] for r in reps],
                       "waiting": [r["num_requests_waiting"] for r in reps],
                       "kv": [round(r["kv_cache_usage_perc"], 4) for r in reps],
+                      "tokens": st.stats.get("generation_tokens_total"),
+                      "preemptions": st.stats.get("num_preemptions_total"),
                       "freeness": round(freeness(st.stats), 2) if math.isfinite(freeness(st.stats)) else None,
                       "switching": bool(st.busy_until and st.busy_until > now)}
             view = ServerView(s, st.layout, loads_from_snapshot(st.snapshot, fc), st.busy_until)
             load[s] = round(self.est.server_s(view.layout, view.load, current=view.layout)
                             + max(0.0, st.busy_until - now), 3)
-        self.timeline.samples.append({"t": round(now, 4), "servers": srv, "load": load})
+        self.timeline.sample({"t": round(now, 4), "servers": srv, "load": load})
 
     def _place(self, s: int, specs: list[dict], chunked: bool = False) -> None:
         """Submit ``specs`` to server ``s``; if it failed (or fails now), to the next live generator."""
@@ -426,7 +557,12 @@ class Driver:
                     if self.progress:
                         self.progress(f"step {step}/{steps}", step / steps)
                     self.run_step(step, fc, on_generated=lambda lengths, st=step: self._observe(svc, history, lengths, st))
-        return self.result()
+        res = self.result()
+        fid = res["fidelity"] or {}
+        self.timeline.event(self.backend.now(), "run_end", steps=len(self.steps), distorted=fid.get("distorted"),
+                            tdf_needed=fid.get("tdf_needed"), link_efficiency_min=fid.get("link_efficiency_min"),
+                            agents_distorted={s: bool(a.get("distorted")) for s, a in fid.get("agents", {}).items()})
+        return res
 
     def _run_async(self, steps: int, forecast_for, observe) -> None:
         """One step off policy: generation of step k+1 runs while step k trains; step k's weights go out when
@@ -458,9 +594,13 @@ class Driver:
                 self.phase("sync")
                 st["sync_job"], st["sync_step"] = b.start_sync(k), k
 
+        def job_ends() -> float:  # the jobs' known ends (virtual time), where the next poll must be
+            ends = [j.end_hint() for j in (st["train_job"], st["sync_job"]) if j is not None]
+            return min((e for e in ends if e is not None), default=math.inf)
+
         def wait_for(cond) -> None:
             while not cond():
-                b.wait_until(b.now() + POLL_S)
+                b.wait_until(self._wake(math.inf, job_ends))
                 service(b.now())
 
         gens, fcs = [], []
@@ -470,7 +610,7 @@ class Driver:
             fc = forecast_for(k)
             if self.progress:
                 self.progress(f"step {k}/{steps}", k / steps)
-            g = self.generate(k, fc, on_tick=service)
+            g = self.generate(k, fc, on_tick=service, wake_hint=job_ends)
             observe(g["lengths"], k)
             st["train_q"].append((k, g["lengths"]))
             service(b.now())
@@ -490,6 +630,7 @@ class Driver:
     def _observe(self, svc: ForecastService, history: list, lengths: np.ndarray, step: int) -> None:
         """A step's lengths are known: the next forecast's fit starts now, beside the step's train and sync."""
         history.append(step_stats(lengths, step, self.w.max_response_tokens))
+        self._prompt_steps.append((np.asarray(lengths), self.schedule.prompt_ids_for_step(step)))
         self._ticket = svc.submit(history)
 
     def result(self) -> dict:
@@ -509,6 +650,10 @@ class Driver:
                            "trainers": sum(s.get("async", {}).get("trainer_idle_s", 0.0) for s in st)}
                 if self.settings.step_mode == "async" else None,
                 **self._tokens_total(), "ticks": self._ticks_total(),
+                "migrations_paid_fraction": (sum(1 for _, r in self.realised if r > PAID_S) / len(self.realised))
+                if self.realised else None,
+                "migration_gains_s": {"predicted": [round(p, 4) for p, _ in self.realised],
+                                      "realised": [round(r, 4) for _, r in self.realised]} if self.realised else None,
                 "decision_ms_p50": float(np.percentile(self.decision_ms, 50)) if self.decision_ms else None,
                 "decision_ms_p99": float(np.percentile(self.decision_ms, 99)) if self.decision_ms else None,
                 "fidelity": self._fidelity(total_t)}
@@ -557,6 +702,26 @@ class Driver:
         return fid
 
 
+def _after_moves(views: dict, rids: dict, moves: list) -> dict:
+    """The views of the servers that ``moves`` touched, with the moved requests where they went (the forecast
+    fields kept: the planner stratifies and looks ahead on them as on any load)."""
+    cur = {s: (views[s].load, np.asarray(rids[s])) for m in moves for s in (m.src, m.dst)}
+    for m in moves:
+        (ls, rs), (ld, rd) = cur[m.src], cur[m.dst]
+        hit = np.nonzero(rs == m.rid)[0]
+        if not len(hit):
+            continue
+        i = int(hit[0])
+        rep = -1 if m.dst_replica is None else int(m.dst_replica)
+        if m.src == m.dst:
+            cur[m.src] = (ls.without(i).plus_from(ls, i, rep), np.r_[np.delete(rs, i), rs[i]])
+        else:
+            cur[m.dst] = (ld.plus_from(ls, i, rep), np.r_[rd, rs[i]])
+            cur[m.src] = (ls.without(i), np.delete(rs, i))
+    return {s: ServerView(s, views[s].layout, ld, views[s].busy_until, views[s].last_switch_end)
+            for s, (ld, _) in cur.items()}
+
+
 def settle_heap() -> None:
     """Collect once and freeze what survives (the imports, the cluster, the scenario) before the decision
     path starts: the process's first full collection otherwise lands in some planning tick (~12 ms for ~45k
@@ -567,8 +732,8 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def backend_cost(cm, gpus: int):
+def backend_cost(cm, gpus: int, engine):
     from agents.engine import ModelledCost
 
-    return ModelledCost(cm, gpus)
+    return ModelledCost(cm, gpus, engine.switch_reinit_s)
 

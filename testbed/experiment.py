@@ -6,47 +6,106 @@ and each server is put in the next policy's starting layout without charge (as i
 loaded that way). Every policy sees the same response lengths and the same dealing of responses to servers
 (independent streams from the scenario's seed).
 
-``speedup_vs_best_static`` = mean step makespan of the best static layout (the fastest of every TP layout of a
-server that holds the model, not only the two named ones) / the policy's mean step makespan.
+The baseline is tuned as a user would tune it (testbed.tuning): every feasible layout x every
+``max_num_seqs`` of the grid, on the simulated backend, first; the best of them (``best_static``) then runs on
+the requested backend beside ``static-low`` and ``static-high`` (the two named set-ups at the scenario's
+engine settings) and the adaptive policies. ``speedup_vs_best_static`` = mean step makespan of the tuned
+static configuration / the policy's, both on the requested backend.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from pathlib import Path
 
 import numpy as np
 
 from agents.costmodel import CostModel
-from agents.engine import Layout
 from testbed.orchestrator.settings import (Policy, feasible_layouts, make_policy, orchestrator_settings)
 from testbed.report import plot_makespans, write_json, write_run
+from testbed.tuning import GRID, GridPoint, best, cache_key, cached, static_name, tune
 
 log = logging.getLogger(__name__)
 
+ADAPTIVE = ("planner", "balancer", "orchestrrl")
+
 
 class Experiment:
-    def __init__(self, scenario, backend: str):
+    def __init__(self, scenario, backend: str, steps: int | None = None, use_cache: bool = True,
+                 grid: tuple[int, ...] = GRID, metrics=None):
         self.scn = scenario
         self.backend_name = backend
+        self.metrics = metrics  # testbed.metrics.DriverMetrics: every run's timeline feeds it (or None)
         self.settings = orchestrator_settings(scenario.orchestrator)
         w = scenario.workload
         self.cm = CostModel.for_names(w.model, w.gpu)
         self.gpus = scenario.fabric.gpus_per_server
         self.layouts = feasible_layouts(self.cm, self.gpus, self.settings.engine, w.prompt_tokens,
                                         w.max_response_tokens)
+        self.steps = steps if steps is not None else w.steps
+        self.use_cache = use_cache
+        self.grid_values = grid
+        self._grid: list[GridPoint] | None = None
         self._stack = contextlib.ExitStack()
         self.cluster = None
 
+    # ---- the tuned baseline ----
+    def tuning_grid(self, progress=None) -> list[GridPoint]:
+        """Every layout x max_num_seqs of the grid on the simulated backend (cached: testbed.tuning)."""
+        if self._grid is None:
+            self._grid = tune(self.scn, self.layouts, self.gpus, self.steps, self._simulate, self.grid_values,
+                              self.use_cache, progress)
+        return self._grid
+
+    def oracle(self, progress=None) -> dict:
+        """The oracle bounds of this scenario against its tuned static configuration (testbed.oracle; cached
+        like the tuning grid)."""
+        from testbed.oracle import Oracle
+
+        pt = best(self.tuning_grid())
+        key = cache_key(self.scn, self.steps, tuple(self.grid_values)) + f"-{pt.name}"
+        return cached("oracle", key, lambda: Oracle(self.scn, (pt.layout, pt.max_num_seqs), self.grid_values,
+                                                    self.steps).compute(progress), self.use_cache)
+
+    def tuned(self) -> Policy:
+        pt = best(self.tuning_grid())
+        return self.policy(pt.name)
+
+    def _simulate(self, layout, max_num_seqs: int) -> tuple[dict, bool]:
+        """One static configuration on the simulated backend (no files): the result, and whether max_num_seqs
+        ever kept a waiting request out (testbed.tuning)."""
+        from testbed.backends.simulated import SimulatedBackend
+        from testbed.driver import Driver
+
+        pol = make_policy(static_name(layout.name(self.gpus), max_num_seqs), self.layouts, self.gpus)
+        settings = self._settings(pol)
+        gen = self.scn.layout.gen_servers(self.scn.fabric)
+        with SimulatedBackend(self.scn, {s: layout for s in gen}, settings.engine) as b:
+            res = Driver(self.scn, b, pol, settings).run(self.steps)
+            return res, any(e.seq_bound for e in b.engines.values())
+
     # ---- policies ----
     def policy(self, name: str) -> Policy:
-        return make_policy(name, self.layouts, self.gpus)
+        tuned = None
+        if name in ("static-tuned", "balancer"):
+            tuned = make_policy(best(self.tuning_grid()).name, self.layouts, self.gpus)
+        pol = make_policy(name, self.layouts, self.gpus, tuned)
+        if pol.static:  # one name per configuration: static-low is static-TP1x8@<the scenario's max_num_seqs>
+            mns = pol.max_num_seqs or self.settings.engine.max_num_seqs
+            pol = dataclasses.replace(pol, name=static_name(pol.layout.name(self.gpus), mns), max_num_seqs=mns)
+        return pol
 
-    def static_names(self) -> list[str]:
-        return [f"static-{lay.name(self.gpus)}" for lay in self.layouts]
+    def aliases(self) -> dict[str, str]:
+        return {a: self.policy(a).name for a in ("static-tuned", "static-low", "static-high")}
 
     def default_policies(self) -> list[str]:
-        return self.static_names() + ["planner", "balancer", "orchestrrl"]
+        """The tuned static configuration, static-low and static-high (each once), and the adaptive policies."""
+        names = list(dict.fromkeys(self.aliases().values()))
+        return names + list(ADAPTIVE)
+
+    def _settings(self, policy: Policy):
+        return dataclasses.replace(self.settings, engine=policy.engine(self.settings.engine))
 
     # ---- life cycle ----
     def __enter__(self) -> "Experiment":
@@ -65,14 +124,14 @@ class Experiment:
         gen = self.scn.layout.gen_servers(self.scn.fabric)
         start = policy.layout or self.layouts[0]
         layouts = {s: start for s in gen}
+        engine = policy.engine(self.settings.engine)
         if self.backend_name == "simulated":
             from testbed.backends.simulated import SimulatedBackend
 
-            return SimulatedBackend(self.scn, layouts, self.settings.engine)
+            return SimulatedBackend(self.scn, layouts, engine, counterfactual=policy.balancer)
         from testbed.backends.emulated import EmulatedBackend
 
-        b = EmulatedBackend(self.scn, layouts, self.settings.engine, self.settings.sync_bucket_mb,
-                            cluster=self.cluster)
+        b = EmulatedBackend(self.scn, layouts, engine, self.settings.sync_bucket_mb, cluster=self.cluster)
         b.prepare(layouts)
         return b
 
@@ -81,14 +140,25 @@ class Experiment:
         from testbed.driver import Driver
 
         with self.backend(policy) as backend:
-            drv = Driver(self.scn, backend, policy, self.settings, progress=progress)
-            res = drv.run(steps)
+            drv = Driver(self.scn, backend, policy, self._settings(policy), progress=progress)
+            with (self.metrics.observe(drv.timeline, policy.name, self.scn.workload.model, self.backend_name,
+                                       self.scn.name) if self.metrics is not None else contextlib.nullcontext()):
+                res = drv.run(steps)
             res["scenario"] = self.scn.name
+            res["max_num_seqs"] = policy.engine(self.settings.engine).max_num_seqs
             files = write_run(Path(out), res, {"events": drv.timeline.events, "samples": drv.timeline.samples})
         return res, files
 
-    def compare(self, policies: list[Policy], steps: int, out: Path, progress=None, on_policy=None) -> tuple[dict, dict]:
+    def compare(self, policies: list[Policy], steps: int, out: Path, progress=None, on_policy=None,
+                oracle: bool = True) -> tuple[dict, dict]:
+        """Every policy of ``policies`` (the tuned static configuration is added when missing) on the same seed;
+        ``oracle``: each adaptive policy's speedup also as a fraction of its oracle's (testbed.oracle)."""
         out = Path(out)
+        grid = self.tuning_grid()
+        orc = self.oracle() if oracle and steps == self.steps else None
+        tuned = self.tuned()
+        if tuned.name not in {p.name for p in policies}:
+            policies = [tuned] + list(policies)
         results, files = {}, {}
         for p in policies:
             if on_policy:
@@ -96,28 +166,36 @@ class Experiment:
             res, f = self.run(p, steps, out / p.name, progress=progress)
             results[p.name] = res
             files.update({f"{p.name}_{k}": v for k, v in f.items()})
-        statics = {n: r for n, r in results.items() if r["static"]}
-        if not statics:
-            raise ValueError("a comparison needs at least one static policy to compare against")
         mean = {n: float(np.mean(r["step_makespan_s"])) for n, r in results.items()}
-        best = min(statics, key=lambda n: mean[n])
+        base = mean[tuned.name]
+        flagged = sum(1 for r in results.values() if (r.get("fidelity") or {}).get("distorted"))
         report = {"scenario": self.scn.name, "backend": self.backend_name, "steps": steps, "seed": self.scn.seed,
-                  "best_static": best, "policies": {}}
+                  "best_static": tuned.name, "baseline_grid": [p.to_json() for p in grid],
+                  "fidelity_flagged_runs": flagged, "policies": {}}
         for n, r in results.items():
             report["policies"][n] = {
                 "step_makespan_s": r["step_makespan_s"], "phases": r["phases"],
                 "throughput_tokens_per_s": r["throughput_tokens_per_s"],
-                "speedup_vs_best_static": mean[best] / mean[n], "migrations": r["migrations"],
+                "speedup_vs_best_static": base / mean[n], "migrations": r["migrations"],
                 "layout_switches": r["layout_switches"], "forecast_mape": r["forecast_mape"],
                 "lost_requests": r["lost_requests"], "fidelity": r["fidelity"], "layouts": r["layouts"],
+                "max_num_seqs": r["max_num_seqs"], "migrations_paid_fraction": r["migrations_paid_fraction"],
                 "decision_ms_p50": r["decision_ms_p50"], "decision_ms_p99": r["decision_ms_p99"],
                 "step_mode": r["step_mode"], "idle_s": r["idle_s"], "failures": r["failures"],
                 # token accounting (driver.Driver._tokens_total) and the planning ticks (testbed/ticks.py)
                 **{k: r[k] for k in ("tokens_target", "tokens_unique", "tokens_duplicate", "exactly_once",
                                      "tokens_by_agent", "ticks")}}
-        # the two named static set-ups, as aliases of the layouts they are
-        low, high = f"static-{self.layouts[0].name(self.gpus)}", f"static-{self.layouts[-1].name(self.gpus)}"
-        report["aliases"] = {"static-low": low, "static-high": high}
+        report["aliases"] = self.aliases()
+        if orc is not None:
+            from testbed.oracle import KIND_OF_POLICY
+
+            report["oracle"] = {k: v for k, v in orc.items() if k != "kinds"}
+            report["oracle"]["kinds"] = {k: {"speedup": v["speedup"], "gen_s": v["gen_s"]} for k, v in orc["kinds"].items()}
+            for n, p in report["policies"].items():
+                kind = KIND_OF_POLICY.get(n)
+                p["oracle_fraction"] = (p["speedup_vs_best_static"] / orc["kinds"][kind]["speedup"]) if kind else None
+            write_json(out / "oracle.json", orc)
+            files["oracle"] = str(out / "oracle.json")
         write_json(out / "report.json", report)
         files["report"] = str(out / "report.json")
         files["makespan_png"] = plot_makespans(out, report)

@@ -26,25 +26,37 @@ log = logging.getLogger(__name__)
 class Testbed:
     spec: FabricSpec
     layout: JobLayout
-    controller: ControllerProcess
+    controller: ControllerProcess | None  # None: a static fabric (nothing to re-wire, no controller)
     fabric: EmulatedFabric
 
     @property
     def client(self):
+        if self.controller is None:
+            raise RuntimeError(f"a static {self.spec.kind} fabric has no controller")
         return self.controller.client
 
 
 @contextlib.contextmanager
 def running_testbed(spec: FabricSpec, layout: JobLayout, *, initial_phase: str = "train",
                     delay_ms: float | None = None, state_file: Path | None = None,
-                    connect_timeout_s: float = 30.0, datapath_flush: str = "auto") -> Iterator[Testbed]:
-    """Start controller + fabric, wait until every switch is connected and the initial phase installed."""
+                    connect_timeout_s: float = 30.0, datapath_flush: str = "auto",
+                    workload=None, metrics_port: int = 0, metrics_host: str = "127.0.0.1") -> Iterator[Testbed]:
+    """Start controller + fabric, wait until every switch is connected and the initial phase installed.
+    ``workload``: what the controller's train topology is built from (None: the uniform mesh); ``metrics_port``: the controller's Prometheus endpoint (0: none;
+    emulation.metrics.bind_port picks one)."""
     spec.check_emulatable()
     layout.check(spec)
+    if spec.is_static:  # spine bridges with their fixed rule (emulation.builder.static_flows): no controller
+        with EmulatedFabric(spec, controller_port=None) as fab:
+            log.info("testbed up: %d hosts, %d ToRs, %d spines (static %s)", spec.n_servers, spec.n_tors,
+                     spec.ocs_count, spec.kind)
+            yield Testbed(spec, layout, None, fab)
+        return
     # the OCS switching delay in wall time: time dilation stretches it like everything else
     wall_delay = spec.wall_ms(pick_delay_ms(delay_ms, spec.reconfig_delay_ms))
     with ControllerProcess(spec, layout, initial_phase=initial_phase, delay_ms=wall_delay,
-                           state_file=state_file, datapath_flush=datapath_flush) as ctl:
+                           state_file=state_file, datapath_flush=datapath_flush, workload=workload,
+                           metrics_port=metrics_port, metrics_host=metrics_host) as ctl:
         def wait_connected(dpids: set[int], timeout_s: float) -> None:
             ctl.client.wait_switches(dpids, timeout_s)
 

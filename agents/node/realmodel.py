@@ -221,7 +221,7 @@ class RealStepCost:
     KV capacity and layout switches stay the cost model's (``cm``): the small decoder stands in for the
     serving kernels of one replica, whatever its layout."""
 
-    def __init__(self, cfg, cm, gpus: int = 8, seed: int = 0):
+    def __init__(self, cfg, cm, gpus: int = 8, seed: int = 0, reinit_s: float | None = None):
         from agents.engine import ModelledCost
 
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
@@ -229,7 +229,7 @@ class RealStepCost:
                                     kv_heads=cfg.kv_heads, head_dim=cfg.hidden // cfg.q_heads, vocab=cfg.vocab,
                                     max_seq_len=cfg.max_seq_len, max_batch=cfg.max_batch)
         self.decoder = RealDecoder(self.config, cfg.device, dtype, seed=seed)
-        self.modelled = ModelledCost(cm, gpus)
+        self.modelled = ModelledCost(cm, gpus, reinit_s)
         self.steps = 0
 
     def step_s(self, layout, n_decode: int, decode_ctx: float, prefill_tokens: int, prefill_seqs: int) -> float:

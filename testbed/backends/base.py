@@ -98,6 +98,10 @@ class Job:
     def wait(self) -> PhaseResult:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def end_hint(self) -> float | None:
+        """When the job ends, if the backend knows it in advance (virtual time); None otherwise."""
+        return None
+
 
 class ThreadJob(Job):
     """A phase run on a thread (the emulated backend: its RPCs wait on real agents)."""
@@ -128,6 +132,8 @@ class ThreadJob(Job):
 
 class Backend(abc.ABC):
     name = "backend"
+    poll_s: float | None = 0.05  # how often the driver looks for the end of generation between planning ticks
+                                 # (backend seconds); None: the backend's wait_until(until_idle=True) stops there
 
     def __init__(self, scenario):
         self.scenario = scenario
@@ -141,8 +147,10 @@ class Backend(abc.ABC):
     def now(self) -> float: ...
 
     @abc.abstractmethod
-    def wait_until(self, t: float) -> None:
-        """Let generation run until backend time ``t``."""
+    def wait_until(self, t: float, until_idle: bool = False) -> None:
+        """Let generation run until backend time ``t`` (``until_idle``: or until it has no work left, where
+        the backend can tell: the simulated one stops its clock at the last step's end, and at a server's
+        failure, which the generation loop acts on when it happens)."""
 
     # ---- generation ----
     @abc.abstractmethod
@@ -163,8 +171,10 @@ class Backend(abc.ABC):
         server that does not answer within it is failed (failures() names it) and left out."""
 
     @abc.abstractmethod
-    def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None) -> dict:
-        """Move request ``rid`` from server ``src`` to ``dst`` (onto its replica ``replica``)."""
+    def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None,
+                predicted_gain_s: float | None = None) -> dict:
+        """Move request ``rid`` from server ``src`` to ``dst`` (onto its replica ``replica``). A backend that can
+        tell (the simulated one, with its counterfactual on) adds ``realised_gain_s`` to the answer."""
 
     @abc.abstractmethod
     def finished_count(self, deadline_s: float | None = None) -> int:

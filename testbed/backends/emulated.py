@@ -9,7 +9,7 @@ all-reduce of the scaled gradients among the trainer agents. Phase changes go to
 with the slack window and predicted gain (benefit-aware switching).
 
 Clock: ``CLOCK_MONOTONIC / time_dilation`` (the agents' engine clock); every duration reported is real-time
-equivalent. The fidelity section gathers every agent's decode-step overshoot and the link utilisation of the
+equivalent. The fidelity section gathers every agent's token lag (how late tokens left after their step's modelled end) and the link utilisation of the
 sync and train phases against their shaped rates, and says when the run was distorted and which TDF would fix it.
 """
 from __future__ import annotations
@@ -26,7 +26,8 @@ from agents.client import AgentError, AgentGone
 from agents.engine import EngineSettings, Layout
 from agents.protocol import unpack_array
 from controller.ocs import Matching
-from controller.phases import SyncChain, sync_chains
+from controller.phases import SyncChain, stripe_plan, sync_chains
+from controller.traffic import train_bytes, train_traffic
 from emulation.capacity import load_capacity
 
 from .base import Backend, PhaseResult, ServerState, StepRequests
@@ -34,6 +35,7 @@ from .phases import PhaseModel
 
 log = logging.getLogger(__name__)
 
+A2A_CHUNKS = 4  # an EP all-to-all runs as this many layer groups (a few layers' dispatch and combine each)
 LINK_EFFICIENCY_MIN = 0.8  # a phase whose transfers take longer than modelled / this: the fabric distorted the run
 SYNC_TIMEOUT_MIN_S, SYNC_TIMEOUT_FACTOR = 30.0, 20.0  # a weight sync's deadline: max(30 s, 20 x its modelled time)
 SYNC_RETRIES = 3  # a weight sync run again without the generators that failed under it, at most this often
@@ -70,7 +72,7 @@ class EmulatedBackend(Backend):
     def now(self) -> float:
         return time.monotonic() / self.tdf
 
-    def wait_until(self, t: float) -> None:
+    def wait_until(self, t: float, until_idle: bool = False) -> None:
         delay = (t - self.now()) * self.tdf
         if delay > 0:
             time.sleep(delay)
@@ -115,7 +117,8 @@ class EmulatedBackend(Backend):
             out[s] = ServerState(s, Layout.parse(st["layout"], self.gpus), snap, st, busy)
         return out
 
-    def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None) -> dict:
+    def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None,
+                predicted_gain_s: float | None = None) -> dict:
         return self.pool.migrate(rid, src, dst, mode=mode, replica=replica)
 
     def finished_count(self, deadline_s: float | None = None) -> int:
@@ -155,8 +158,11 @@ class EmulatedBackend(Backend):
 
     # ---- fabric and phases ----
     def set_phase(self, phase: str, window_ms: float | None, gain_ms: float | None) -> dict:
+        if self.tb.controller is None:  # a static tree: nothing to re-wire (the phase model says so)
+            d = self.model.decide(phase, phase, window_ms, gain_ms)
+            return {**d, "overhead_ms": None, "took_ms": 0.0}
         # the controller works in wall time: windows and gains are stretched by the time dilation
-        gain = None if gain_ms is None else (3.6e6 if math.isinf(gain_ms) else min(3.6e6, gain_ms * self.tdf))
+        gain = None if gain_ms is None else (3.6e6 if math.isinf(gain_ms) else max(-3.6e6, min(3.6e6, gain_ms * self.tdf)))
         window = None if window_ms is None else min(3.6e6, window_ms * self.tdf)
         t0 = self.now()
         rec = self.tb.client.set_phase(phase, window_ms=window, gain_ms=gain)
@@ -165,7 +171,9 @@ class EmulatedBackend(Backend):
                 "window_ms": window_ms, "gain_ms": gain_ms, "reason": rec.get("reason"),
                 "overhead_ms": None if ov is None else ov / self.tdf, "took_ms": (self.now() - t0) * 1e3}
 
-    def _installed_phase(self) -> str:
+    def _installed_phase(self) -> str | None:
+        if self.tb.controller is None:
+            return None
         return self.tb.client.state().get("phase") or "train"
 
     def _installed_matchings(self) -> dict[int, Matching]:
@@ -174,8 +182,16 @@ class EmulatedBackend(Backend):
 
     def _sync_plan(self) -> tuple[dict[int, dict], int]:
         spec, layout = self.scenario.fabric, self.scenario.layout
-        chains = sync_chains(spec, layout, self._installed_matchings(),
-                             holders=[t for t in self.train_servers if t not in self.pool.failed])
+        holders = [t for t in self.train_servers if t not in self.pool.failed]
+        if spec.is_static:  # no circuits: RLSim's stripes plan for a packet tree (one holder per trainer ToR)
+            by_tor: dict[int, list[int]] = {}
+            for t in holders:
+                by_tor.setdefault(t // spec.servers_per_tor, []).append(t)
+            n_chains = min(self.model.train_layout.dp, len(self.gen_servers))
+            chains = [SyncChain(tuple(src), tuple(mem)) for src, mem in
+                      stripe_plan(list(self.gen_servers), list(by_tor.values()), n_chains, len(by_tor))]
+        else:
+            chains = sync_chains(spec, layout, self._installed_matchings(), holders=holders)
         # a failed generator drops out of its chain: its predecessor feeds its successor directly
         chains = [c for c in (SyncChain(ch.sources, tuple(m for m in ch.members if m not in self.pool.failed))
                               for ch in chains) if c.members]
@@ -230,26 +246,60 @@ class EmulatedBackend(Backend):
         return PhaseResult("sync", t0, t1, detail)
 
     def train(self, step: int, lengths: np.ndarray) -> PhaseResult:
+        """The modelled compute slept in every trainer, then training's collectives for real
+        (``controller.traffic.train_traffic`` at this step's tokens, bytes scaled by the fabric's scale):
+        the EP all-to-all of each group in A2A_CHUNKS layer groups, then the DP rings as Gloo all-reduces. The
+        collectives of one stage run together, one per trainer at a time (a trainer in two rings of a stage,
+        dense and expert, runs them one after the other). Pipeline point-to-point is not emulated."""
         spec = self.scenario.fabric
-        _, model = self.model.train_s("train", lengths)
+        _, model = self.model.train_s(self._installed_phase(), lengths)
         compute = float(model.get("compute_s", 0.0))
         trainers = [t for t in self.train_servers if t not in self.pool.failed]
         t0 = self.now()
         self.pool.call_all(trainers, "compute", lambda s: {"seconds": compute}, compute * self.tdf + 60)
         t_c = self.now()
         detail = {"compute_s": t_c - t0, "modelled_compute_s": compute}
-        if len(trainers) >= 2:
-            nbytes = max(4, int(self.cm.gradient_bytes() * spec.scale))
+        tl = self.model.train_layout
+        tokens = float(np.sum(lengths) + len(lengths) * self.scenario.workload.prompt_tokens)
+        tt = train_traffic(tl, train_bytes(self.cm, tl, tokens))
+        ok = True
+        for st in tt.stages:
+            if st.name == "pp_p2p":
+                detail["pp_p2p"] = "not emulated"
+                continue
+            groups = [(name, g) for name, g in tt.named_groups() if name.startswith(st.name + "-")
+                      and not any(m in self.pool.failed for m in g.members)]
+            waves: list[dict[int, tuple[str, object]]] = []  # one collective per trainer per wave
+            for name, g in groups:
+                wave = next((w for w in waves if not set(g.members) & set(w)), None)
+                if wave is None:
+                    wave = {}
+                    waves.append(wave)
+                for m in g.members:
+                    wave[m] = (name, g)
+            if not waves:
+                continue
             before = self._port_bytes()
-            res = self.pool.call_all(trainers, "all_reduce", lambda s: {"group": "trainers", "nbytes": nbytes,
-                                                                         "iters": 1, "warmup": 0, "timeout_s": 600}, 900)
-            t1 = self.now()
-            detail.update(allreduce_s=t1 - t_c, allreduce_bytes=nbytes, correct=all(r["correct"] for r in res.values()))
-            ar = self.model.train_s(self._installed_phase(), lengths)[1].get("dp_allreduce_s")
-            self._utilisation("train", before, t1 - t_c, ar)
-        else:
-            t1 = t_c
-        return PhaseResult("train", t0, t1, detail)
+            ts = self.now()
+            nbytes = 0
+            for wave in waves:
+                def params(s: int, wave=wave) -> dict:
+                    name, g = wave[s]
+                    iters = A2A_CHUNKS if g.kind == "all_to_all" else 1
+                    return {"group": self.pool.group(name), "nbytes": max(4, int(g.nbytes * spec.scale / iters)), "iters": iters,
+                            "warmup": 0, "timeout_s": 600}
+                kind = next(iter(wave.values()))[1].kind
+                op = "all_to_all" if kind == "all_to_all" else "all_reduce"
+                res = self.pool.call_all(list(wave), op, params, 900)
+                ok = ok and all(r["correct"] for r in res.values())
+                nbytes += sum(params(s)["nbytes"] * params(s)["iters"] for s in wave)
+            span = self.now() - ts
+            key = {"ep_alltoall": "alltoall", "dp_allreduce": "allreduce"}[st.name]
+            detail.update({f"{key}_s": span, f"{key}_bytes": nbytes // len({m for w in waves for m in w}),
+                           f"{key}_waves": len(waves)})
+            self._utilisation("train", before, span, model.get(f"{st.name}_s"), stage=st.name)
+        detail["correct"] = ok
+        return PhaseResult("train", t0, self.now(), detail)
 
     # ---- health and fidelity ----
     def failures(self) -> dict[int, str]:
@@ -276,7 +326,8 @@ class EmulatedBackend(Backend):
                     out[port] = int(line.split("bytes=")[1].split(",")[0])
         return out
 
-    def _utilisation(self, phase: str, before: dict[str, int], wall_equiv_s: float, modelled_s: float | None = None) -> None:
+    def _utilisation(self, phase: str, before: dict[str, int], wall_equiv_s: float, modelled_s: float | None = None,
+                     stage: str | None = None) -> None:
         after = self._port_bytes()
         spec = self.scenario.fabric
         secs = wall_equiv_s * self.tdf  # wall seconds
@@ -287,7 +338,8 @@ class EmulatedBackend(Backend):
         busiest = max(tx.values()) if tx else 0
         total = sum(tx.values())
         cap = load_capacity()
-        rec = {"phase": phase, "busiest_port_utilisation": busiest / (rate * secs),
+        rate = spec.server_link_mbps * 1e6 / 8 if spec.is_static else rate  # a tree's pipes: its server links
+        rec = {"phase": phase, "stage": stage, "busiest_port_utilisation": busiest / (rate * secs),
                "aggregate_gbps": total * 8 / secs / 1e9,
                "capacity_gbps": cap["capacity_gbps"] if cap else None}
         if cap:
@@ -301,7 +353,7 @@ class EmulatedBackend(Backend):
     def fidelity(self) -> dict:
         live = [s for s in self.gen_servers if s not in self.pool.failed]
         reps = self.pool.call_all(live, "fidelity", lambda s: None, 10.0)
-        worst = max((r.get("overshoot_fraction_p50", 0.0) for r in reps.values()), default=0.0)
+        worst = max((r.get("lag_ms_p99", 0.0) for r in reps.values()), default=0.0)
         distorted_cpu = any(r.get("distorted") for r in reps.values())
         agg = max((u.get("aggregate_vs_capacity") or 0.0 for u in self.phase_util), default=0.0)
         effs = [u["efficiency"] for u in self.phase_util if u.get("efficiency")]
@@ -312,7 +364,8 @@ class EmulatedBackend(Backend):
                    [self.tdf / eff if eff < LINK_EFFICIENCY_MIN else self.tdf])
         msg = []
         if distorted_cpu:
-            msg.append(f"decode steps ran late by {worst:.0%} of their modelled time (p50 of the worst agent)")
+            msg.append(f"the agents streamed tokens up to {worst:.0f} ms (p99) after their steps ended: their CPU "
+                       f"did not keep up")
         if agg > 1.0:
             msg.append(f"the fabric carried {agg:.0%} of this machine's measured forwarding capacity")
         if eff < LINK_EFFICIENCY_MIN:
@@ -322,5 +375,5 @@ class EmulatedBackend(Backend):
                 "link_efficiency_min": eff,
                 "distorted": bool(distorted_cpu or distorted_net),
                 "verdict": ("distorted: " + "; ".join(msg) + f"; rerun with time_dilation >= {math.ceil(need * 10) / 10:g}")
-                if msg else "faithful: decode-step overshoot and link load within bounds",
+                if msg else "faithful: token lag and link load within bounds",
                 "tdf_needed": math.ceil(need * 10) / 10}

@@ -12,7 +12,8 @@ import numpy as np
 from agents.costmodel import CostModel
 from controller.phases import PHASES
 from controller.reconfig import decide_switch
-from rlsim.fabrics import CircuitNetwork, Unreachable, rfabric_counts
+from controller.traffic import phase_traffic
+from rlsim.fabrics import CircuitNetwork, Unreachable, build_network, rfabric_counts
 from rlsim.sim import SimSettings, sync_phase, train_phase
 
 
@@ -24,23 +25,33 @@ class PhaseModel:
         self.settings = settings
         self.delay_ms = scenario.controller.effective_delay_ms(self.spec)
         self.nets = {}
+        self.traffic = phase_traffic(self.spec, self.layout, self.w)  # what the controller builds them from
+        self.static = self.spec.is_static
         for ph in PHASES:
-            counts, m = rfabric_counts(self.spec, self.layout, ph)
+            if self.static:  # a packet tree: one network, whatever the phase
+                self.nets[ph] = self.nets.get("train") or build_network(self.spec.kind, self.spec, self.layout,
+                                                                       opts=settings.fabric)
+                continue
+            counts, m = rfabric_counts(self.spec, self.layout, ph, self.traffic)
             self.nets[ph] = CircuitNetwork("rfabric", self.spec, counts, settings.fabric.max_two_hop, matchings=m)
         self.train_servers = self.layout.train_servers(self.spec)
+        self.train_layout = self.traffic.train.layout  # training's placement (controller.traffic)
         self.gen_servers = self.layout.gen_servers(self.spec)
 
-    def sync_s(self, topology: str) -> tuple[float, dict]:
+    def _net(self, topology: str | None):
+        return self.nets["train" if self.static or topology is None else topology]
+
+    def sync_s(self, topology: str | None) -> tuple[float, dict]:
         try:
-            run = sync_phase(self.w, self.cm, self.spec, self.layout, self.nets[topology], self.train_servers,
+            run = sync_phase(self.w, self.cm, self.spec, self.layout, self._net(topology), self.train_servers,
                              self.gen_servers, self.settings)
         except Unreachable as e:
             return math.inf, {"unreachable": str(e)}
         return run.duration, dict(run.detail)
 
-    def train_s(self, topology: str, lengths: np.ndarray) -> tuple[float, dict]:
+    def train_s(self, topology: str | None, lengths: np.ndarray) -> tuple[float, dict]:
         try:
-            run = train_phase(self.w, self.cm, self.spec, self.nets[topology], self.train_servers,
+            run = train_phase(self.w, self.cm, self.spec, self._net(topology), self.train_servers,
                               np.asarray(lengths), self.settings)
         except Unreachable as e:
             return math.inf, {"unreachable": str(e)}
@@ -54,14 +65,15 @@ class PhaseModel:
         return 0.0  # generation's traffic (tokens, KV moves) is tiny on any topology that reaches the trainers
 
     def gain_ms(self, phase: str, installed: str, lengths: np.ndarray | None = None) -> float:
-        """What ``phase`` saves on its own topology against the installed one (inf: that one cannot carry it)."""
-        if phase == installed:
+        """What ``phase`` saves on its own topology against the installed one: negative when its own is slower
+        (the rule then keeps the installed one), inf when the installed one cannot carry it."""
+        if phase == installed or self.static:
             return 0.0
         here = self.predicted_s(phase, installed, lengths)
         own = self.predicted_s(phase, phase, lengths)
         if math.isinf(here):
             return math.inf
-        return max(0.0, here - own) * 1000.0
+        return (here - own) * 1000.0
 
     def window_ms(self, phase: str, lengths: np.ndarray | None = None, first_step_s: float = 0.0) -> float:
         """Idle time on the changing circuits before ``phase``'s traffic starts (its lead-in): the training
@@ -74,10 +86,12 @@ class PhaseModel:
         return 0.0
 
     def decide(self, installed: str, phase: str, window_ms: float | None, gain_ms: float | None) -> dict:
+        if self.static:
+            return {"decision": "static", "stall_ms": 0.0, "window_ms": window_ms, "gain_ms": gain_ms,
+                    "reason": f"a static {self.spec.kind} fabric: nothing to re-wire"}
         if installed == phase:
             return {"decision": "unchanged", "stall_ms": 0.0, "window_ms": window_ms, "gain_ms": gain_ms,
                     "reason": "the phase's circuits are installed"}
-        g = None if gain_ms is None or not math.isfinite(gain_ms) else gain_ms
-        d = decide_switch(window_ms, self.delay_ms, math.inf if gain_ms is not None and math.isinf(gain_ms) else g)
+        d = decide_switch(window_ms, self.delay_ms, gain_ms)  # +-inf: the old / the new topology cannot carry it
         return {"decision": d.action, "stall_ms": d.stall_ms, "window_ms": window_ms, "gain_ms": gain_ms,
                 "reason": d.reason, "delay_ms": self.delay_ms}

@@ -19,6 +19,8 @@ one engine per generator server, and RLSim's flow-level network for weight sync 
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import heapq
 import itertools
 import math
@@ -27,27 +29,33 @@ import numpy as np
 
 from agents.costmodel import CostModel
 from agents.engine import Engine, EngineSettings, Layout, ModelledCost, NewRequest
+from agents.protocol import MigrateParams
 from emulation.validation import SpecError
 
 from .base import Backend, Job, PhaseResult, ServerState, StepRequests
 from .phases import PhaseModel
 
+MIGRATION = {f.name: f.default for f in dataclasses.fields(MigrateParams)}  # the agents' protocol defaults
+
 
 class SimulatedBackend(Backend):
     name = "simulated"
+    poll_s = None  # virtual time: the driver wakes at its ticks and at known job ends; wait_until(until_idle)
+                   # stops the clock when generation runs out of work
 
     def __init__(self, scenario, layouts: dict[int, Layout], engine: EngineSettings = EngineSettings(),
-                 migration_overhead_s: float = 0.004):
+                 migration_overhead_s: float = 0.004, counterfactual: bool = False):
         super().__init__(scenario)
         w = scenario.workload
         self.cm = CostModel.for_names(w.model, w.gpu)
-        self.cost = ModelledCost(self.cm, self.gpus)
+        self.cost = ModelledCost(self.cm, self.gpus, engine.switch_reinit_s)
         self.settings = engine
         self.engines = {s: Engine(self.cost, self.gpus, layouts[s], engine) for s in self.gen_servers}
         self.t = 0.0
         self.events: list[tuple[float, int, str, tuple]] = []
         self._seq = itertools.count()
         self.migration_overhead_s = migration_overhead_s
+        self.counterfactual = counterfactual  # every migration also reports its realised gain (_realised_gain)
         self.model = PhaseModel(scenario)
         self.installed = scenario.controller.initial_phase
         spec = scenario.fabric
@@ -70,15 +78,22 @@ class SimulatedBackend(Backend):
     def _push(self, t: float, kind: str, payload: tuple) -> None:
         heapq.heappush(self.events, (t, next(self._seq), kind, payload))
 
-    def wait_until(self, t: float) -> None:
+    def wait_until(self, t: float, until_idle: bool = False) -> None:
         while self.events and self.events[0][0] <= t:
             te, _, kind, payload = heapq.heappop(self.events)
             for e in self.engines.values():
                 e.run_until(te)
             self.t = max(self.t, te)
             getattr(self, f"_on_{kind}")(te, *payload)
+            if until_idle and kind == "fail":
+                return  # the generation loop acts on a failure when it happens, as on the emulator (process exit)
         for e in self.engines.values():
             e.run_until(t)
+        if until_idle and not self.events and all(e.idle() for e in self.engines.values()):
+            last = max((e.last_end for e in self.engines.values()), default=self.t)
+            if last > self.t:  # generation ran out of work before t: stop the clock where it did
+                self.t = last
+                return
         self.t = max(self.t, t)
 
     # ---- generation ----
@@ -124,31 +139,41 @@ class SimulatedBackend(Backend):
         rate = self.cm.gpu.nvlink_bytes_per_s * self.cm.eff.nvlink if local else self.link_bytes_per_s
         return tokens * self.kv_bytes / rate
 
-    def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None) -> dict:
+    def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None,
+                predicted_gain_s: float | None = None) -> dict:
         e = self._engine(src, "src")
         self._engine(dst, "dst")
         if not e.holds(rid):
             raise SpecError("rid", f"request {rid} is not on server {src}")
+        stages = self._live_stages(e, rid, mode, src == dst)
+        t_live = sum(x["s"] for x in stages)
+        out = {"rid": rid, "result": "scheduled", "mode": mode, "stages": stages, "detach_at": self.t + t_live}
+        if self.counterfactual:
+            out["realised_gain_s"] = self._realised_gain(rid, src, dst, stages, replica)
+            out["predicted_gain_s"] = predicted_gain_s
+        self._push(self.t + t_live, "detach", (rid, src, dst, mode, tuple(stages), self.t, replica))
+        return out
+
+    def _live_stages(self, e: Engine, rid: int, mode: str, local: bool) -> list[dict]:
+        """Multi-stage migration's live copies (Llumnix; the agents' protocol, agents/protocol.py
+        MigrateParams): the KV is copied while the request decodes, it gains about copy time / step time tokens
+        per copy, until the increment is at most ``stop_bytes`` (emulated) or ``max_stages - 1`` copies were made."""
         fp = None
         for rep in e.replicas:
             i = rep.slot_of(rid)
             if i is not None and rep.pre[i] == 0:
                 fp = int(rep.prompt[i] + rep.gen[i])
         stages = []
-        t_live = 0.0
         if mode == "multi_stage" and fp:
-            # copy while it decodes: it gains about copy_time / step_time tokens per stage
             step = max(1e-4, self._step_s(e, rid))
             left = fp
-            for _ in range(3):
-                c = self._copy_s(left, src == dst)
+            for _ in range(MIGRATION["max_stages"] - 1):
+                c = self._copy_s(left, local)
                 stages.append({"stage": "live", "tokens": left, "s": c})
-                t_live += c
                 left = max(1, int(math.ceil(c / step)))
-                if left * self.kv_bytes * self.scenario.fabric.scale <= 256 * 1024:
+                if left * self.kv_bytes * self.scenario.fabric.scale <= MIGRATION["stop_bytes"]:
                     break
-        self._push(self.t + t_live, "detach", (rid, src, dst, mode, tuple(stages), self.t, replica))
-        return {"rid": rid, "result": "scheduled", "mode": mode, "stages": stages, "detach_at": self.t + t_live}
+        return stages
 
     def _step_s(self, e: Engine, rid: int) -> float:
         for rep in e.replicas:
@@ -156,27 +181,65 @@ class SimulatedBackend(Backend):
                 return rep.step["dur"]
         return 0.01
 
-    def _on_detach(self, t: float, rid: int, src: int, dst: int, mode: str, stages: tuple, asked: float,
-                   replica: int | None) -> None:
-        if src in self._failed or dst in self._failed:
-            return  # the source died with it (re-queued), or the destination died first: it stays where it is
-        e = self.engines[src]
+    def _handover(self, engines: dict, t: float, rid: int, src: int, dst: int, stages) -> tuple | None:
+        """The stop of a migration at ``t`` on ``engines[src]``: (the request's state, when it stopped, when it
+        resumes on ``dst``), or None when it finished before it could stop."""
+        e = engines[src]
         if not e.holds(rid):
-            return  # finished meanwhile
+            return None  # finished meanwhile
         st = e.detach(rid, t)
         if st is None:  # at the end of its step in flight
             ends = [r.busy_until for r in e.replicas if r.busy_until is not None]
             e.run_until(max(ends))
             st = e.detached.get(rid)
             if st is None:
-                return  # it finished in that step
+                return None  # it finished in that step
             t_stop = max(ends)
         else:
             t_stop = t
         e.detached.pop(rid, None)
-        copied = sum(s["tokens"] for s in stages)
+        copied = sum(x["tokens"] for x in stages)
         last = (st.kv_tokens - copied) if (st.kv_tokens and copied) else st.kv_tokens
-        resume = t_stop + self._copy_s(max(0, last), src == dst) + self.migration_overhead_s
+        return st, t_stop, t_stop + self._copy_s(max(0, last), src == dst) + self.migration_overhead_s
+
+    def _realised_gain(self, rid: int, src: int, dst: int, stages, replica: int | None) -> float:
+        """What the move really saves, held against the same state without it: both servers copied now and run
+        to the end of their work with no later decision, once with the move (its stages, stop and resume as
+        they will happen) and once without; the gain is the later of the two servers' finish times without
+        the move minus with it. (Other moves in flight are left out of both branches alike.)"""
+        servers = sorted({src, dst})
+
+        def copies() -> dict:
+            return {s: copy.deepcopy(self.engines[s], {id(self.cost): self.cost, id(self.settings): self.settings})
+                    for s in servers}
+
+        def finish(engines: dict) -> float:
+            for e in engines.values():
+                e.run_until(math.inf)
+            return max(max(e.last_end, self.t) for e in engines.values())
+
+        without = finish(copies())
+        eng = copies()
+        t_detach = self.t + sum(x["s"] for x in stages)
+        for e in eng.values():
+            e.run_until(t_detach)
+        got = self._handover(eng, t_detach, rid, src, dst, stages)
+        if got is not None:
+            st, _, resume = got
+            for e in eng.values():
+                e.run_until(resume)
+            d = eng[dst]
+            d.add([st], resume, replica if replica is not None and replica < len(d.replicas) else None)
+        return without - finish(eng)
+
+    def _on_detach(self, t: float, rid: int, src: int, dst: int, mode: str, stages: tuple, asked: float,
+                   replica: int | None) -> None:
+        if src in self._failed or dst in self._failed:
+            return  # the source died with it (re-queued), or the destination died first: it stays where it is
+        got = self._handover(self.engines, t, rid, src, dst, stages)
+        if got is None:
+            return
+        st, t_stop, resume = got
         self._push(resume, "arrive", (st, dst, replica))
         self.migrations.append({"rid": rid, "src": src, "dst": dst, "mode": mode, "asked": asked, "stopped": t_stop,
                                 "resumed": resume, "downtime_s": resume - t_stop,
@@ -287,6 +350,9 @@ class _VirtualJob(Job):
 
     def done(self) -> bool:
         return self.b.now() >= self.r.end - 1e-12
+
+    def end_hint(self) -> float:
+        return self.r.end
 
     def wait(self) -> PhaseResult:
         if self.b.now() < self.r.end:

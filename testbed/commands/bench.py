@@ -31,7 +31,8 @@ def _reconfig(args: argparse.Namespace) -> int:
     with tqdm(total=len(CASES) * args.samples, desc=f"reconfig D={args.delay_ms:g} ms", file=sys.stderr,
               disable=args.quiet) as bar:
         res = bench_reconfig(args.delay_ms, samples=args.samples, pps=args.pps,
-                             progress=lambda n: bar.update(n - bar.n), datapath_flush=args.datapath_flush)
+                             progress=lambda n: bar.update(n - bar.n), datapath_flush=args.datapath_flush,
+                             metrics=args.metrics == "on")
     _emit(res, args.json)
     return 0
 
@@ -92,6 +93,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--datapath-flush", choices=FLUSH_MODES, default="auto",
                    help="the controller's datapath_flush (default auto: purge Open vSwitch's cached flows when "
                         "deletes and adds are confirmed; off: leave the cache to the revalidators)")
+    r.add_argument("--metrics", choices=("on", "off"), default="off",
+                   help="on: the controller serves its Prometheus metrics (a free loopback port), scraped every "
+                        "second by the benchmark, as in a run with metrics (default off)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=_reconfig)
@@ -166,7 +170,7 @@ def register_agents(bsub) -> None:
     c.add_argument("--json", action="store_true")
     c.add_argument("-q", "--quiet", action="store_true")
     c.set_defaults(func=_collectives)
-    g = bsub.add_parser("generation", help="token streaming, decode-step overshoot, migration downtime (JSON)")
+    g = bsub.add_parser("generation", help="token streaming, token lag, migration downtime (JSON)")
     g.add_argument("--batch", type=int, default=64, help="decode batch per replica (default 64)")
     g.add_argument("--seconds", type=float, default=8.0, help="measurement window (default 8)")
     g.add_argument("--rate-mbps", type=float, default=400.0)
@@ -185,7 +189,8 @@ def _planner(args: argparse.Namespace) -> int:
     if not 1 <= args.ticks <= 100_000:
         raise UsageError(f"--ticks must be in 1..100000, got {args.ticks}")
     with tqdm(total=args.ticks, desc="planner", file=sys.stderr, disable=args.quiet) as bar:
-        res = bench_planner(scn, args.requests, args.ticks, progress=lambda n: bar.update(n - bar.n))
+        res = bench_planner(scn, args.requests, args.ticks, progress=lambda n: bar.update(n - bar.n),
+                            metrics=args.metrics == "on")
     _emit(res, args.json)
     return 0
 
@@ -195,6 +200,9 @@ def register_orchestrator(bsub) -> None:
     p.add_argument("scenario", nargs="?", default="scenarios/default.yaml", help="scenario YAML (default: the default)")
     p.add_argument("--requests", type=int, default=1024, help="in-flight requests (default 1024)")
     p.add_argument("--ticks", type=int, default=50, help="planning ticks measured (default 50)")
+    p.add_argument("--metrics", choices=("on", "off"), default="off",
+                   help="on: the run's metrics observer sees every tick's sample and plan event, served to a "
+                        "scraper every second, as in a run with metrics (default off)")
     p.add_argument("--json", action="store_true")
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=_planner)

@@ -32,7 +32,10 @@ def register(subparsers) -> None:
                                           "~/.orchestrrl/state-<scenario>.json.")
     p.add_argument("scenario", help="scenario YAML file")
     # every option of python -m controller (controller/config.py), with this command's port defaults
-    add_arguments(p, skip=("scenario", "spec_json", "verbose", "owner_pid", "owner_start"), defaults={"of_port": 6653, "rest_port": 8080})
+    from emulation.scenario import DEFAULT_CONTROLLER_METRICS_PORT
+
+    add_arguments(p, skip=("scenario", "spec_json", "verbose", "owner_pid", "owner_start"),
+                  defaults={"of_port": 6653, "rest_port": 8080, "metrics_port": DEFAULT_CONTROLLER_METRICS_PORT})
     p.set_defaults(func=run)
 
 
@@ -55,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"REST API: http://{cfg.rest_host}:{cfg.rest_port}/api/v1/")
     print("auth:     none (--no-auth)" if cfg.token is None else f"token:    {token_file}")
     print(f"state:    {state_file}")
+    from emulation.metrics import url
+
+    print(f"metrics:  {url(cfg.metrics_host, cfg.metrics_port)}" if cfg.metrics_port else "metrics:  off")
     print("Ctrl-C to stop", flush=True)
     from controller.app import run_controller
 

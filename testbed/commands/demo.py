@@ -1,6 +1,8 @@
 """`orchestrrl demo [SCENARIO]` (what `make demo` runs): `orchestrrl compare SCENARIO --backend emulated` on
-the default scenario: every static layout, the planner, the balancer and both, on real agents in Mininet hosts
-over the emulated RFabric; prints the speedup table and writes report.json and the plots."""
+the default scenario: the tuned static baseline (tuned first on the simulated backend), static-low, static-high,
+the planner, the balancer and both, on real agents in Mininet hosts over the emulated RFabric; prints whether
+every run was faithful (first line), the speedup table and the oracle bounds, and writes report.json and the
+plots."""
 from __future__ import annotations
 
 import argparse
@@ -22,4 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=None, help="RL steps (default: the scenario's)")
     p.add_argument("--out", default=None, help="output folder (default runs/demo-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--no-cache", action="store_true", help="tune the static baseline and the oracle afresh")
+    from testbed.metrics import add_flags
+
+    add_flags(p)
     p.set_defaults(func=_run)

@@ -29,11 +29,13 @@ def _up(args: argparse.Namespace) -> int:
     from emulation.files import write_json_atomic
     from emulation.scenario import load_scenario
     from testbed.harness import running_testbed
+    from testbed.metrics import apply_flags, pin_controller_port
 
-    scn = load_scenario(args.scenario)
+    scn = apply_flags(load_scenario(args.scenario), args)
     spec, layout = scn.fabric, scn.layout
     spec.check_emulatable()  # before anything starts (running_testbed checks it too)
     info_file = check_info_file(args.info_file) if args.info_file else None
+    scn = pin_controller_port(scn)  # a taken port given explicitly: exit 2, nothing built
     written: tuple[int, int] | None = None  # (inode, mtime_ns) of the info file this run wrote
     stop = threading.Event()
     old: dict = {}
@@ -44,16 +46,18 @@ def _up(args: argparse.Namespace) -> int:
     # while starting, the CLI's handler (emulation.signals) aborts the start-up, which cleans up as it unwinds
     try:
         with running_testbed(spec, layout, initial_phase=scn.controller.initial_phase,
-                             delay_ms=scn.controller.effective_delay_ms(spec)) as tb:
-            ctl = tb.controller
+                             delay_ms=scn.controller.effective_delay_ms(spec), workload=scn.workload,
+                             metrics_port=scn.metrics.controller_port, metrics_host=scn.metrics.host) as tb:
+            ctl = tb.controller  # None: a static tree (spines with the builder's fixed rule, no controller)
             info = {
-                "scenario": scn.name,
-                "rest": f"{ctl.client.base_url}/api/v1/",
-                "token_file": str(ctl.token_file),
-                "controller_pid": ctl.pid,
-                "controller_log": str(ctl.log_path),
-                "of_port": ctl.of_port,
-                "phase": tb.client.state().get("phase"),
+                "scenario": scn.name, "kind": spec.kind,
+                "rest": f"{ctl.client.base_url}/api/v1/" if ctl else None,
+                "token_file": str(ctl.token_file) if ctl else None,
+                "controller_pid": ctl.pid if ctl else None,
+                "controller_log": str(ctl.log_path) if ctl else None,
+                "of_port": ctl.of_port if ctl else None,
+                "metrics": ctl.metrics_url if ctl else None,  # the controller's Prometheus endpoint (null: off)
+                "phase": tb.client.state().get("phase") if ctl else None,
                 "hosts": [{"name": spec.host_name(s), "fabric_ip": spec.host_ip(s), "mgmt_ip": tb.fabric.mgmt_ip(s),
                            "pid": tb.fabric.host(s).pid, "tor": spec.tor_of_server(s),
                            "role": layout.role_of_pod(spec.pod_of_server(s))} for s in range(spec.n_servers)],
@@ -63,12 +67,17 @@ def _up(args: argparse.Namespace) -> int:
                 write_json_atomic(info_file, info, indent=1)
                 st = info_file.stat()
                 written = (st.st_ino, st.st_mtime_ns)
-            print(f"fabric '{scn.name}' is up: {spec.n_servers} hosts, {spec.n_tors} ToRs, {spec.ocs_count} OCS; "
-                  f"phase {info['phase']}")
-            print(f"REST API   {info['rest']}   (token in {info['token_file']})")
-            print(f"  curl -s -H \"Authorization: Bearer $(cat {info['token_file']})\" {info['rest']}circuits")
-            print(f"  curl -s -H \"Authorization: Bearer $(cat {info['token_file']})\" -d '{{\"phase\": \"gen\"}}' "
-                  f"{info['rest']}phase")
+            if ctl is None:
+                print(f"fabric '{scn.name}' is up: {spec.n_servers} hosts, {spec.n_tors} ToRs, {spec.ocs_count} "
+                      f"spine(s): a static {spec.kind} tree (no controller; the builder's static_flows rule)")
+            else:
+                print(f"fabric '{scn.name}' is up: {spec.n_servers} hosts, {spec.n_tors} ToRs, {spec.ocs_count} OCS; "
+                      f"phase {info['phase']}")
+                print(f"REST API   {info['rest']}   (token in {info['token_file']})")
+                print(f"  curl -s -H \"Authorization: Bearer $(cat {info['token_file']})\" {info['rest']}circuits")
+                print(f"  curl -s -H \"Authorization: Bearer $(cat {info['token_file']})\" -d '{{\"phase\": \"gen\"}}' "
+                      f"{info['rest']}phase")
+                print(f"metrics    {info['metrics'] or 'off'}   (Prometheus; README \"Live metrics\")")
             print("hosts (run a shell in one: mnexec -a PID bash, or nsenter -t PID -n -m bash):")
             for h in info["hosts"]:
                 print(f"  {h['name']:>6}  fabric {h['fabric_ip']:<12} mgmt {h['mgmt_ip']:<12} pid {h['pid']:<7} "
@@ -76,7 +85,7 @@ def _up(args: argparse.Namespace) -> int:
             print("Ctrl-C (or SIGTERM, SIGHUP) to tear everything down", flush=True)
             old.update({sig: signal.signal(sig, on_signal) for sig in TEARDOWN_SIGNALS})
             while not stop.wait(0.5):
-                if not ctl.running:
+                if ctl is not None and not ctl.running:
                     print("controller exited; tearing down (see its log: " + info["controller_log"] + ")")
                     return 1
     finally:
@@ -104,5 +113,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     fsub.required = True
     up = fsub.add_parser("up", help="fabric + controller for SCENARIO, held until Ctrl-C")
     up.add_argument("scenario", help="scenario YAML file")
-    up.add_argument("--info-file", help="write hosts, REST address and token file here (JSON) once up")
+    up.add_argument("--info-file", help="write hosts, REST address, token file and metrics URL here (JSON) once up")
+    from testbed.metrics import add_flags
+
+    add_flags(up, driver=False)
     up.set_defaults(func=_up)

@@ -2,13 +2,16 @@
 
     orchestrrl run SCENARIO --policy P --backend emulated|simulated --out DIR [--steps N]
     orchestrrl compare SCENARIO --out DIR [--backend emulated|simulated] [--policies a,b,...] [--steps N]
+both with [--fabric KIND[,KIND...]] [--time-dilation TDF] (``_fabric_options``)
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 from tqdm import tqdm
 
@@ -24,6 +27,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="RL steps (default: the scenario's)")
     p.add_argument("--out", default=None, help="output folder (default runs/<command>-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--no-cache", action="store_true", help="tune the static baseline afresh (testbed/tuning.py "
+                                                           "caches the grid by the scenario's content)")
+    from testbed.metrics import add_flags
+
+    add_flags(p)
 
 
 def register(sub) -> None:
@@ -31,12 +39,58 @@ def register(sub) -> None:
 
     r = sub.add_parser("run", help="run a scenario's RL steps under one policy (planner/balancer in the loop)")
     _common(r)
-    r.add_argument("--policy", default="orchestrrl", help=f"one of {', '.join(POLICIES)} or static-TP<t>x<r>")
+    r.add_argument("--policy", default="orchestrrl", help=f"one of {', '.join(POLICIES)}, static-tuned, "
+                                                          f"static-TP<t>x<r> or static-TP<t>x<r>@<max_num_seqs>")
     r.set_defaults(func=_run)
     c = sub.add_parser("compare", help="run every policy and every static layout on the same seed; report + plots")
     _common(c)
     c.add_argument("--policies", default=None, help=f"comma-separated (default: every static layout and {', '.join(POLICIES[2:])})")
     c.set_defaults(func=_compare)
+    _fabric_options(r, several=False)
+    _fabric_options(c, several=True)
+    m = sub.add_parser("map", help="where adaptive compute pays: oracle and policy gains over the knobs (heatmaps)")
+    m.add_argument("scenario", help="scenario YAML (the map's centre)")
+    m.add_argument("--out", default=None, help="output folder (default runs/map-<time>)")
+    m.add_argument("--panels", default=None, help="knob pairs, e.g. median:requests_per_gpu,sigma:cap_fraction "
+                                                  "(default: four panels; testbed/policymap.py KNOBS)")
+    m.add_argument("--values", action="append", default=[], metavar="KNOB=V1,V2",
+                   help="the values of one knob (repeatable; default: KNOBS' values)")
+    m.add_argument("--steps", type=int, default=1, help="RL steps per point (default 1)")
+    m.add_argument("--no-cache", action="store_true", help="compute every point afresh")
+    m.add_argument("--ray-address", default=None, help="a Ray cluster to run the points on (default: a local one)")
+    m.add_argument("--no-ray", action="store_true", help="run the points one after the other")
+    m.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    m.set_defaults(func=_map)
+
+
+def _fabric_options(p: argparse.ArgumentParser, several: bool) -> None:
+    if several:
+        p.add_argument("--fabric", default=None,
+                       help="comma-separated fabric kinds (rfabric, fat-tree, fat-tree-2to1, ...): the same RL steps "
+                            "on each, side by side in fabrics.json (emulated: cross-checked against RLSim per phase)")
+    else:
+        p.add_argument("--fabric", default=None, help="fabric kind instead of the scenario's fabric.kind (rfabric, "
+                                                      "fat-tree, fat-tree-2to1, ...)")
+    p.add_argument("--time-dilation", type=float, default=None,
+                   help="the scenario's fabric.time_dilation instead (0.05..100: links / TDF, compute x TDF; below 1 time is compressed)")
+
+
+def _with_fabric_options(args, scn):
+    """``scn`` with ``--fabric`` (the first kind; SpecError naming ``fabric``) and ``--time-dilation``."""
+    import dataclasses
+
+    kinds = [k.strip() for k in (getattr(args, "fabric", None) or "").split(",") if k.strip()]
+    args.kinds = kinds
+    if kinds:
+        from testbed.fabric_compare import check_kinds, with_kind
+
+        check_kinds(kinds, args.backend)
+        if len(kinds) > 1 and args.func is _run:
+            raise UsageError("run takes one --fabric (compare takes several)")
+        scn = with_kind(scn, kinds[0])
+    if getattr(args, "time_dilation", None) is not None:
+        scn = dataclasses.replace(scn, fabric=dataclasses.replace(scn.fabric, time_dilation=args.time_dilation))
+    return scn
 
 
 def _prepare(args):
@@ -45,7 +99,10 @@ def _prepare(args):
 
     from rlsim.limits import check_simulatable
 
-    scn = load_scenario(args.scenario)
+    from testbed.metrics import apply_flags
+
+    scn = apply_flags(load_scenario(args.scenario), args)
+    scn = _with_fabric_options(args, scn)
     steps = args.steps if args.steps is not None else scn.workload.steps
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
@@ -57,18 +114,55 @@ def _prepare(args):
 
         if os.geteuid() != 0:
             raise UsageError("--backend emulated builds a fabric and needs root (or use --backend simulated)")
-    return Experiment(scn, args.backend), steps
+        from testbed.metrics import pin_controller_port
+
+        scn = pin_controller_port(scn)  # the URL is printed before the cluster starts; a taken port: exit 2
+    return Experiment(scn, args.backend, steps=steps, use_cache=not args.no_cache), steps
+
+
+@contextlib.contextmanager
+def _metrics(exp) -> Iterator[None]:
+    """The run's Prometheus endpoints: this process's (the orchestrator and the engines) and, emulated, the
+    controller's, their URLs printed before anything starts; the driver's stops when the command ends."""
+    from emulation.metrics import url
+    from testbed.metrics import DriverMetrics
+
+    ms = exp.scn.metrics
+    with DriverMetrics().serve(ms.host, ms.driver_port) as dm:
+        exp.metrics = dm
+        ctl = ms.controller_port if exp.backend_name == "emulated" else 0  # pinned by _prepare
+        urls = [f"orchestrator and engines {dm.url}" if dm.url else None,
+                f"controller {url(ms.host, ctl)}" if ctl else None]
+        urls = [u for u in urls if u]
+        print("metrics: " + ("; ".join(urls) if urls else "off"), flush=True)
+        try:
+            yield
+        finally:
+            exp.metrics = None
 
 
 def _bar(args, total: int, desc: str):
     return tqdm(total=total, desc=desc, file=sys.stderr, disable=args.quiet, unit="step")
 
 
+def _tune(args, exp) -> None:
+    """The tuning grid first (simulated backend, seconds per configuration; cached), with a progress bar."""
+    n = len(exp.layouts) * len(exp.grid_values)
+    with tqdm(total=n, desc="tuning the static baseline", file=sys.stderr, disable=args.quiet, unit="config") as bar:
+        exp.tuning_grid(progress=lambda name: (bar.set_postfix_str(name), bar.update(1)))
+        bar.update(bar.total - bar.n)
+
+
 def _run(args) -> int:
     exp, steps = _prepare(args)
-    policy = exp.policy(args.policy)  # SpecError (exit 2) before anything starts
+    from testbed.orchestrator.settings import make_policy
+
+    make_policy(args.policy, exp.layouts, exp.gpus, tuned=make_policy("static-low", exp.layouts, exp.gpus))  # exit 2 now
+    if args.policy in ("static-tuned", "balancer"):
+        _tune(args, exp)
+    policy = exp.policy(args.policy)
     out = Path(args.out or f"runs/run-{policy.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    with _bar(args, steps, policy.name) as bar, exp:
+    with _metrics(exp), _bar(args, steps, policy.name) as bar, exp:
         res, files = exp.run(policy, steps, out, progress=lambda msg, frac: (bar.set_postfix_str(msg), bar.update(
             round(frac * steps) - bar.n)))
         bar.update(steps - bar.n)
@@ -86,11 +180,24 @@ def _run(args) -> int:
 
 
 def _compare(args) -> int:
+    if len([k for k in (getattr(args, "fabric", None) or "").split(",") if k.strip()]) > 1:  # several fabrics: testbed/fabric_compare.py
+        return _compare_fabrics(args)
     exp, steps = _prepare(args)
-    names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else exp.default_policies()
-    policies = [exp.policy(n) for n in names]
+    from testbed.orchestrator.settings import make_policy
+
+    names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else None
+    for n in names or ():  # bad names: exit 2 before the tuning runs
+        make_policy(n, exp.layouts, exp.gpus, tuned=make_policy("static-low", exp.layouts, exp.gpus))
+    _tune(args, exp)
+    policies = list({p.name: p for p in (exp.policy(n) for n in (names or exp.default_policies()))}.values())
+    if steps == exp.steps:  # the oracle bounds (testbed/oracle.py; cached like the grid)
+        with tqdm(total=steps, desc="oracle bounds", file=sys.stderr, disable=args.quiet, unit="step") as bar:
+            exp.oracle(progress=lambda msg: bar.update(1))
+            bar.update(bar.total - bar.n)
+    if exp.tuned().name not in {p.name for p in policies}:
+        policies.insert(0, exp.tuned())
     out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
-    with _bar(args, steps * len(policies), "compare") as bar, exp:
+    with _metrics(exp), _bar(args, steps * len(policies), "compare") as bar, exp:
         done = {"n": 0}
 
         def progress(msg, frac, name=None):
@@ -115,25 +222,111 @@ def tokens_line(res: dict) -> str:
             f"duplicate(s) dropped: {'exactly once' if res['exactly_once'] else 'NOT exactly once'}")
 
 
+def _map(args) -> int:
+    import yaml
+
+    from emulation.scenario import load_scenario
+    from emulation.validation import SpecError
+    from testbed import policymap
+    from testbed.report import write_json
+
+    scn = load_scenario(args.scenario)
+    if args.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    panels = policymap.DEFAULT_PANELS
+    if args.panels:
+        panels = []
+        for item in args.panels.split(","):
+            a, _, b = item.partition(":")
+            for k in (a, b):
+                if k not in policymap.KNOBS:
+                    raise UsageError(f"--panels: unknown knob {k!r} (known: {', '.join(policymap.KNOBS)})")
+            panels.append((a, b))
+    values = {}
+    for item in args.values:
+        k, _, v = item.partition("=")
+        if k not in policymap.KNOBS or not v:
+            raise UsageError(f"--values: expected KNOB=V1,V2 with a known knob ({', '.join(policymap.KNOBS)}), got {item!r}")
+        values[k] = [yaml.safe_load(x) for x in v.split(",")]
+    for a, b in panels:  # every point must be a valid scenario before anything runs
+        for va in values.get(a, policymap.KNOBS[a][1]):
+            for vb in values.get(b, policymap.KNOBS[b][1]):
+                try:
+                    policymap.apply(policymap.apply(scn, a, va), b, vb)
+                except (SpecError, TypeError, ValueError) as e:
+                    raise UsageError(f"{a}={va}, {b}={vb}: {e}") from None
+    out = Path(args.out or f"runs/map-{time.strftime('%Y%m%d-%H%M%S')}")
+    n = sum(len(values.get(a, policymap.KNOBS[a][1])) * len(values.get(b, policymap.KNOBS[b][1])) for a, b in panels)
+    with tqdm(total=n, desc="map", file=sys.stderr, disable=args.quiet, unit="point") as bar:
+        doc = policymap.build(scn, panels, values, args.steps, use_ray=False if args.no_ray else None,
+                              ray_address=args.ray_address, use_cache=not args.no_cache,
+                              progress=lambda c: (bar.set_postfix_str(f"{c[1]}={c[2]} {c[3]}={c[4]}"), bar.update(1)))
+    write_json(out / "map.json", doc)
+    files = policymap.plot(doc, out)
+    print(f"map: {out / 'map.json'}")
+    for f in files:
+        print(f"plot: {f}")
+    return 0
+
+
+def _compare_fabrics(args) -> int:
+    from testbed.fabric_compare import compare_fabrics, format_fabrics
+
+    exp, steps = _prepare(args)
+    names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else exp.default_policies()
+    for n in names:
+        exp.policy(n)  # SpecError (exit 2) before anything starts
+    out = Path(args.out or f"runs/fabrics-{time.strftime('%Y%m%d-%H%M%S')}")
+    with _bar(args, steps * len(names) * len(args.kinds), "compare fabrics") as bar:
+        done = {"n": -steps}
+
+        def on_policy(label):
+            done["n"] += steps
+            bar.set_description(f"compare: {label}")
+
+        def progress(msg, frac):
+            bar.set_postfix_str(msg)
+            bar.update(max(0, done["n"] + round(frac * steps) - bar.n))
+
+        report, files = compare_fabrics(exp.scn, args.kinds, args.backend, names, steps, out, progress=progress,
+                                        on_policy=on_policy)
+        bar.update(bar.total - bar.n)
+    print(format_fabrics(report))
+    print(f"report: {files['fabrics']}  plot: {files['fabrics_png']}  (per fabric: {out}/<fabric>/report.json)")
+    return 0
+
+
 def format_table(report: dict) -> str:
     pols = report["policies"]
     idle = any(p.get("idle_s") for p in pols.values())
-    rows = [f"{'policy':<16} {'makespan s (per step)':<28} {'tokens/s':>10} {'speedup':>8} {'switches':>8} "
-            f"{'migr.':>6} {'lost':>5} {'MAPE':>6}" + (f" {'idle s gen/train':>17}" if idle else "")]
+    rows = [f"{'policy':<20} {'makespan s (per step)':<28} {'tokens/s':>10} {'speedup':>8} {'switches':>8} "
+            f"{'migr.':>6} {'lost':>5} {'MAPE':>6} {'oracle':>7}" + (f" {'idle s gen/train':>17}" if idle else "")]
     for name, p in pols.items():
         ms = ", ".join(f"{x:.1f}" for x in p["step_makespan_s"])
         mape = "-" if p.get("forecast_mape") is None else f"{p['forecast_mape']:.1f}%"
-        row = (f"{name:<16} {ms:<28} {p['throughput_tokens_per_s']:>10.0f} {p['speedup_vs_best_static']:>7.3f}x "
-               f"{p['layout_switches']:>8} {p['migrations']:>6} {p['lost_requests']:>5} {mape:>6}")
+        frac = "-" if p.get("oracle_fraction") is None else f"{p['oracle_fraction']:.0%}"
+        row = (f"{name:<20} {ms:<28} {p['throughput_tokens_per_s']:>10.0f} {p['speedup_vs_best_static']:>7.3f}x "
+               f"{p['layout_switches']:>8} {p['migrations']:>6} {p['lost_requests']:>5} {mape:>6} {frac:>7}")
         if idle and p.get("idle_s"):
             row += f" {p['idle_s']['generators']:>8.1f}/{p['idle_s']['trainers']:<8.1f}"
         rows.append(row)
-    rows.append(f"best static layout: {report['best_static']} ({report['backend']} backend, scenario {report['scenario']})")
+    grid = report.get("baseline_grid") or []
+    rows.append(f"best static configuration: {report['best_static']} (tuned over {len(grid)} layout x max_num_seqs "
+                f"configurations on the simulated backend; {report['backend']} backend, scenario {report['scenario']})")
+    orc = report.get("oracle")
+    if orc:
+        rows.append("oracle bounds (every length known; testbed/oracle.py): " + ", ".join(
+            f"{k} {v['speedup']:.3f}x" for k, v in orc["kinds"].items()) + f", floor {orc['floor_speedup']:.3f}x; "
+            "the 'oracle' column is each policy's speedup as a share of its kind's (planner: switch, balancer: "
+            "placement, orchestrrl: both)")
+    al = report.get("aliases") or {}
+    if al:
+        rows.append("aliases: " + ", ".join(f"{a} = {n}" for a, n in al.items()))
     fids = {n: p.get("fidelity") or {} for n, p in pols.items()}
     judged = {n: f for n, f in fids.items() if "distorted" in f}
-    if judged:
+    if judged:  # the first line: a reader must know before the figures whether the emulation was faithful
         bad = {n: f for n, f in judged.items() if f["distorted"]}
-        rows.append(f"fidelity: {len(judged) - len(bad)} of {len(judged)} runs faithful"
+        rows.insert(0, f"fidelity: {len(judged) - len(bad)} of {len(judged)} runs faithful"
                     + (f"; e.g. {next(iter(bad))}: {next(iter(bad.values()))['verdict']}" if bad else ""))
     failed = {n: p["failures"] for n, p in pols.items() if p.get("failures")}
     for n, f in failed.items():

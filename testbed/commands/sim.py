@@ -127,4 +127,12 @@ def _sweep(args) -> int:
                                               "radix": args.radix_list, "fat_tree_tiers": args.fat_tree_tiers})
     for k, v in files.items():
         print(f"{k}: {v}")
+    summary = json.load(open(files["json"]))["summary"]
+    for n, v in summary.items():
+        for rad, e in v.get("vs_static", {}).items():
+            if "best_rfabric" in e and "best_static" in e:
+                print(f"{n} GPUs (radix {rad}): best RFabric within {v['slowdown_goal']:.0%} "
+                      f"{e['best_rfabric']['label']} {e['best_rfabric']['perf_per_cost_vs_fat_tree']:.3f}x perf/cost "
+                      f"vs the Fat-Tree; best static {e['best_static']['label']} "
+                      f"{e['best_static']['perf_per_cost_vs_fat_tree']:.3f}x: RFabric {e['rfabric_vs_best_static']:.3f}x it")
     return 0

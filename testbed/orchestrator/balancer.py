@@ -39,6 +39,11 @@ class BalancerSettings:
 
     threshold: float = 0.15
     min_gap_s: float = 1.0
+    # a move must be predicted to save this much (s) of the two servers' makespan, and gain_margin of the source's
+    # load index: smaller predicted gains are within the estimator's error and the move's own cost (the
+    # simulated backend's counterfactual found most of them realised nothing or lost: docs/orchestrator.md)
+    min_gain_s: float = 0.5
+    gain_margin: float = 0.01
     max_migrations: int = 4
     candidates: int = 8
     mode: str = "multi_stage"
@@ -47,6 +52,10 @@ class BalancerSettings:
         require(math.isfinite(self.threshold) and 0 <= self.threshold < 1, "threshold",
                 f"must be in [0, 1), got {self.threshold}")
         require(math.isfinite(self.min_gap_s) and self.min_gap_s >= 0, "min_gap_s", f"must be >= 0, got {self.min_gap_s}")
+        require(math.isfinite(self.min_gain_s) and self.min_gain_s >= 0, "min_gain_s",
+                f"must be >= 0, got {self.min_gain_s}")
+        require(math.isfinite(self.gain_margin) and 0 <= self.gain_margin < 1, "gain_margin",
+                f"must be in [0, 1), got {self.gain_margin}")
         require(0 <= self.max_migrations <= 1000, "max_migrations", f"must be in 0..1000, got {self.max_migrations}")
         require(1 <= self.candidates <= 1000, "candidates", f"must be in 1..1000, got {self.candidates}")
         require(self.mode in MIGRATION_MODES, "mode", f"must be one of {', '.join(MIGRATION_MODES)}, got {self.mode!r}")
@@ -60,6 +69,7 @@ class Move:
     dst_replica: int | None  # the destination replica (the least loaded one of ``dst``)
     before: tuple[float, float]  # (L_src, L_dst); a move inside one server: its two replicas' times
     after: tuple[float, float]
+    gain_s: float = 0.0  # predicted: the larger of the two servers' load indices before the move minus after it
 
 
 @dataclass
@@ -78,6 +88,14 @@ class _Agent:
 class Balancer:
     estimator: Estimator
     settings: BalancerSettings = field(default_factory=BalancerSettings)
+    views_after: dict = field(default_factory=dict, repr=False)  # decide(): each agent's view after its moves
+
+    def frozen(self, load: ServerLoad) -> ServerLoad:
+        """``load`` with every request's remaining tokens fixed at the estimator's stratified value for it now
+        (no forecast fields left: nothing is re-stratified when requests move between servers)."""
+        if load.gen is None or load.key is None or self.estimator.forecast is None:
+            return load
+        return ServerLoad(load.ctx0, self.estimator.stratified(load), load.running, load.replica)
 
     def load_index(self, view: ServerView, now: float) -> float:
         return self.estimator.server_s(view.layout, view.load, current=view.layout) + max(0.0, view.busy_until - now)
@@ -127,7 +145,7 @@ class Balancer:
 
     @staticmethod
     def _best_move(A: _Agent, a: int, ja: int, cands: np.ndarray, targets: list, ags: dict, loads: dict,
-                   t_off: np.ndarray, t_on: list, busy_a: float, now: float):
+                   t_off: np.ndarray, t_on: list, busy_a: float, now: float, need: float = 0.0):
         """The best admissible move (key: the larger of the two loads after it, then their gap; the first in
         (target, candidate) order among equals), as (key, request, dst, dst replica, times after, L_a', L_b'),
         or None. Every candidate at once: a replica-time maximum with two entries replaced is the maximum of
@@ -149,6 +167,7 @@ class Balancer:
                       else np.zeros(len(cands))) + busy_a
                 nb = np.maximum(on, others_max(B.times, [jb])) + max(0.0, B.view.busy_until - now)
                 ok = (np.abs(na - nb) < loads[a] - loads[b]) & (np.maximum(na, nb) < loads[a] - 1e-9)
+            ok &= loads[a] - np.maximum(na, nb) > need  # it must save enough of the pair's makespan
             if not ok.any():
                 continue
             k1, k2 = np.maximum(na, nb), np.abs(na - nb)
@@ -177,11 +196,17 @@ class Balancer:
         progress); a move takes a request off the slowest replica of the most loaded agent and puts it on the
         least loaded replica of the least loaded agent."""
         s = self.settings
+        # one estimate of every request's remaining length, before and after any move: its stratified
+        # quantile in its own server now (a request's length does not change with the server it runs on), so
+        # the load indices and every candidate move are computed from the very same numbers
+        views = {a: ServerView(a, v.layout, self.frozen(v.load), v.busy_until, v.last_switch_end)
+                 for a, v in views.items()}
         many = self.estimator.replica_times_many([(v.layout, v.load, v.layout) for v in views.values()])
         ags = {a: _Agent(v, np.asarray(rids[a]), rep, times) for (a, v), (rep, times) in zip(views.items(), many)}
         loads = {a: g.load(now) for a, g in ags.items()}
         first = dict(loads)
         moves: list[Move] = []
+        self.views_after = {a: g.view for a, g in ags.items()}
         if len(ags) < 2:
             return moves, first
         for _ in range(s.max_migrations):
@@ -213,7 +238,8 @@ class Balancer:
                 break
             t_off, t_on = self._variant_times(A, ja, on, uniq, [(ags[b], jb) for b, jb in targets], la)
             busy_a = max(0.0, A.view.busy_until - now)
-            best = self._best_move(A, a, ja, uniq, targets, ags, loads, t_off, t_on, busy_a, now)
+            best = self._best_move(A, a, ja, uniq, targets, ags, loads, t_off, t_on, busy_a, now,
+                                   max(s.min_gain_s, s.gain_margin * loads[a]))
             if best is None:
                 break
             _, i, b, jb, times, na, nb = best
@@ -222,19 +248,20 @@ class Balancer:
             if b == a:  # a move inside the server: its before/after are the two replicas' times
                 (t2,) = times
                 moves.append(Move(int(A.rids[i]), a, b, jb, (float(A.times[ja]), float(A.times[jb])),
-                                  (float(t2[ja]), float(t2[jb]))))
+                                  (float(t2[ja]), float(t2[jb])), float(loads[a] - max(na, nb))))
                 rid_new = np.r_[np.delete(A.rids, i), A.rids[i]]
                 ags[a] = _Agent(ServerView(a, A.view.layout, na_load.plus_from(la, i, jb), A.view.busy_until,
                                            A.view.last_switch_end), rid_new, np.r_[na_rep, jb], t2)
                 loads[a] = na
             else:
                 ta, tb = times
-                moves.append(Move(int(A.rids[i]), a, b, jb, (loads[a], loads[b]), (na, nb)))
+                moves.append(Move(int(A.rids[i]), a, b, jb, (loads[a], loads[b]), (na, nb), float(loads[a] - max(na, nb))))
                 ags[b] = _Agent(ServerView(b, B.view.layout, B.view.load.plus_from(la, i, jb), B.view.busy_until,
                                            B.view.last_switch_end), np.r_[B.rids, A.rids[i]], np.r_[B.rep, jb], tb)
                 ags[a] = _Agent(ServerView(a, A.view.layout, na_load, A.view.busy_until, A.view.last_switch_end),
                                 np.delete(A.rids, i), na_rep, ta)
                 loads[a], loads[b] = na, nb
+        self.views_after = {a: g.view for a, g in ags.items()}  # every agent's load once the moves are made
         return moves, first
 
 

@@ -55,14 +55,16 @@ class ServerLoad:
     replica: np.ndarray
     gen: np.ndarray | None = None
     key: np.ndarray | None = None
+    shift: np.ndarray | None = None  # per request, the log-offset of its length its prompt group shows (None: 0)
 
     @property
     def n(self) -> int:
         return len(self.rem)
 
     def _pick(self, keep) -> "ServerLoad":
+        pick = (lambda a: None if a is None else a[keep])
         return ServerLoad(self.ctx0[keep], self.rem[keep], self.running[keep], self.replica[keep],
-                          None if self.gen is None else self.gen[keep], None if self.key is None else self.key[keep])
+                          pick(self.gen), pick(self.key), pick(self.shift))
 
     def without(self, i: int) -> "ServerLoad":
         keep = np.ones(self.n, bool)
@@ -72,9 +74,12 @@ class ServerLoad:
     def plus_from(self, other: "ServerLoad", i: int, replica: int = -1) -> "ServerLoad":
         """This load with request ``i`` of ``other`` added (on ``replica``; -1: where the engine puts it)."""
         cat = (lambda a, b: None if a is None or b is None else np.r_[a, b[i]])
+        shift = None if self.shift is None and other.shift is None else np.r_[
+            self.shift if self.shift is not None else np.zeros(self.n),
+            other.shift[i] if other.shift is not None else 0.0]
         return ServerLoad(np.r_[self.ctx0, other.ctx0[i]], np.r_[self.rem, other.rem[i]],
                           np.r_[self.running, other.running[i]], np.r_[self.replica, replica],
-                          cat(self.gen, other.gen), cat(self.key, other.key))
+                          cat(self.gen, other.gen), cat(self.key, other.key), shift)
 
 
 def engine_deal(load: ServerLoad, r: int, slots: int) -> np.ndarray:
@@ -435,16 +440,17 @@ class Estimator:
         ((k + 0.5) / n)-quantile of its conditional remaining length; without one, ``load.rem``."""
         if self.forecast is None or load.gen is None or load.key is None:
             return load.rem
-        return self._stratified(load.gen, load.key, np.zeros(len(load.gen), np.int64), 1)
+        return self._stratified(load.gen, load.key, np.zeros(len(load.gen), np.int64), 1, load.shift)
 
-    def _stratified(self, gen: np.ndarray, key: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+    def _stratified(self, gen: np.ndarray, key: np.ndarray, group: np.ndarray, n_groups: int,
+                    shift: np.ndarray | None = None) -> np.ndarray:
         order = np.lexsort((key, group))
         g = group[order]
         first = np.searchsorted(g, np.arange(n_groups))
         cnt = np.bincount(g, minlength=n_groups)
         levels = np.empty(len(gen))
         levels[order] = (np.arange(len(gen)) - first[g] + 0.5) / cnt[g]
-        return np.clip(np.ceil(self.forecast.remaining_quantile(gen, levels)), 1.0, None)
+        return np.clip(np.ceil(self.forecast.remaining_quantile(gen, levels, shift)), 1.0, None)
 
     def _stratified_loads(self, loads: list) -> np.ndarray:
         """:meth:`stratified` of every load of ``loads``, concatenated: a load that stands in several blocks (one
@@ -457,8 +463,10 @@ class Estimator:
                 first[id(ld)] = len(distinct)
                 distinct.append(ld)
         block = np.concatenate([np.full(ld.n, k, np.int64) for k, ld in enumerate(distinct)])
+        shifts = None if all(ld.shift is None for ld in distinct) else np.concatenate(
+            [ld.shift if ld.shift is not None else np.zeros(ld.n) for ld in distinct])
         flat = self._stratified(np.concatenate([ld.gen for ld in distinct]),
-                                np.concatenate([ld.key for ld in distinct]), block, len(distinct))
+                                np.concatenate([ld.key for ld in distinct]), block, len(distinct), shifts)
         ends = np.cumsum([0] + [ld.n for ld in distinct])
         return np.concatenate([flat[ends[first[id(ld)]]:ends[first[id(ld)] + 1]] for ld in loads])
 
@@ -512,7 +520,7 @@ class Estimator:
     @staticmethod
     def _fingerprint(load: ServerLoad) -> tuple:
         return tuple(None if a is None else (a.dtype.str, a.shape, a.tobytes())
-                     for a in (load.ctx0, load.rem, load.running, load.replica, load.gen, load.key))
+                     for a in (load.ctx0, load.rem, load.running, load.replica, load.gen, load.key, load.shift))
 
     def _recall(self, layout: Layout, load: ServerLoad, current: Layout | None) -> tuple:
         """(the remembered :class:`_Done` of ``load`` under ``layout``, or None; its memo key). Results are
@@ -591,7 +599,10 @@ class Estimator:
             keeps.append(gained < np.ceil(d.rem))
             gens.append((items[k][1].gen + gained)[keeps[-1]])
         if self.forecast is not None:
-            left = np.maximum(self.forecast.remaining(np.concatenate(gens)), 1.0)
+            sh = [None if items[k][1].shift is None else items[k][1].shift[kp] for k, kp in zip(todo, keeps)]
+            shift = None if all(x is None for x in sh) else np.concatenate(
+                [x if x is not None else np.zeros(len(g)) for x, g in zip(sh, gens)])
+            left = np.maximum(self.forecast.remaining(np.concatenate(gens), shift), 1.0)
             cut = np.cumsum([0] + [len(x) for x in gens]).tolist()
         for q, (k, d) in enumerate(zip(todo, done)):
             load = items[k][1]
@@ -599,7 +610,7 @@ class Estimator:
             new_rem = left[cut[q]:cut[q + 1]] if self.forecast is not None else np.maximum(load.rem - gained, 1.0)[keep]
             out[k] = ServerLoad(ctx0=(load.ctx0 + gained)[keep], rem=new_rem,
                                 running=(load.running | (gained > 0))[keep], replica=d.rep[keep], gen=gens[q],
-                                key=load.key[keep])
+                                key=load.key[keep], shift=None if load.shift is None else load.shift[keep])
         return out
 
     def _progress_of(self, done: list, dt: float) -> np.ndarray:

@@ -95,6 +95,10 @@ class ForecastSettings:
     online_update: bool = True
     online_max_iter: int = 50
     online_tol: float = 1e-4
+    # prompt_groups: each running request's length is shifted by what its prompt's other samples have shown
+    # (:func:`prompt_shifts`: a hard prompt's samples all run long); its share of the length's spread is
+    # estimated from the run's finished steps (the workload's prompt_sigma is the prior before any).
+    prompt_groups: bool = True
 
     def __post_init__(self) -> None:
         p, d, q = self.order
@@ -403,23 +407,35 @@ class LengthForecast:
         """P(L > g) per request: the chance a request at ``g`` tokens is still running."""
         return self._law.survival(np.asarray(generated, dtype=np.float64))
 
-    def remaining(self, generated: np.ndarray) -> np.ndarray:
+    def remaining(self, generated: np.ndarray, shift: np.ndarray | None = None) -> np.ndarray:
         """E[min(L, cap) - g | L > g] for each request's generated tokens ``g`` >= 0 (float64, same shape).
 
         ``g = 0`` (not started) gives the forecast mean; ``g >= cap`` gives 0 (the cap ends a response).
+        ``shift``: per request, a log-offset of its length (what its prompt group has shown,
+        :func:`prompt_shifts`): its law is the forecast's scaled by exp(shift), capped at the cap.
         """
         g = np.asarray(generated, dtype=np.float64)
-        return self._law.remaining(g.ravel()).reshape(g.shape)
+        if shift is None:
+            return self._law.remaining(g.ravel()).reshape(g.shape)
+        f = np.exp(np.asarray(shift, dtype=np.float64)).reshape(g.shape)
+        gs = g / f
+        x = (self._law.remaining(gs.ravel()).reshape(g.shape) + gs) * f
+        return np.clip(np.minimum(x, self.cap) - g, 0.0, None)
 
-    def remaining_quantile(self, generated: np.ndarray, q) -> np.ndarray:
+    def remaining_quantile(self, generated: np.ndarray, q, shift: np.ndarray | None = None) -> np.ndarray:
         """The q-quantile of min(L, cap) - g given L > g, per request (float64). ``q``: one level, or one per
-        request (the planner's stratified sample)."""
+        request (the planner's stratified sample). ``shift``: as in :meth:`remaining`."""
         qa = np.asarray(q, dtype=np.float64)
         if not ((qa > 0) & (qa < 1)).all():
             raise ValueError(f"q must be in (0, 1), got {q}")
         g = np.asarray(generated, dtype=np.float64)
         qq = qa.ravel() if qa.ndim else qa
-        return self._law.remaining_quantile(g.ravel(), qq).reshape(g.shape)
+        if shift is None:
+            return self._law.remaining_quantile(g.ravel(), qq).reshape(g.shape)
+        f = np.exp(np.asarray(shift, dtype=np.float64)).reshape(g.shape)
+        gs = g / f
+        x = (self._law.remaining_quantile(gs.ravel(), qq).reshape(g.shape) + gs) * f
+        return np.clip(np.minimum(x, self.cap) - g, 0.0, None)
 
     # ---- within a step -----------------------------------------------------------------------------------
     def updated(self, completed: np.ndarray, running: np.ndarray,
@@ -468,6 +484,69 @@ class LengthForecast:
         info = n0 + exact.size  # censored observations carry less: count only exact ones (conservative)
         return dataclasses.replace(base, mu=mu, sigma=sigma, mu_se=sigma / math.sqrt(info) if info > 0 else base.mu_se,
                                    method=f"{base.method}+online", base=base)
+
+
+# ---- within a step: what a prompt's samples say about each other -------------------------------------
+PROMPT_GRID = 41  # points of the posterior of a prompt's offset (+-4 of its prior sd)
+
+
+def prompt_share(steps: Sequence[tuple[np.ndarray, np.ndarray]], prior: float = 0.0) -> float:
+    """The share of log-length variance that a prompt's samples have in common (0..1): one-way analysis of
+    variance of log length by prompt over finished steps ``(lengths, prompt_ids)`` (between-prompt variance
+    of the prompt means less what the within-prompt noise puts there), ``prior`` when there are none."""
+    between, total, k = 0.0, 0.0, 0
+    for lengths, pids in steps:
+        y = np.log(np.asarray(lengths, dtype=np.float64))
+        if len(y) < 4:
+            continue
+        uniq, inv, cnt = np.unique(np.asarray(pids), return_inverse=True, return_counts=True)
+        if len(uniq) < 2 or cnt.max() < 2:
+            continue
+        means = np.bincount(inv, weights=y) / cnt
+        within = float(np.sum((y - means[inv]) ** 2) / max(1, len(y) - len(uniq)))
+        b = float(np.var(means)) - within * float(np.mean(1.0 / cnt))
+        between += max(b, 0.0)
+        total += float(np.var(y))
+        k += 1
+    if not k or total <= 0:
+        return float(min(max(prior, 0.0), 1.0))
+    return float(min(max(between / total, 0.0), 0.95))
+
+
+def prompt_shifts(forecast: "LengthForecast", share: float, done_pid: np.ndarray, done_len: np.ndarray,
+                  run_pid: np.ndarray, run_gen: np.ndarray) -> dict[int, float]:
+    """Per prompt, the posterior mean of its log-offset given its samples so far: finished ones (their
+    lengths; one at the cap is censored there) and running ones (censored: L > g, g = 0 says nothing), under
+    log L = mu + a + e, a ~ N(0, share sigma^2), e ~ N(0, (1 - share) sigma^2). The offsets are centred on the
+    step's forecast, so a request's shifted law (:meth:`LengthForecast.remaining`) moves it towards its own
+    prompt; a prompt with no evidence gets 0. Exact on a grid of the offset (pure numpy, all prompts at once)."""
+    if share <= 0 or (len(done_pid) + len(run_pid)) == 0:
+        return {}
+    sa = math.sqrt(share) * forecast.sigma
+    se = math.sqrt(max(1.0 - share, 1e-6)) * forecast.sigma
+    grid = np.linspace(-4 * sa, 4 * sa, PROMPT_GRID)
+    prior = -0.5 * (grid / sa) ** 2
+    cap = forecast.cap
+    dl = np.asarray(done_len, dtype=np.float64)
+    exact = dl < cap
+    rg = np.asarray(run_gen, dtype=np.float64)
+    cens_pid = np.concatenate([np.asarray(done_pid)[~exact], np.asarray(run_pid)[rg > 0]])
+    cens_y = np.log(np.concatenate([dl[~exact], rg[rg > 0]])) if len(cens_pid) else np.zeros(0)
+    ex_pid, ex_y = np.asarray(done_pid)[exact], np.log(dl[exact]) if exact.any() else np.zeros(0)
+    pids = np.unique(np.concatenate([ex_pid, cens_pid]))
+    if not len(pids):
+        return {}
+    ll = np.zeros((len(pids), len(grid)))
+    if len(ex_pid):
+        z = (ex_y[:, None] - forecast.mu - grid[None, :]) / se
+        np.add.at(ll, np.searchsorted(pids, ex_pid), -0.5 * z * z)
+    if len(cens_pid):
+        z = (cens_y[:, None] - forecast.mu - grid[None, :]) / se
+        np.add.at(ll, np.searchsorted(pids, cens_pid), log_ndtr(-z))
+    post = ll + prior[None, :]
+    post = np.exp(post - post.max(axis=1, keepdims=True))
+    mean = (post @ grid) / post.sum(axis=1)
+    return dict(zip(pids.tolist(), mean.tolist()))
 
 
 # ---- across steps ------------------------------------------------------------------------------------

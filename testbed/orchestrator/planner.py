@@ -99,6 +99,7 @@ class Decision:
     gain_s: float
     switch_cost_s: float
     reason: str
+    near_switch: bool = False  # a switch in progress, cooling down, or worth making but held by the lookahead
 
 
 @dataclass
@@ -163,7 +164,8 @@ class Planner:
                 reason, switch = f"gain {gain:.2f} s beyond the switch cost {best_cost:.2f} s", True
                 if self.settings.lookahead and interval:
                     tempted[s] = best_t
-            out[s] = Decision(s, cur.name(gpus), best.name(gpus), pred, switch, gain, best_cost, reason)
+            near = switch or v.busy_until > now or now - v.last_switch_end < self.settings.cooldown_s
+            out[s] = Decision(s, cur.name(gpus), best.name(gpus), pred, switch, gain, best_cost, reason, near)
         if tempted:  # would it pay to wait one interval and switch then (to the then-best layout)?
             ahead = self.estimator.advance_many([(views[s].layout, views[s].load) for s in tempted], interval)
             later = {s: ServerView(s, views[s].layout, ld) for s, ld in zip(tempted, ahead)}
@@ -174,7 +176,7 @@ class Planner:
                     d = out[s]
                     out[s] = Decision(s, d.current, d.best, d.predicted_s, False, d.gain_s, d.switch_cost_s,
                                       f"gain {d.gain_s:.2f} s now, but {interval:g} s later {l2.name(gpus)} is predicted "
-                                      f"to finish {best_t - interval - t2[s][l2][0]:.2f} s sooner: waiting")
+                                      f"to finish {best_t - interval - t2[s][l2][0]:.2f} s sooner: waiting", True)
         return out
 
     def evaluate(self, view: ServerView, now: float, interval: float | None = None) -> Decision:
@@ -184,30 +186,38 @@ class Planner:
         interval is not predicted to do better."""
         return self.evaluate_all({view.server: view}, now, interval)[view.server]
 
-    def initial(self, view: ServerView) -> Decision:
-        """At a step's start (the requests have not started; the new weights are being loaded anyway, so a
-        layout change costs nothing): the smallest-TP candidate (the throughput layout) unless another is
-        predicted faster by more than the hysteresis margin. The margin matters most here: at a full batch
-        the layouts' predictions are close, the forecast knows nothing of this step's requests yet, and a
-        wrong start is paid for the whole bulk of the step (the tail is the planner's job later)."""
+    def initial(self, view: ServerView, charged: bool = True) -> Decision:
+        """At a step's start (its requests not started yet): the layout for the step. ``charged``: a change
+        from the server's current layout pays the switch the cost model gives (weight reshard and the fixed
+        re-initialisation; no KV to move), as any switch does, and the current layout is kept unless another is
+        predicted faster, its cost included, by more than the hysteresis margin. Not charged (the run's first
+        step, whose weights are loaded in whatever layout is chosen, as every static layout's are): the
+        smallest-TP candidate (the throughput layout) unless another is predicted faster by the margin. The
+        margin matters most here: at a full batch the layouts' predictions are close, the forecast knows
+        nothing of this step's requests yet, and a wrong start is paid for the whole bulk of the step (the tail
+        is the planner's job later)."""
         gpus = self.estimator.gpus
-        default = self.candidates[0]
-        times = {lay: self.estimator.server_s(lay, view.load) for lay in self.candidates}
+        default = view.layout if charged and view.layout in self.candidates else self.candidates[0]
+        cost = {lay: (float(self.switch_cost.switch_s(view.layout, lay, 0.0)) if charged and lay != view.layout
+                      else 0.0) for lay in self.candidates}
+        times = {lay: self.estimator.server_s(lay, view.load) + cost[lay] for lay in self.candidates}
         base = times[default]
-        best = min(times, key=lambda lay: (times[lay], lay.tp))
+        best = min(times, key=lambda lay: (times[lay], lay != default, lay.tp))
         gain = base - times[best]
         need = max(self.settings.min_gain_s, self.settings.initial_margin * base)
         pick = best if gain > need else default
+        what = "predicted fastest" if pick == best else ("the current layout" if charged else "the throughput layout")
         return Decision(view.server, view.layout.name(gpus), pick.name(gpus),
-                        {lay.name(gpus): t for lay, t in times.items()}, pick != view.layout, gain, 0.0,
-                        f"initial layout for the step ({'predicted fastest' if pick == best else 'the throughput layout'}"
-                        f"; best {best.name(gpus)} gains {gain:.2f} s, margin {need:.2f} s)")
+                        {lay.name(gpus): t for lay, t in times.items()}, pick != view.layout, gain, cost[pick],
+                        f"initial layout for the step ({what}; best {best.name(gpus)} gains {gain:.2f} s "
+                        f"{'with' if charged else 'without'} its switch cost, margin {need:.2f} s)")
 
 
-def loads_from_snapshot(snap: dict, forecast) -> ServerLoad:
+def loads_from_snapshot(snap: dict, forecast, shift: np.ndarray | None = None) -> ServerLoad:
     """A server's :class:`ServerLoad` from an engine snapshot (agents.engine.Engine.snapshot) and a forecast:
-    expected remaining tokens (conditional mean), plus what the estimator's stratified quantiles need."""
+    expected remaining tokens (conditional mean), plus what the estimator's stratified quantiles need;
+    ``shift``: each request's log-offset from its prompt group (forecast.prompt_shifts; None: none)."""
     g = snap["generated"].astype(np.float64)
     return ServerLoad(ctx0=(snap["prompt"] + snap["generated"]).astype(np.float64),
-                      rem=np.maximum(forecast.remaining(g), 1.0), running=snap["running"].astype(bool),
-                      replica=snap["replica"].astype(np.int64), gen=g, key=request_levels(snap["rid"]))
+                      rem=np.maximum(forecast.remaining(g, shift), 1.0), running=snap["running"].astype(bool),
+                      replica=snap["replica"].astype(np.int64), gen=g, key=request_levels(snap["rid"]), shift=shift)

@@ -1,29 +1,36 @@
 """Do the speedups come from the policies or from the scenario? The default scenario's comparison, simulated
-backend, on other seeds and on other response-length distributions.
+backend, on other seeds, engine settings, length distributions and models, each against its own tuned static
+baseline and its own oracle bounds.
 
     .venv/bin/python tests/bench/bench_policies.py [--cases a,b] [--seeds 1,2,3] [--steps 2] [--out DIR]
         [--set planner.gain_margin=0.1 ...]   (orchestrator settings to change, YAML values)
+        [--reinit 0.1,1,5]                    (the layout switch's fixed part, engine.switch_reinit_s, seconds)
 
-For every case and seed: `orchestrrl compare` on the simulated backend (every static layout, planner,
-balancer, orchestrrl) of scenarios/default.yaml with the case's workload changes. Prints one JSON document:
-per case, per seed the best static layout and every adaptive policy's ``speedup_vs_best_static``,
-layout switches and migrations; per case the median over seeds. Cases:
+For every case, seed and re-initialisation time: `orchestrrl compare` on the simulated backend (the tuning
+grid of every layout x max_num_seqs, the tuned static configuration, static-low/high, planner, balancer,
+orchestrrl, and the oracle bounds) of the case's scenario. Prints one JSON document: per run the tuned static
+configuration, every adaptive policy's ``speedup_vs_best_static``, its ``oracle_fraction``, switches,
+migrations and the share of migrations that paid (the simulated backend's counterfactual); per case the
+median and minimum over seeds; and ``checks``: the issue's robustness properties, each true or false. Cases
+(scenarios/default.yaml unless said):
 
-* ``default``: the scenario as shipped (lognormal, median 460, log-sigma 0.93, cap 4,096);
-* ``heavy-tail``: log-sigma 1.2 (a longer tail at the same median);
-* ``light-tail``: log-sigma 0.5 (prompt difficulty 0.3 of it);
-* ``independent``: prompt difficulty 0 (a prompt's samples independent: servers get more even loads);
-* ``short``: median 230 (half the default; the same cap);
-* ``mixture``: 85% median 350 / 15% median 1,800 (a bimodal reasoning workload);
-* ``drift``: the median grows 25% per step (DAPO/R1-like growth, compressed);
-* ``near-uniform``: log-sigma 0.05, prompt log-sigma 0 (every response nearly the same length: there is
-  no tail to exploit, and the orchestrator must not lose to the best static layout).
+* ``default``: the scenario as shipped (Qwen2.5-14B, 128 x 8, median 1,500, cap 16k, 5% at the cap);
+* ``mns-256``: vLLM's default max_num_seqs (256) for the adaptive policies (the baseline is tuned anyway);
+* ``heavy-tail``: log-sigma 1.2;
+* ``mixture``: 70% median 600 / 30% median 3,000 (a bimodal step);
+* ``drift``: the median grows 25% per step;
+* ``moe``: Qwen3-30B-A3B (128 experts, top-8) in place of the dense model;
+* ``near-uniform``: log-sigma 0.05, prompt log-sigma 0, no cap spike (no tail to exploit: the orchestrator
+  must not lose);
+* ``short-7b``: scenarios/short-7b.yaml (Qwen2.5-7B, median 460 capped at 4,096: the longest response
+  dominates a step).
 
 A benchmark reports; it asserts nothing. Simulated runs are deterministic: the same seed gives the same figures.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import statistics
@@ -38,25 +45,25 @@ sys.path.insert(0, str(ROOT))
 
 from emulation.scenario import load_scenario  # noqa: E402
 from emulation.workload import LengthComponent  # noqa: E402
-from testbed.experiment import Experiment  # noqa: E402
+from testbed.experiment import ADAPTIVE, Experiment  # noqa: E402
 
+# case -> (scenario file, workload changes, orchestrator settings changed)
 CASES = {
-    "default": {},
-    "heavy-tail": {"response_sigma": 1.2},
-    "light-tail": {"response_sigma": 0.5, "prompt_sigma": 0.3},
-    "independent": {"prompt_sigma": 0.0},
-    "short": {"response_median_tokens": 230.0},
-    "mixture": {"mixture": (LengthComponent(0.85, 350.0, 0.7), LengthComponent(0.15, 1800.0, 0.5))},
-    "drift": {"median_growth_per_step": 0.25},
-    "near-uniform": {"response_sigma": 0.05, "prompt_sigma": 0.0},
+    "default": ("default.yaml", {}, []),
+    "mns-256": ("default.yaml", {}, ["engine.max_num_seqs=256"]),
+    "heavy-tail": ("default.yaml", {"response_sigma": 1.2}, []),
+    "mixture": ("default.yaml", {"mixture": (LengthComponent(0.7, 600.0, 0.5), LengthComponent(0.3, 3000.0, 0.5))},
+                []),
+    "drift": ("default.yaml", {"median_growth_per_step": 0.25}, []),
+    "moe": ("default.yaml", {"model": "Qwen3-30B-A3B"}, []),
+    "near-uniform": ("default.yaml", {"response_sigma": 0.05, "prompt_sigma": 0.0, "cap_fraction": 0.0}, []),
+    "short-7b": ("short-7b.yaml", {}, []),
 }
-ADAPTIVE = ("planner", "balancer", "orchestrrl")
+LONG_TAIL = ("default", "heavy-tail", "short-7b")  # the cases whose long tail the orchestrator is for
 
 
 def with_settings(orch: dict, sets: list[str]) -> dict:
     """``orch`` (a scenario's orchestrator mapping) with ``a.b=value`` changes (values parsed as YAML)."""
-    import copy
-
     import yaml
 
     out = copy.deepcopy(dict(orch or {}))
@@ -70,20 +77,50 @@ def with_settings(orch: dict, sets: list[str]) -> dict:
     return out
 
 
-def run_case(case: str, seed: int, steps: int, out: Path, sets: list[str] = ()) -> dict:
-    scn = load_scenario(ROOT / "scenarios" / "default.yaml")
-    w = dataclasses.replace(scn.workload, **CASES[case])
-    scn = dataclasses.replace(scn, seed=seed, workload=w, name=f"default-{case}-s{seed}",
-                              orchestrator=with_settings(scn.orchestrator, sets))
-    exp = Experiment(scn, "simulated")
+def case_scenario(case: str, seed: int, sets: list[str] = (), reinit: float | None = None):
+    fname, wl, own = CASES[case]
+    scn = load_scenario(ROOT / "scenarios" / fname)
+    extra = list(own) + list(sets) + ([f"engine.switch_reinit_s={reinit}"] if reinit is not None else [])
+    return dataclasses.replace(scn, seed=seed, workload=dataclasses.replace(scn.workload, **wl),
+                               name=f"{case}-s{seed}" + (f"-reinit{reinit:g}" if reinit is not None else ""),
+                               orchestrator=with_settings(scn.orchestrator, extra))
+
+
+def run_case(case: str, seed: int, steps: int, out: Path, sets: list[str] = (), reinit: float | None = None) -> dict:
+    scn = case_scenario(case, seed, sets, reinit)
+    exp = Experiment(scn, "simulated", steps=steps)
     with exp:
-        rep, _ = exp.compare([exp.policy(n) for n in exp.default_policies()], steps, out / f"{case}-s{seed}")
+        rep, _ = exp.compare([exp.policy(n) for n in exp.default_policies()], steps, out / scn.name)
     pol = rep["policies"]
     return {"best_static": rep["best_static"],
             "best_static_makespan_s": [round(x, 3) for x in pol[rep["best_static"]]["step_makespan_s"]],
+            "oracle": {k: round(v["speedup"], 4) for k, v in rep["oracle"]["kinds"].items()},
+            "floor": round(rep["oracle"]["floor_speedup"], 4),
             **{n: {"speedup_vs_best_static": round(pol[n]["speedup_vs_best_static"], 4),
-                   "layout_switches": pol[n]["layout_switches"], "migrations": pol[n]["migrations"],
+                   "oracle_fraction": round(pol[n]["oracle_fraction"], 4), "layout_switches": pol[n]["layout_switches"],
+                   "migrations": pol[n]["migrations"], "migrations_paid_fraction": pol[n]["migrations_paid_fraction"],
                    "lost_requests": pol[n]["lost_requests"]} for n in ADAPTIVE}}
+
+
+def checks(doc: dict) -> dict:
+    """The robustness properties of issue 13, each true or false, with the runs that break it."""
+    runs = [(c, k, r) for c, d in doc["cases"].items() for k, r in d["runs"].items()]
+    sp = lambda r, n: r[n]["speedup_vs_best_static"]  # noqa: E731
+    combo = [f"{c}/{k}" for c, k, r in runs if sp(r, "orchestrrl") < max(sp(r, "planner"), sp(r, "balancer")) - 1e-9]
+    tail = [f"{c}/{k}: {sp(r, 'orchestrrl'):.3f} (oracle both {r['oracle']['both']:.3f})" for c, k, r in runs
+            if c in LONG_TAIL and sp(r, "orchestrrl") < 1.2]
+    uni = [f"{c}/{k}" for c, k, r in runs if c == "near-uniform" and min(sp(r, n) for n in ADAPTIVE) < 0.99]
+    paid = [r[n]["migrations_paid_fraction"] for _, _, r in runs for n in ("balancer", "orchestrrl")
+            if r[n]["migrations_paid_fraction"] is not None]
+    migs = sum(r[n]["migrations"] for _, _, r in runs for n in ("balancer", "orchestrrl"))
+    frac = [f"{c}/{k} {n}: {r[n]['oracle_fraction']:.3f}" for c, k, r in runs for n in ADAPTIVE
+            if r[n]["oracle_fraction"] < 0.9]
+    return {"orchestrrl_ge_max_planner_balancer": {"ok": not combo, "broken_by": combo},
+            "orchestrrl_ge_1.2_on_long_tail_cases": {"ok": not tail, "broken_by": tail},
+            "near_uniform_ge_0.99": {"ok": not uni, "broken_by": uni},
+            "migrations_paid_ge_0.8": {"ok": bool(paid) and min(paid) >= 0.8,
+                                       "min": min(paid) if paid else None, "migrations": migs},
+            "every_policy_ge_0.9_of_its_oracle": {"ok": not frac, "broken_by": frac}}
 
 
 def main(argv=None) -> int:
@@ -91,6 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--reinit", default=None, help="comma-separated switch_reinit_s values (default: the scenario's)")
     ap.add_argument("--out", default=None, help="keep the per-run reports here (default: a temporary folder)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an orchestrator setting to change, e.g. planner.gain_margin=0.1 (repeatable)")
@@ -100,22 +138,29 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
     seeds = [int(s) for s in a.seeds.split(",") if s]
+    reinits = [float(x) for x in a.reinit.split(",")] if a.reinit else [None]
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="bench-policies-"))
-    doc = {"scenario": "scenarios/default.yaml", "backend": "simulated", "steps": a.steps, "seeds": seeds,
-           "settings_changed": a.set, "cases": {}}
-    with tqdm(total=len(cases) * len(seeds), file=sys.stderr, desc="compare") as bar:
+    doc = {"backend": "simulated", "steps": a.steps, "seeds": seeds, "settings_changed": a.set,
+           "reinit_s": reinits, "cases": {}}
+    with tqdm(total=len(cases) * len(seeds) * len(reinits), file=sys.stderr, desc="compare") as bar:
         for c in cases:
             runs = {}
             for s in seeds:
-                bar.set_postfix_str(f"{c} seed {s}")
-                runs[str(s)] = run_case(c, s, a.steps, out, a.set)
-                bar.update(1)
-            doc["cases"][c] = {"overrides": {k: (str(v) if k == "mixture" else v) for k, v in CASES[c].items()},
+                for ri in reinits:
+                    key = f"seed{s}" + (f"-reinit{ri:g}" if ri is not None else "")
+                    bar.set_postfix_str(f"{c} {key}")
+                    runs[key] = run_case(c, s, a.steps, out, a.set, ri)
+                    bar.update(1)
+            fname, wl, own = CASES[c]
+            doc["cases"][c] = {"scenario": f"scenarios/{fname}",
+                               "overrides": {k: (str(v) if k == "mixture" else v) for k, v in wl.items()},
+                               "settings": own,
                                "median": {n: round(statistics.median(r[n]["speedup_vs_best_static"] for r in runs.values()), 4)
                                           for n in ADAPTIVE},
                                "min": {n: round(min(r[n]["speedup_vs_best_static"] for r in runs.values()), 4)
                                        for n in ADAPTIVE},
                                "runs": runs}
+    doc["checks"] = checks(doc)
     print(json.dumps(doc, indent=1))
     return 0
 

@@ -16,7 +16,13 @@ Sections (T_ocs = 10 ms unless swept; the Fat-Tree's tier count is the default, 
 * ``timing``: the simulator's wall time (median of ``--runs``) and peak RSS *per fabric*: every run is a
   fresh ``orchestrrl sim --json`` process whose ``peak_rss_mib`` is its own VmHWM (``ru_maxrss`` would
   count this benchmark's memory at the fork too), so the RSS is that fabric's alone;
-* ``sensitivity``: TopoOpt priced with patch-panel ports, and response-length log-sigma 0.7 vs 0.93.
+* ``sensitivity``: TopoOpt priced with patch-panel ports, and response-length log-sigma 0.7 vs 0.93;
+* ``traffic``: issue 14's goals on the dense scenario and the MoE ones (``--moe-scenarios``) at
+  ``--traffic-scales``: per fabric (Fat-Tree, TopoOpt, MixNet, RFabric) the iteration and train phase,
+  RFabric's slowdown against the Fat-Tree and its train phase against TopoOpt's and MixNet's, every
+  transition's decision and predicted gain; over the T_ocs sweep at 2,048 GPUs the smallest predicted gain
+  of any switch made (switched or stalled: never below -1 ms); and the tapered RFabric against the
+  non-blocking and the best oversubscribed Fat-Tree (``perf/cost``, the sweep's ``vs_static``).
 """
 from __future__ import annotations
 
@@ -40,7 +46,8 @@ from rlsim.fabrics import FabricOptions  # noqa: E402
 from rlsim.sim import SimSettings, scale_scenario, sync_phase, simulate_iteration  # noqa: E402
 from rlsim.sweep import DEFAULT_T_OCS_MS, plan, run_sweep, summarise  # noqa: E402
 
-SECTIONS = ("scales", "perf_cost", "t_ocs", "timing", "sensitivity")
+SECTIONS = ("scales", "perf_cost", "t_ocs", "timing", "sensitivity", "traffic")
+TRAFFIC_FABRICS = ("fat-tree", "topoopt", "mixnet", "rfabric")
 
 
 def ratio(base: dict, other: dict) -> float:
@@ -172,6 +179,46 @@ def sensitivity_section(scn, n: int) -> dict:
     return sens
 
 
+def traffic_section(paths: list[str], scales, uplinks) -> dict:
+    from rlsim.fabrics import OVERSUB
+
+    out: dict = {}
+    for path in paths:
+        scn = load_scenario(path)
+        rows = []
+        for n in scales:
+            rs = {f: simulate_iteration(scn, f, n, SimSettings(t_ocs_ms=10.0)) for f in TRAFFIC_FABRICS}
+            ft, rf = rs["fat-tree"], rs["rfabric"]
+            rows.append({"gpus": n,
+                         "fabrics": {f: {"iteration_s": r["iteration_s"], "train_s": r["phases"]["train_s"],
+                                         "sync_s": r["phases"]["sync_s"], "cost_usd": r["cost_usd"],
+                                         "train_stages_s": {k: v for k, v in r["detail"]["train"].items()
+                                                            if k.endswith("_s") and k != "compute_s"},
+                                         "dp_rings": r["detail"]["train"].get("dp_rings")} for f, r in rs.items()},
+                         "rfabric_slowdown_vs_fat_tree": rf["iteration_s"] / ft["iteration_s"] - 1,
+                         "rfabric_train_vs_topoopt": rf["phases"]["train_s"] / rs["topoopt"]["phases"]["train_s"],
+                         "rfabric_train_vs_mixnet": rf["phases"]["train_s"] / rs["mixnet"]["phases"]["train_s"],
+                         "rfabric_transitions": transitions(rf), "wall_s": {f: r["wall_s"] for f, r in rs.items()}})
+        made = []
+        for t in DEFAULT_T_OCS_MS:
+            rf = simulate_iteration(scn, "rfabric", 2048, SimSettings(t_ocs_ms=t))
+            for k, v in rf["detail"]["reconfig"].items():
+                if v["action"] in ("switched", "stalled") and v["gain_ms"] is not None:
+                    made.append({"t_ocs_ms": t, "transition": k, "action": v["action"], "gain_ms": v["gain_ms"]})
+        pts = plan(scn, ["fat-tree"] + [f for f in OVERSUB if f != "fat-tree"] + ["rfabric"], [1024, 2048], [10.0],
+                   uplinks=uplinks)
+        summ = summarise(run_sweep(scn, pts, SimSettings(), use_ray=False, progress=False))
+        taper = {}
+        for n, v in summ.items():
+            for rad, e in v["vs_static"].items():
+                taper[n] = {k: ({kk: x[kk] for kk in ("label", "slowdown_vs_fat_tree", "cost_vs_fat_tree",
+                                                      "perf_per_cost_vs_fat_tree")} if isinstance(x, dict) else x)
+                            for k, x in e.items()}
+        out[scn.name] = {"rows": rows, "switches_made_min_gain_ms": min((m["gain_ms"] for m in made), default=None),
+                         "switches_made": len(made), "taper": taper}
+    return out
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -187,6 +234,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timing-scales", type=_ints, default=[2048, 16384])
     ap.add_argument("--fabrics", default="fat-tree,rfabric,mixnet,topoopt", help="timing: fabrics")
     ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--moe-scenarios", default="scenarios/moe-30b.yaml,scenarios/moe-235b.yaml",
+                    help="traffic: the MoE scenarios (beside --scenario)")
+    ap.add_argument("--traffic-scales", type=_ints, default=[1024, 2048, 16384])
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     scn = load_scenario(args.scenario)
@@ -205,6 +255,9 @@ def main(argv=None) -> int:
         out["timing"] = timing_section(args.scenario, args.timing_scales, args.fabrics.split(","), args.runs)
     if "sensitivity" in sections:
         out["sensitivity_2048"] = sensitivity_section(scn, 2048)
+    if "traffic" in sections:
+        paths = [args.scenario] + [os.path.join(ROOT, p) for p in args.moe_scenarios.split(",") if p]
+        out["traffic"] = traffic_section(paths, args.traffic_scales, args.uplinks)
     json.dump(out, sys.stdout, indent=1)
     print()
     return 0

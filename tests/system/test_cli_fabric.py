@@ -44,6 +44,12 @@ def test_fabric_up_serves_rest_and_tears_down_on_ctrl_c(tmp_path):
         with pytest.raises(urllib.error.HTTPError) as ei:
             urllib.request.urlopen(info["rest"] + "circuits", timeout=10)
         assert ei.value.code == 401
+        # the controller's Prometheus endpoint, named in the info file: on loopback, the initial phase counted
+        assert info["metrics"].startswith("http://127.0.0.1:") and info["metrics"].endswith("/metrics")
+        body = urllib.request.urlopen(info["metrics"], timeout=10).read().decode()
+        assert 'orchestrrl_reconfigurations_total{decision="switched",kind="initial",status="done"} 1.0' in body
+        assert 'orchestrrl_fabric_phase{phase="train"} 1.0' in body
+        assert "orchestrrl_controller_rest_requests_total" in body
         p.send_signal(signal.SIGINT)
         out, _ = p.communicate(timeout=60)
         assert p.returncode == 0, out

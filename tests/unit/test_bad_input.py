@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import types
 
 import pytest
@@ -79,6 +80,10 @@ def test_bad_scenario_exits_2_naming_the_field(tmp_path, run_cli, nothing_starts
     (["controller", DEFAULT, "--delay-ms", "70000", "--no-auth", "--state-file", "STATE"], "delay_ms"),
     (["controller", DEFAULT, "--delay-ms", "inf", "--no-auth", "--state-file", "STATE"], "delay_ms"),
     (["bench", "reconfig", "--delay-ms", "70000"], "--delay-ms"),
+    (["compare", DEFAULT, "--backend", "emulated", "--fabric", "topoopt", "--out", "OUT"], "fabric"),
+    (["compare", DEFAULT, "--backend", "simulated", "--fabric", "torus", "--out", "OUT"], "fabric"),
+    (["run", DEFAULT, "--backend", "simulated", "--fabric", "rfabric,fat-tree", "--out", "OUT"], "--fabric"),
+    (["compare", DEFAULT, "--backend", "simulated", "--time-dilation", "0.01", "--out", "OUT"], "time_dilation"),
 ])
 def test_bad_flag_exits_2_naming_the_field(tmp_path, run_cli, nothing_starts, argv, field):
     argv = [str(tmp_path / a) if a in ("OUT", "STATE") else a for a in argv]
@@ -112,6 +117,7 @@ def _fake_testbed(on_running=None):
     class Ctl:
         client = types.SimpleNamespace(base_url="http://127.0.0.1:1", state=lambda: {"phase": "train"})
         token_file, pid, log_path, of_port = "/nonexistent/token", 1, "/nonexistent/log", 6653
+        metrics_url = None  # set from the metrics_port fabric up asks for (below)
 
         @property
         def running(self):
@@ -127,6 +133,8 @@ def _fake_testbed(on_running=None):
 
     @contextlib.contextmanager
     def running_testbed(*a, **k):
+        port = k.get("metrics_port", 0)
+        ctl.metrics_url = f"http://{k.get('metrics_host')}:{port}/metrics" if port else None
         yield tb
 
     return running_testbed
@@ -162,6 +170,11 @@ def test_info_file_written_once_up_and_removed_on_teardown(tmp_path, monkeypatch
     assert cli.main(["fabric", "up", DEFAULT, "--info-file", str(info)]) == 1  # the fake controller 'exited'
     assert seen and len(seen[0]["hosts"]) == 8 and seen[0]["phase"] == "train"
     assert os.listdir(tmp_path) == []  # removed with the fabric it described, no temporary file left
+    # the controller's Prometheus endpoint: the default port (or a free one), on loopback; 0 turns it off
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/metrics", seen[0]["metrics"])
+    assert f"metrics    {seen[0]['metrics']}" in capsys.readouterr().out
+    assert cli.main(["fabric", "up", DEFAULT, "--info-file", str(info), "--controller-metrics-port", "0"]) == 1
+    assert seen[1]["metrics"] is None
 
 
 def test_info_file_replaced_by_someone_else_is_not_removed(tmp_path, monkeypatch, capsys):

@@ -121,7 +121,7 @@ def test_a_simulated_server_failure_is_requeued_and_accounted_for(default_exp):
     assert 0 < dead["received"] < res["tokens_by_agent"]["7"]["received"]  # its tokens up to its death
     ev = {e["kind"]: e for e in drv.timeline.events if e["kind"] in ("agent_failed", "requeued")}
     start = next(e["t"] for e in drv.timeline.events if e["kind"] == "phase_start" and e["phase"] == "gen")
-    assert ev["agent_failed"]["t"] - (start + 2.0) <= 0.05 + 1e-9  # acted on at the next poll
+    assert ev["agent_failed"]["t"] == pytest.approx(start + 2.0)  # acted on when it happened
     assert ev["requeued"]["requests"] > 0 and 6 not in ev["requeued"]["to"]
     assert res["steps"][0]["accounting"]["failed_during_step"] == [6]
     assert res["ticks"]["migrations_per_interval_max"] <= default_exp.settings.balancer.max_migrations
@@ -138,11 +138,11 @@ def test_a_driver_held_up_for_several_intervals_does_not_replay_its_ticks(defaul
     class HeldUp(SimulatedBackend):
         jumped = False
 
-        def wait_until(self, t):
+        def wait_until(self, t, until_idle=False):
             if not self.jumped and self.finished_count() > 50:
                 type(self).jumped = True
                 t += 3.3 * default_exp.settings.planning_interval_s
-            super().wait_until(t)
+            super().wait_until(t, until_idle)
 
     res, drv = _run(default_exp, "orchestrrl", backend_cls=HeldUp)
     assert HeldUp.jumped and res["lost_requests"] == 0
@@ -232,11 +232,12 @@ def test_a_migration_to_a_failed_peer_gives_up_at_once_and_the_request_stays(tmp
 
 def test_a_stop_asked_of_a_request_in_its_last_step_answers_at_once(tmp_path):
     """A migration's stop waits for the step in flight; if the request finishes in that step, the waiter is told
-    then (it used to sleep out its whole timeout: a 30 s planning tick on the default scenario)."""
+    then (it used to sleep out its whole timeout: a 30 s planning tick on the default scenario). Time dilated
+    x5, so the request's one step (its prefill) is still in flight when the migrate call arrives."""
     port = _free_port()
     cfg = {"index": 0, "server": 0, "role": "gen", "gpus": 8, "model": "Qwen2.5-7B", "gpu": "H800",
            "rpc": {"host": "127.0.0.1", "port": port}, "fabric_ip": "127.0.0.1", "fabric_intf": "lo",
-           "layout": "TP1x8", "collectors": [{"host": "127.0.0.1", "port": _free_port()}]}
+           "layout": "TP1x8", "collectors": [{"host": "127.0.0.1", "port": _free_port()}], "time_dilation": 5.0}
     p = tmp_path / "agent.json"
     p.write_text(json.dumps(cfg))
     agent = subprocess.Popen([sys.executable, "-m", "agents.node", "--config", str(p), "--log",
@@ -245,7 +246,7 @@ def test_a_stop_asked_of_a_request_in_its_last_step_answers_at_once(tmp_path):
     try:
         c.call("ping")
         results = []
-        for k in range(6):
+        for k in range(3):
             # one token left: its (re)prefill step produces it and finishes it, with the stop pending
             c.call("submit", {"requests": [{"rid": 100 + k, "prompt": 4000, "target": 50, "dest": 0,
                                             "generated": 49}]})

@@ -120,7 +120,7 @@ def test_load_index_is_the_slowest_replicas_remaining_time():
 
 def test_balancer_moves_from_the_hottest_replica_and_never_back():
     views, rids = agents_with_a_hot_replica()
-    bal = Balancer(Estimator(CM, 8, SETTINGS), BalancerSettings(max_migrations=2))
+    bal = Balancer(Estimator(CM, 8, SETTINGS), BalancerSettings(max_migrations=2, min_gain_s=0.0, gain_margin=0.0))
     moves, loads = bal.decide(views, rids, now=0.0)
     assert moves and len(moves) <= 2
     assert all(m.src == 4 for m in moves)  # from the most loaded agent, off its slowest replica

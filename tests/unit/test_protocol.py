@@ -93,7 +93,7 @@ def test_arrays_and_token_batches_round_trip_and_reject_garbage():
 def test_agent_config_validation_names_the_field():
     good = {"index": 0, "server": 0, "role": "gen", "gpus": 8, "model": "Qwen2.5-7B", "gpu": "H800",
             "rpc": EP, "fabric_ip": "10.0.0.1", "fabric_intf": "orlh0-eth0"}
-    assert load_agent_config(good).engine.max_num_seqs == 256
+    assert load_agent_config(good).engine.max_num_seqs == 1024  # veRL's rollout default
     for k, v, field in (("role", "boss", "config.role"), ("time_dilation", 0, "config.time_dilation"),
                         ("engine", {"max_num_seqs": 0}, "config.engine.max_num_seqs")):
         with pytest.raises(SpecError) as ei:

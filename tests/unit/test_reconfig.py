@@ -11,7 +11,7 @@ import pytest
 from controller import phases
 from controller.ocs import FlowSpec, Matching
 from controller.reconfig import (SWITCH_ACTIONS, FakeClock, FakeDriver, PreciseClock, ReconfigRequest, SwitchDecision,
-                                 circuits_request, decide_switch, execute_plan, fits_slack, phase_request,
+                                 circuits_request, decide_switch, execute_plan, LOSS_TOLERANCE_MS, fits_slack, phase_request,
                                  plan_reconfig)
 from controller.runtime import FabricController, NotReady, load_state, save_state
 from emulation.spec import FabricSpec, JobLayout, pick_delay_ms
@@ -47,15 +47,33 @@ def test_fits_slack_only_when_window_longer_than_delay(window, delay, fits):
     (-3.0, 10.0, 11.0, "stalled", 10.0),  # a negative window counts as none: stall the whole delay
     (0.0, 10.0, float("inf"), "stalled", 10.0),  # the old topology cannot carry the next phase
     (0.0, 10.0, -5.0, "deferred", 0.0),  # the new topology is slower: keep the old one
+    (40.0, 10.0, -5.0, "deferred", 0.0),  # ... even inside a long slack window
+    (None, 10.0, -5.0, "deferred", 0.0),  # ... and with no window at all
+    (0.0, 0.0, -5.0, "deferred", 0.0),  # ... and when switching takes no time
+    (40.0, 10.0, -1.0, "switched", 0.0),  # within the 1 ms tolerance: no loss, free in the slack
+    (40.0, 10.0, float("-inf"), "deferred", 0.0),  # the new topology cannot carry the next phase
+    (4.0, 10.0, -0.5, "deferred", 0.0),  # no loss, but no gain to pay a stall either
 ])
 def test_decide_switch_branches(window, delay, gain, action, stall):
     d = decide_switch(window, delay, gain)
     assert isinstance(d, SwitchDecision) and d.action == action and d.action in SWITCH_ACTIONS
     assert d.stall_ms == pytest.approx(stall) and d.reason
     if action == "deferred":
-        assert "gain_ms" in d.reason and "window_ms" in d.reason
+        assert "gain_ms" in d.reason
+        assert "window_ms" in d.reason or "slower" in d.reason
     with pytest.raises(dataclasses.FrozenInstanceError):
         d.action = "switched"  # type: ignore[misc]
+
+
+def test_rule_refuses_a_slower_topology_inside_a_long_window():
+    """The issue's case: a window of seconds, the new topology predicted 4.7 s slower: the switch is refused
+    (it used to be made because the window fitted) and the answer says why."""
+    d = decide_switch(8500.0, 10.0, -4689.6)
+    assert d.action == "deferred" and d.stall_ms == 0.0
+    assert "slower" in d.reason and "-4689.6" in d.reason
+    assert decide_switch(8500.0, 10.0, 4689.6).action == "switched"
+    assert decide_switch(8500.0, 10.0, -LOSS_TOLERANCE_MS).action == "switched"  # no loss beyond the tolerance
+    assert decide_switch(8500.0, 10.0, -LOSS_TOLERANCE_MS - 1e-6).action == "deferred"
 
 
 def test_switch_actions_are_the_three_answers():
@@ -80,7 +98,7 @@ def test_circuits_request_valid_and_defaults():
     ({"circuits": {"0": [[1, 2]]}, "delay_ms": 60001}, "delay_ms"),
     ({"circuits": {"0": [[1, 2]]}, "delay_ms": "10"}, "delay_ms"),
     ({"circuits": {"0": [[1, 2]]}, "window_ms": -5}, "window_ms"),
-    ({"circuits": {"0": [[1, 2]]}, "gain_ms": -1}, "gain_ms"),
+    ({"circuits": {"0": [[1, 2]]}, "gain_ms": -3600001}, "gain_ms"),
     ({"circuits": {"0": [[1, 2]]}, "gain_ms": "big"}, "gain_ms"),
     ({"circuits": {"0": [[1, 2]]}, "gain_ms": True}, "gain_ms"),
     ({"circuits": {"0": [[1, 2]]}, "gain_ms": 1e300}, "gain_ms"),
@@ -329,7 +347,8 @@ def test_stalled_switch_runs_and_reports_the_stall():
 @pytest.mark.parametrize("body,decision", [
     ({"window_ms": 4, "gain_ms": 6}, "deferred"),  # gain equals the stall: not worth it
     ({"window_ms": 4}, "deferred"),  # no gain given: today's rule
-    ({"window_ms": 40, "gain_ms": 0}, "switched"),  # fits the slack whatever the gain
+    ({"window_ms": 40, "gain_ms": 0}, "switched"),  # fits the slack: no loss
+    ({"window_ms": 40, "gain_ms": -50}, "deferred"),  # fits the slack, but the new circuits are slower
     ({}, "switched"),  # no window: unconstrained
 ])
 def test_decision_recorded_for_every_branch(body, decision):

@@ -93,7 +93,7 @@ BAD = [
     ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "delay_ms": -1}, None, 400, "delay_ms"),
     ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "delay_ms": 60001}, None, 400, "delay_ms"),
     ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "window_ms": True}, None, 400, "window_ms"),
-    ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "gain_ms": -0.5}, None, 400, "gain_ms"),
+    ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "gain_ms": -3600000.5}, None, 400, "gain_ms"),
     ("POST", "/api/v1/circuits", {"circuits": {"0": [[1, 2]]}, "gain_ms": [1]}, None, 400, "gain_ms"),
     ("POST", "/api/v1/phase", {"phase": "gen", "gain_ms": 3600001}, None, 400, "gain_ms"),
     ("POST", "/api/v1/phase", {"phase": "gen", "gain_ms": False}, None, 400, "gain_ms"),
@@ -186,6 +186,7 @@ def test_deferred_reply(fab):
     ({"window_ms": 8, "gain_ms": 2.0}, "deferred", "deferred", 0.0, False),
     ({"window_ms": 8}, "deferred", "deferred", 0.0, False),
     ({"window_ms": 12, "gain_ms": 0}, "done", "switched", 0.0, True),
+    ({"window_ms": 12000, "gain_ms": -250}, "deferred", "deferred", 0.0, False),  # slower: never, however long
     ({}, "done", "switched", 0.0, True),
 ])
 def test_phase_reply_carries_the_decision(fab, body, status, decision, stall, sent):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from emulation.spec import FabricSpec, JobLayout
-from rlsim import traffic
+from controller import traffic
 from rlsim.fabrics import GBPS, build_network
 from rlsim.flowsim import Transfer, max_min_rates, simulate
 from rlsim.sim import run_demands

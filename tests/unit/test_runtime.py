@@ -301,7 +301,7 @@ def test_client_sends_gain_ms_in_both_posts(monkeypatch):
     assert sent[2][2]["gain_ms"] is None
 
 
-@pytest.mark.parametrize("gain", [-1.0, float("nan"), float("inf"), 3600_000.5])
+@pytest.mark.parametrize("gain", [-3600_000.5, float("nan"), float("inf"), 3600_000.5])
 def test_internal_request_validates_gain_ms(gain):
     from controller.reconfig import ReconfigRequest
 
@@ -327,8 +327,8 @@ def test_options_round_trip_through_argv(tmp_path):
 
     opts = ControllerOptions(spec_json='{"fabric": {}}', of_port=1234, of_host="127.0.0.2", rest_port=4321,
                              rest_host="127.0.0.3", token_file=str(tmp_path / "t"), state_file=str(tmp_path / "s"),
-                             initial_phase="gen", delay_ms=2.5, datapath_flush="off", verbose=2, owner_pid=4242,
-                             owner_start=99)
+                             initial_phase="gen", delay_ms=2.5, datapath_flush="off", metrics_port=9999,
+                             metrics_host="127.0.0.4", verbose=2, owner_pid=4242, owner_start=99)
     assert all(getattr(opts, f.name) != f.default for f in dataclasses.fields(ControllerOptions)
                if f.name not in ("scenario", "no_auth"))  # every option is exercised
     assert options_from_args(build_arg_parser().parse_args(to_argv(opts))) == opts
@@ -344,21 +344,24 @@ def test_every_option_reaches_the_cli_command_and_the_process_argv(tmp_path):
     ns = build_parser().parse_args(["controller", "x.yaml", "--delay-ms", "3", "--initial-phase", "sync",
                                     "--of-host", "127.0.0.9"])
     opts = options_from_args(ns, scenario=ns.scenario)
-    assert (opts.delay_ms, opts.initial_phase, opts.of_host, opts.of_port, opts.rest_port) == \
-        (3.0, "sync", "127.0.0.9", 6653, 8080)
+    assert (opts.delay_ms, opts.initial_phase, opts.of_host, opts.of_port, opts.rest_port, opts.metrics_port) == \
+        (3.0, "sync", "127.0.0.9", 6653, 8080, 9480)
     # the CLI command got every option from add_arguments, but the owner's (a foreground controller has none)
     names = {f.name for f in dataclasses.fields(ControllerOptions)} - {"scenario", "spec_json", "verbose",
                                                                        "owner_pid", "owner_start"}
     assert names <= set(vars(ns)) and "owner_pid" not in vars(ns)
     proc = ctl_process.ControllerProcess(SPEC, LAYOUT, of_port=7001, rest_port=7002, initial_phase="gen",
-                                         delay_ms=4.0, state_file=tmp_path / "state.json", token="x" * 20)
+                                         delay_ms=4.0, state_file=tmp_path / "state.json", token="x" * 20,
+                                         metrics_port=7003)
     try:
+        assert proc.metrics_url == "http://127.0.0.1:7003/metrics"
         argv = proc.argv()
         assert argv[1:3] == ["-m", "controller"]
         back = options_from_args(build_arg_parser().parse_args(argv[3:]))
         assert back == proc.options()
         cfg = check_config(back)
-        assert (cfg.of_port, cfg.rest_port, cfg.initial_phase, cfg.delay_ms, cfg.spec) == (7001, 7002, "gen", 4.0, SPEC)
+        assert (cfg.of_port, cfg.rest_port, cfg.initial_phase, cfg.delay_ms, cfg.spec, cfg.metrics_port) == \
+            (7001, 7002, "gen", 4.0, SPEC, 7003)
     finally:
         import shutil
 

@@ -1,0 +1,188 @@
+"""Where adaptive compute pays: a map of the oracle's gains and each policy's over the knobs that decide the
+room (`orchestrrl map SCENARIO --out DIR`).
+
+Every point of the map is the scenario with two knobs changed (one heatmap per pair of knobs, the others at
+the scenario's values): its tuned static baseline (testbed.tuning: every layout x max_num_seqs), its oracle
+bounds (testbed.oracle: layout switches, placement, both; every length known) and the planner's, the
+balancer's and orchestrrl's speedups over that baseline, all on the simulated backend (the engine in virtual
+time). The knobs (:data:`KNOBS`): the model, the requests per generator GPU, the response-length median,
+spread (log-sigma), cap and share at the cap, the prompt-group correlation (prompt_sigma: the share of the
+spread that a prompt's samples share), the adaptive policies' max_num_seqs, and the fixed part of a layout
+switch. Points run in parallel on Ray where it is installed (``--ray-address`` for a cluster), serially
+otherwise; results are cached by content like the tuning grid, so a map re-drawn with more points only
+computes the new ones. Writes ``map.json`` and ``map-<panel>.png`` (per panel, one heatmap per quantity).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# knob -> (where it lives, values a map tries by default)
+KNOBS = {
+    "model": ("workload.model", ("Qwen2.5-7B", "Qwen2.5-14B", "Qwen2.5-32B")),
+    "requests_per_gpu": ("requests_per_gpu", (16, 32, 64, 128)),
+    "median": ("workload.response_median_tokens", (500.0, 1500.0, 4000.0)),
+    "sigma": ("workload.response_sigma", (0.5, 0.9, 1.2)),
+    "cap": ("workload.max_response_tokens", (4096, 16384)),
+    "cap_fraction": ("workload.cap_fraction", (0.0, 0.05, 0.15)),
+    "prompt_sigma": ("workload.prompt_sigma", (0.0, 0.3, 0.6)),
+    "max_num_seqs": ("orchestrator.engine.max_num_seqs", (256, 1024)),
+    "switch_reinit_s": ("orchestrator.engine.switch_reinit_s", (0.1, 1.0, 5.0)),
+}
+DEFAULT_PANELS = (("median", "requests_per_gpu"), ("sigma", "cap_fraction"), ("model", "max_num_seqs"),
+                  ("prompt_sigma", "switch_reinit_s"))
+QUANTITIES = ("oracle_both", "orchestrrl", "oracle_switch", "planner", "oracle_placement", "balancer")
+
+
+def apply(scenario, knob: str, value):
+    """``scenario`` with one knob set (a new frozen Scenario; the workload re-validated)."""
+    where, _ = KNOBS[knob]
+    if where == "requests_per_gpu":
+        gen = scenario.layout.gen_servers(scenario.fabric)
+        n = int(value) * len(gen) * scenario.fabric.gpus_per_server
+        w = scenario.workload
+        return dataclasses.replace(scenario, workload=dataclasses.replace(
+            w, prompts_per_step=max(1, n // w.samples_per_prompt)))
+    part, *path = where.split(".")
+    if part == "workload":
+        w = scenario.workload
+        if path[0] == "response_sigma":  # keep the prompt share of the spread inside it
+            value = float(value)
+            return dataclasses.replace(scenario, workload=dataclasses.replace(
+                w, response_sigma=value, prompt_sigma=min(w.prompt_sigma, value)))
+        if path[0] == "max_response_tokens":
+            return dataclasses.replace(scenario, workload=dataclasses.replace(
+                w, max_response_tokens=int(value), response_median_tokens=min(w.response_median_tokens, int(value))))
+        if path[0] == "prompt_sigma":
+            value = min(float(value), w.response_sigma)
+        return dataclasses.replace(scenario, workload=dataclasses.replace(w, **{path[0]: value}))
+    orch = json.loads(json.dumps(scenario.orchestrator or {}))
+    node = orch
+    for k in path[:-1]:
+        node = node.setdefault(k, {})
+    node[path[-1]] = value
+    return dataclasses.replace(scenario, orchestrator=orch)
+
+
+def point(scenario, steps: int = 1, use_cache: bool = True) -> dict:
+    """One point of the map: the oracle bounds and every adaptive policy's speedup over the tuned baseline."""
+    import tempfile
+
+    from testbed.experiment import ADAPTIVE, Experiment
+
+    exp = Experiment(scenario, "simulated", steps=steps, use_cache=use_cache)
+    with exp, tempfile.TemporaryDirectory(prefix="orl-map-") as tmp:
+        rep, _ = exp.compare([exp.policy(n) for n in ADAPTIVE], steps, Path(tmp))
+    out = {"best_static": rep["best_static"], "floor": rep["oracle"]["floor_speedup"]}
+    for k, v in rep["oracle"]["kinds"].items():
+        out[f"oracle_{k}"] = v["speedup"]
+    for n in ADAPTIVE:
+        out[n] = rep["policies"][n]["speedup_vs_best_static"]
+        out[f"{n}_oracle_fraction"] = rep["policies"][n]["oracle_fraction"]
+    return out
+
+
+def _run_point(args):
+    scenario, steps, use_cache = args
+    try:
+        return point(scenario, steps, use_cache)
+    except Exception as e:  # noqa: BLE001 - a point that cannot run (no layout fits, ...) is reported, not fatal
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def build(scenario, panels=DEFAULT_PANELS, values: dict | None = None, steps: int = 1, use_ray: bool | None = None,
+          ray_address: str | None = None, use_cache: bool = True, progress=None) -> dict:
+    """Every point of every panel (a panel: two knobs, each at its values)."""
+    from rlsim.sweep import ray_available
+
+    values = values or {}
+    cells = []
+    for a, b in panels:
+        for va in values.get(a, KNOBS[a][1]):
+            for vb in values.get(b, KNOBS[b][1]):
+                cells.append((f"{a}x{b}", a, va, b, vb))
+    jobs = []
+    for _, a, va, b, vb in cells:
+        scn = apply(apply(scenario, a, va), b, vb)
+        jobs.append((dataclasses.replace(scn, name=f"{scenario.name}-{a}={va}-{b}={vb}"), steps, use_cache))
+    if use_ray is None:
+        use_ray = ray_available()
+    results = [None] * len(jobs)
+    if use_ray and len(jobs) > 1:
+        import ray
+
+        started = not ray.is_initialized()
+        if started:
+            ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
+        try:
+            remote = ray.remote(_run_point)
+            refs = {remote.remote(j): k for k, j in enumerate(jobs)}
+            pending = list(refs)
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1, timeout=3600)
+                for d in done:
+                    results[refs[d]] = ray.get(d)
+                    if progress:
+                        progress(cells[refs[d]])
+        finally:
+            if started:
+                ray.shutdown()
+    else:
+        for k, j in enumerate(jobs):
+            results[k] = _run_point(j)
+            if progress:
+                progress(cells[k])
+    out = {"scenario": scenario.name, "steps": steps, "panels": {}}
+    for (panel, a, va, b, vb), res in zip(cells, results):
+        p = out["panels"].setdefault(panel, {"x": a, "y": b, "x_values": [], "y_values": [], "points": []})
+        if va not in p["x_values"]:
+            p["x_values"].append(va)
+        if vb not in p["y_values"]:
+            p["y_values"].append(vb)
+        p["points"].append({a: va, b: vb, **res})
+    return out
+
+
+def plot(doc: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    files = []
+    for name, p in doc["panels"].items():
+        xs, ys = p["x_values"], p["y_values"]
+        fig, axes = plt.subplots(1, len(QUANTITIES), figsize=(3.1 * len(QUANTITIES), 3.0 + 0.25 * len(ys)),
+                                 squeeze=False)
+        vmax = max([1.05] + [pt.get(q, 0) or 0 for pt in p["points"] for q in QUANTITIES if "error" not in pt])
+        for col, (ax, q) in enumerate(zip(axes[0], QUANTITIES)):
+            grid = np.full((len(ys), len(xs)), np.nan)
+            for pt in p["points"]:
+                if "error" not in pt and pt.get(q) is not None:
+                    grid[ys.index(pt[p["y"]]), xs.index(pt[p["x"]])] = pt[q]
+            im = ax.imshow(grid, origin="lower", cmap="viridis", vmin=1.0, vmax=vmax, aspect="auto")
+            for i in range(len(ys)):
+                for j in range(len(xs)):
+                    v = grid[i, j]
+                    ax.text(j, i, "n/a" if math.isnan(v) else f"{v:.2f}x", ha="center", va="center", fontsize=8,
+                            color="white" if (not math.isnan(v) and v < 1 + 0.6 * (vmax - 1)) else "black")
+            ax.set_xticks(range(len(xs)), [str(x) for x in xs], fontsize=7)
+            ax.set_yticks(range(len(ys)), [str(y) for y in ys], fontsize=7)
+            ax.set_xlabel(p["x"], fontsize=8)
+            if col == 0:
+                ax.set_ylabel(p["y"], fontsize=8)
+            ax.set_title(q.replace("_", " "), fontsize=9)
+        fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="speedup over the tuned static baseline")
+        fig.suptitle(f"{doc['scenario']}: where adaptive compute pays ({p['x']} x {p['y']}; simulated backend, "
+                     f"{doc['steps']} step(s) per point)", fontsize=10)
+        f = Path(out) / f"map-{name}.png"
+        fig.savefig(f, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        files.append(str(f))
+    return files

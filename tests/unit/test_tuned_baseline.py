@@ -1,0 +1,130 @@
+"""Issue 13's units: the balancer's one estimator, a charged step-boundary switch, the tuning grid, the oracle."""
+import json
+
+import numpy as np
+import pytest
+
+from agents.engine import Layout
+from emulation.scenario import Scenario
+from emulation.spec import FabricSpec, JobLayout
+from emulation.workload import WorkloadSpec
+from orchestrator_cases import _bench_state, _setup
+from testbed.orchestrator.balancer import Balancer, BalancerSettings
+from testbed.orchestrator.planner import ServerView
+from testbed import tuning
+
+
+def _consistent_after(est, bal, views, rids, moves):
+    """Each move re-judged by the estimator on the balancer's frozen lengths, applied in order: (server
+    index before, the larger of the two after) per move."""
+    lay = next(iter(views.values())).layout
+    loads = {s: bal.frozen(v.load) for s, v in views.items()}
+    rr = {s: np.asarray(r) for s, r in rids.items()}
+    out = []
+    for m in moves:
+        fa, fb = loads[m.src], loads[m.dst]
+        i = int(np.nonzero(rr[m.src] == m.rid)[0][0])
+        before = est.server_s(lay, fa, lay)
+        if m.src == m.dst:
+            na = fa.without(i).plus_from(fa, i, m.dst_replica)
+            after = est.server_s(lay, na, lay)
+            loads[m.src], rr[m.src] = na, np.r_[np.delete(rr[m.src], i), rr[m.src][i]]
+        else:
+            nb = fb.plus_from(fa, i, m.dst_replica)
+            after = max(est.server_s(lay, fa.without(i), lay), est.server_s(lay, nb, lay))
+            loads[m.dst], rr[m.dst] = nb, np.r_[rr[m.dst], rr[m.src][i]]
+            loads[m.src], rr[m.src] = fa.without(i), np.delete(rr[m.src], i)
+        out.append((before, after))
+    return out
+
+
+def test_the_balancer_judges_every_move_with_the_estimate_of_its_load_indices():
+    w, est, lays, _, _ = _setup(4096, 64)
+    views, rids = _bench_state(w, est, lays, np.random.default_rng(0), 512, [Layout(1)] * 4,
+                               weights=[0.4, 0.2, 0.2, 0.2])
+    st = BalancerSettings(min_gain_s=0.0, gain_margin=0.0, max_migrations=8)
+    mixed = Balancer(est, st)
+    mixed.frozen = lambda load: load  # the old rule: indices on stratified quantiles, "after" on conditional means
+    old = mixed.decide(views, rids, 10.0)[0]
+    judged = _consistent_after(est, Balancer(est, st), views, rids, old)
+    assert any(after > before + 1e-6 for before, after in judged), \
+        "the mixed estimators accept a move that the indices' own estimate says makes the server slower"
+    bal = Balancer(est, st)
+    moves = bal.decide(views, rids, 10.0)[0]
+    assert moves
+    for m, (before, after) in zip(moves, _consistent_after(est, bal, views, rids, moves)):
+        assert after < before - 1e-9  # every move it makes shortens the pair's predicted makespan
+        assert m.gain_s == pytest.approx(before - after, rel=1e-9, abs=1e-9)  # and says by how much
+
+
+def test_a_move_must_gain_more_than_its_floor():
+    w, est, lays, _, _ = _setup(4096, 64)
+    views, rids = _bench_state(w, est, lays, np.random.default_rng(0), 512, [Layout(1)] * 4,
+                               weights=[0.4, 0.2, 0.2, 0.2])
+    free = Balancer(est, BalancerSettings(min_gain_s=0.0, gain_margin=0.0)).decide(views, rids, 10.0)[0]
+    floor = max(m.gain_s for m in free) + 1e-6
+    assert not Balancer(est, BalancerSettings(min_gain_s=floor, gain_margin=0.0)).decide(views, rids, 10.0)[0]
+
+
+def test_a_step_boundary_switch_is_charged_and_the_first_is_free():
+    w, est, lays, planner, _ = _setup(4096, 1024)
+    views, _ = _bench_state(w, est, lays, np.random.default_rng(3), 256, [Layout(8)] * 4, waiting=1.0)
+    v = next(iter(views.values()))
+    free = planner.initial(ServerView(v.server, Layout(8), v.load), charged=False)
+    paid = planner.initial(ServerView(v.server, Layout(8), v.load), charged=True)
+    cost = float(planner.switch_cost.switch_s(Layout(8), Layout(1), 0.0))
+    assert cost >= 1.0  # the fixed re-initialisation at least
+    name = Layout(1).name(8)
+    assert paid.predicted_s[name] == pytest.approx(free.predicted_s[name] + cost)
+    assert paid.predicted_s[Layout(8).name(8)] == pytest.approx(free.predicted_s[Layout(8).name(8)])
+
+
+def _tiny(**kw):
+    w = WorkloadSpec(model="Qwen2.5-7B", prompts_per_step=8, samples_per_prompt=4, response_median_tokens=100,
+                     max_response_tokens=512, steps=1, **kw)
+    return Scenario(name="tiny", seed=1, fabric=FabricSpec(pods=2, tors_per_pod=1, servers_per_tor=2),
+                    layout=JobLayout(train_pods=(0,), gen_pods=(1,)), workload=w,
+                    orchestrator={"step_mode": "sync"})
+
+
+def test_the_tuning_grid_picks_the_best_and_skips_only_identical_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORCHESTRRL_CACHE_DIR", str(tmp_path))
+    times = {("TP1x8", 64): 30.0, ("TP1x8", 128): 28.0, ("TP1x8", 256): 27.0, ("TP8x1", 64): 40.0,
+             ("TP8x1", 128): 25.0}  # no ("TP8x1", 256): it must not run
+    ran = []
+
+    def run(lay, mns):
+        ran.append((lay.name(8), mns))
+        # max_num_seqs 128 never bound TP8x1 here, so 256 schedules the same steps
+        return {"step_makespan_s": [times[(lay.name(8), mns)]], "phases": [{"gen_s": 1.0}]}, \
+            not (lay.name(8) == "TP8x1" and mns == 128)
+
+    lays = [Layout(1), Layout(8)]
+    grid = tuning.tune(_tiny(), lays, 8, 1, run, grid=(64, 128, 256))
+    assert tuning.best(grid).name == "static-TP8x1@128"
+    assert sorted(ran) == sorted(times)
+    same = {p.name: p.same_as for p in grid}
+    assert same["static-TP8x1@256"] == 128 and same["static-TP8x1@128"] is None and len(grid) == 6
+    # cached by content: the same scenario is not run again, another one is
+    again = tuning.tune(_tiny(), lays, 8, 1, run, grid=(64, 128, 256))
+    assert [p.to_json() for p in again] == [p.to_json() for p in grid] and len(ran) == len(times)
+    tuning.tune(_tiny(prompt_sigma=0.3), lays, 8, 1, run, grid=(64, 128, 256))
+    assert len(ran) == 2 * len(times)
+
+
+def test_the_tuning_grid_on_the_simulated_backend_and_the_oracle_bounds_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORCHESTRRL_CACHE_DIR", str(tmp_path))
+    from testbed.experiment import Experiment
+
+    exp = Experiment(_tiny(prompt_sigma=0.3), "simulated", grid=(64, 256))
+    grid = exp.tuning_grid()
+    assert {p.layout for p in grid} == {lay.name(8) for lay in exp.layouts}
+    b = tuning.best(grid)
+    assert all(b.makespan_s <= p.makespan_s for p in grid)
+    orc = exp.oracle()
+    json.dumps(orc)
+    for kind, v in orc["kinds"].items():  # every oracle contains the tuned static configuration
+        assert v["speedup"] >= 1.0 - 1e-9, kind
+        assert v["speedup"] <= orc["floor_speedup"] + 1e-9, kind  # and no plan beats the longest one alone
+    assert orc["kinds"]["both"]["speedup"] >= max(orc["kinds"]["switch"]["speedup"],
+                                                  orc["kinds"]["placement"]["speedup"]) - 1e-9
