@@ -175,6 +175,15 @@ class NoParams:
 
 
 @dataclass(frozen=True)
+class ResetParams:
+    """``reset``: drop every request; ``engine``: the scheduler settings the fresh engine runs with (a run of
+    another configuration on the same agents, e.g. the tuned baseline's max_num_seqs); None keeps the current
+    ones. The cost model (and so ``switch_reinit_s``) stays the agent's."""
+
+    engine: EngineSettings | None = None
+
+
+@dataclass(frozen=True)
 class DistInitParams:
     """(Re-)form the cluster's torch.distributed world (destroys the previous one). ``agents``: the members of
     the new world by agent index (rank = position in this list); the rendezvous (TCPStore) listens at
@@ -434,7 +443,7 @@ METHODS: dict[str, type] = {
     "kv_incoming": KvIncomingParams,
     "kv_wait": KvWaitParams,
     "migrate_commit": MigrateCommitParams,
-    "reset": NoParams,
+    "reset": ResetParams,
     "collector_stats": CollectorStatsParams,
     "collector_reset": NoParams,
     "fidelity": FidelityParams,

@@ -359,10 +359,12 @@ class Agent:
                 "start": sw.start, "end": sw.end, "switch_s": sw.switch_s, "kv_tokens": sw.kv_tokens}
 
     def rpc_reset(self, p) -> dict:
-        """Drop every request (the driver's recovery and end-of-run); the layout stays."""
+        """Drop every request (the driver's recovery and end-of-run); the layout stays, and the engine settings
+        unless ``p.engine`` gives new ones (a run of another configuration on the same agents)."""
         with self.lock:
             dropped = len(self.engine.held)
-            self.engine = Engine(self.engine.cost, self.cfg.gpus, self.engine.layout, self.cfg.engine)
+            settings = p.engine if p.engine is not None else self.engine.settings
+            self.engine = Engine(self.engine.cost, self.cfg.gpus, self.engine.layout, settings)
             self.fidelity.clear()
             self.pending = []
         self.wake.set()

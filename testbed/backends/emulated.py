@@ -29,6 +29,7 @@ from controller.ocs import Matching
 from controller.phases import SyncChain, stripe_plan, sync_chains
 from controller.traffic import train_bytes, train_traffic
 from emulation.capacity import load_capacity
+from emulation.validation import to_dict
 
 from .base import Backend, PhaseResult, ServerState, StepRequests
 from .phases import PhaseModel
@@ -51,6 +52,7 @@ class EmulatedBackend(Backend):
         from testbed.cluster import running_cluster
 
         self.tdf = scenario.fabric.time_dilation
+        self.engine_settings = engine  # what prepare() gives the agents' engines (a shared cluster's too)
         self.bucket_bytes = max(4096, int(bucket_mb * 1e6 * scenario.fabric.scale))
         self._stack = contextlib.ExitStack()
         names = {s: lay.name(self.gpus) for s, lay in layouts.items()}
@@ -83,9 +85,11 @@ class EmulatedBackend(Backend):
 
     def prepare(self, layouts: dict[int, Layout]) -> None:
         """A fresh run on a running cluster: no request anywhere, collectors and fidelity records afresh, every
-        generator in its starting layout (free of charge)."""
+        generator in its starting layout (free of charge) with this run's engine settings (a tuned
+        configuration's max_num_seqs: the cluster was started with the scenario's)."""
         live = [s for s in self.gen_servers if s not in self.pool.failed]
-        self.pool.call_all(live, "reset", lambda s: None, 30.0)
+        eng = to_dict(self.engine_settings)
+        self.pool.call_all(live, "reset", lambda s: {"engine": eng}, 30.0)
         self.pool.call_all(live, "fidelity", lambda s: {"clear": True}, 10.0)
         for s in live:
             st = self.pool.call(s, "stats")

@@ -18,7 +18,7 @@ import pytest
 from emulation.scenario import ControllerSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.workload import WorkloadSpec
-from testbed.bench_faults import BOUND_REL, fault_run
+from testbed.bench_faults import fault_run
 
 pytestmark = pytest.mark.system
 
@@ -33,7 +33,9 @@ SCN = Scenario(
                           response_sigma=0.8, prompt_sigma=0.4, max_response_tokens=1500, steps=1),
     controller=ControllerSettings(initial_phase="train"),
     orchestrator={"planning_interval_s": INTERVAL, "engine": {"max_num_seqs": 8},
-                  "balancer": {"threshold": 0.05, "min_gap_s": 0.2, "max_migrations": MAX_MIGRATIONS}})
+                  # an eager balancer (no floor on a move's predicted gain): moves at every tick, up to the limit
+                  "balancer": {"threshold": 0.05, "min_gap_s": 0.2, "max_migrations": MAX_MIGRATIONS,
+                               "min_gain_s": 0.0, "gain_margin": 0.0}})
 
 
 def _check(got: dict) -> None:
@@ -97,13 +99,14 @@ SCN_ASYNC = dataclasses.replace(SCN, orchestrator={**SCN.orchestrator, "step_mod
 
 def test_kill_during_a_weight_sync_beside_generation(tmp_path):
     """A generator dies under the weight broadcast that runs beside the next step's generation: the sync is run
-    again without it, the generation re-queues its requests, and the two steps take about what they take
-    without the kill (the baseline on the same cluster; the simulator has no sync failure to bound it with)."""
+    again without it and the generation re-queues its requests. That step's generation is held to the
+    simulated survivors' bound like the other kills; the sync's re-run must not hold any step up (the time each
+    step spends outside its generation is what it is without the kill; the simulator has no sync failure to
+    bound it with)."""
     got = fault_run(SCN_ASYNC, "weight_sync", tmp_path, baseline=True)
-    print(got)
-    assert got["killed"] and got["failed"] == [got["victim"]]
-    assert got["lost_requests"] == 0 and got["exactly_once"] and got["tokens_unique"] == got["tokens_target"]
-    assert got["tick_s_max"] <= 2 * INTERVAL
+    _check(got)
+    assert got["kill_step"] == 1  # the kill came while step 1 generated
     assert got["sync_retries"][0] >= 1 and all(got["sync_consistent"])  # run again, the same weights everywhere
-    for ms, base in zip(got["step_makespans_s"], got["emulated_no_kill_makespans_s"]):
-        assert ms <= base * (1 + BOUND_REL) + 2 * INTERVAL, got
+    for ms, gen, base_ms, base_gen in zip(got["step_makespans_s"], got["gen_s"], got["emulated_no_kill_makespans_s"],
+                                          got["emulated_no_kill_gen_s"]):
+        assert ms - gen <= (base_ms - base_gen) + 2 * INTERVAL, got
