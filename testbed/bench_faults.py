@@ -41,6 +41,10 @@ DEFAULT_POLICY = {"generation": "orchestrrl", "migration": "balancer", "layout_s
                   "weight_sync": "orchestrrl"}
 STEPS = {"weight_sync": 2}  # runs of one step otherwise
 KILL_AFTER_TOKENS = 3000
+NOT_KILLED = {"generation": "the victim never produced the tokens the kill waits for",
+              "migration": "the balancer made no migration in this run (its gain floor: docs/orchestrator.md)",
+              "layout_switch": "the planner made no live layout switch in this run",
+              "weight_sync": "no weight sync ran beside a generation (the async step mode runs one)"}
 BOUND_REL = 0.05  # the run-to-run spread of one emulated step on this machine (a few percent)
 
 
@@ -206,7 +210,9 @@ def fault_run(scn, mode: str, out: Path, policy: str | None = None, victim: int 
         got["emulated_no_kill_s"] = base
         got["emulated_no_kill_makespans_s"] = r0["step_makespan_s"]
         got["emulated_no_kill_gen_s"] = [p["gen_s"] for p in r0["phases"]]
-    if got["killed"]:
+    if not got["killed"]:  # the run never did what the kill waits for: nothing was measured
+        got["note"] = NOT_KILLED[mode]
+    else:
         got.update(simulated_bound(scn, policy, kill.victim, got["kill_after_s"], interval, base, got["kill_step"]))
         got["within_bound"] = got["generation_s"] <= got["bound_s"]
     return got

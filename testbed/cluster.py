@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -78,7 +78,13 @@ class Collected:
         return dict(zip(self.rid.tolist(), self.count.tolist()))
 
     def finished(self) -> set[int]:
+        """Requests whose last token arrived."""
         return set(self.rid[self.final_len >= 0].tolist())
+
+    def gapped(self) -> dict[int, int]:
+        """Requests whose last token arrived while some earlier one did not: {rid: contiguous prefix}."""
+        m = (self.final_len >= 0) & (self.contiguous < self.final_len)
+        return dict(zip(self.rid[m].tolist(), self.contiguous[m].tolist()))
 
 
 @dataclass
@@ -100,8 +106,11 @@ class AgentPool:
         self.procs: dict[int, subprocess.Popen] = {}
         self.clients: dict[int, AgentClient] = {}
         self.placement: dict[int, int] = {}  # rid -> agent
+        self.served: dict[int, set[int]] = {}  # rid -> every agent that held it (its tokens came from them)
         self.failed: dict[int, str] = {}  # agent -> why
         self.failed_at: dict[int, float] = {}  # agent -> time.monotonic() when it was marked failed
+        # agent -> when it missed a gather's deadline, while that call (with its failure deadline) goes on
+        self.late: dict[int, float] = {}
         self.pids: dict[int, int] = {}
         self._generation = 0
         self.group_members: dict[str, frozenset[int]] = {}
@@ -317,24 +326,56 @@ class AgentPool:
                         abort=self.watch(*agents, *(watch or ())))
 
     def gather(self, agents: Sequence[int], method: str, params_of, deadline_s: float,
-               fail_late: bool = True) -> dict[int, Any]:
+               fail_late: bool = True, fail_after_s: float | None = None) -> dict[int, Any]:
         """A per-tick call: ``method`` on every agent at once with the deadline ``deadline_s``; the answers of
-        those that answered in time. One whose process exited is marked failed; one that missed the deadline
-        too when ``fail_late`` (and stopped: see :meth:`mark_failed`), else it is only left out this time.
-        An error reply is raised."""
-        live = {a: self.clients[a] for a in agents if a not in self.failed}
-        out, errs = call_each(live, method, params_of, deadline_s, self._pool, lambda a: self.watch(a))
+        those that answered in time. One whose process exited is marked failed. One that missed the deadline:
+        with ``fail_late``, failed (and stopped: see :meth:`mark_failed`) at the deadline, or, given
+        ``fail_after_s`` (> ``deadline_s``), left out now while its call goes on, and failed if that call has
+        no answer ``fail_after_s`` after it was made (a late answer clears it; until then the agent is left out
+        of later gathers too: see :attr:`late`); without ``fail_late`` it is only left out. An error reply is
+        raised."""
+        grace = fail_after_s if (fail_late and fail_after_s is not None and fail_after_s > deadline_s) else None
+        live = {a: self.clients[a] for a in agents if a not in self.failed and a not in self.late}
+        if grace is None:
+            out, errs = call_each(live, method, params_of, deadline_s, self._pool, lambda a: self.watch(a))
+        else:
+            futs = {a: self._pool.submit(c.call, method, params_of(a), grace, self.watch(a)) for a, c in live.items()}
+            wait(list(futs.values()), timeout=deadline_s)
+            out, errs = {}, {}
+            for a, f in futs.items():
+                if not f.done():  # late: left out of this gather; its call decides (_late_done)
+                    with self._fail_lock:
+                        self.late[a] = time.monotonic()
+                    log.warning("agent %d missed the %.0f ms deadline of %r: left out, failed if it has not "
+                                "answered within %.0f ms", a, deadline_s * 1e3, method, grace * 1e3)
+                    f.add_done_callback(lambda f, a=a: self._late_done(a, f, method, grace))
+                    continue
+                try:
+                    out[a] = f.result()
+                except Exception as e:  # noqa: BLE001 - sorted below
+                    errs[a] = e
         for a, e in errs.items():
             if isinstance(e, AgentGone):
                 continue  # watch() marked it failed
             if isinstance(e, AgentTimeout):
                 gone = self.exited(a)
                 if gone or fail_late:
-                    self.mark_failed(a, gone or f"missed the {deadline_s * 1e3:.0f} ms deadline of {method!r}",
-                                     fence=True)
+                    self.mark_failed(a, gone or f"missed the {(grace or deadline_s) * 1e3:.0f} ms deadline of "
+                                     f"{method!r}", fence=True)
                 continue
             raise e
         return out
+
+    def _late_done(self, a: int, f, method: str, grace: float) -> None:
+        """The late call of a gather ended: an answer clears the agent; none within ``grace`` fails it."""
+        e = f.exception()
+        with self._fail_lock:
+            self.late.pop(a, None)
+        if isinstance(e, AgentTimeout):
+            gone = self.exited(a)
+            self.mark_failed(a, gone or f"no answer to {method!r} within {grace * 1e3:.0f} ms", fence=True)
+        elif e is None:
+            log.info("agent %d answered %r late: it stays", a, method)
 
     def mark_failed(self, s: int, why: str, fence: bool = False) -> None:
         """Agent ``s`` failed (``why``). ``fence``: it may still run (it missed a deadline): stop its process
@@ -387,8 +428,17 @@ class AgentPool:
     def submit(self, s: int, requests: list[dict], replica: int | None = None, chunked: bool = False) -> dict:
         res = self.call(s, "submit", {"requests": requests, "replica": replica, "chunked": chunked})
         for r in requests:
-            self.placement[r["rid"]] = s
+            self._place(r["rid"], s)
         return res
+
+    def _place(self, rid: int, s: int) -> None:
+        self.placement[rid] = s
+        self.served.setdefault(rid, set()).add(s)
+
+    def forget_requests(self) -> None:
+        """A fresh run: no request is anywhere."""
+        self.placement.clear()
+        self.served.clear()
 
     def migrate(self, rid: int, src: int, dst: int, mode: str = "multi_stage", timeout_s: float = 30.0,
                 replica: int | None = None) -> dict:
@@ -399,14 +449,14 @@ class AgentPool:
                                          "dst_rpc": {"host": self.fabric.mgmt_ip(dst), "port": RPC_PORT}},
                         timeout_s=timeout_s + 5, watch=(dst,))
         if res.get("result") == "moved":
-            self.placement[rid] = dst
+            self._place(rid, dst)
         return res
 
     def note_held(self, s: int, rids) -> None:
         """Agent ``s`` reported holding ``rids`` (a snapshot): that is where they are now (a migration whose
         answer was given up on may still have landed)."""
         for r in np.asarray(rids).tolist():
-            self.placement[int(r)] = s
+            self._place(int(r), s)
 
     def collected(self, timeout_s: float = 30.0) -> Collected:
         """Every trainer collector's ledger, merged by request id."""
@@ -436,6 +486,7 @@ class AgentPool:
         """Start counting afresh (a new RL step); requests that finished are forgotten, the rest stay placed."""
         done = self.collected().finished()
         self.placement = {r: a for r, a in self.placement.items() if r not in done}
+        self.served = {r: a for r, a in self.served.items() if r in self.placement}
         self.call_all([t for t in self.trainers if t not in self.failed], "collector_reset", lambda s: None, 10.0)
 
     def lost_requests(self, s: int, collected: Collected | None = None,
@@ -451,6 +502,16 @@ class AgentPool:
         return {rid: got.get(rid, 0) for rid, a in self.placement.items()
                 if a == s and rid not in done and rid not in held}
 
+
+    def stranded(self, collected: Collected | None = None, held: set[int] | None = None) -> dict[int, int]:
+        """Requests that finished with a gap only a failed agent could fill: their last token arrived, some
+        earlier one did not, and an agent that held them (whose tokens those were) failed; none of them held
+        by a live agent now (``held``). {rid: the collectors' contiguous prefix}, where a repair resumes them
+        (what arrived past the gap comes again and is counted as a duplicate)."""
+        col = collected or self.collected()
+        held = held or set()
+        return {rid: n for rid, n in col.gapped().items()
+                if rid not in held and any(a in self.failed for a in self.served.get(rid, ()))}
 
 @contextlib.contextmanager
 def running_cluster(scn: Scenario, *, layouts: dict[int, str] | None = None,

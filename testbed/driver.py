@@ -35,7 +35,7 @@ from testbed.orchestrator.forecast import (ForecastErrors, ForecastService, Leng
                                            prompt_share, prompt_shifts)
 from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshot, request_levels
 from testbed.orchestrator.settings import OrchestratorSettings, Policy, feasible_layouts
-from testbed.ticks import IntervalBudget, TickClock, tick_deadline_s
+from testbed.ticks import IntervalBudget, TickClock, tick_deadline_s, tick_fail_after_s
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,8 @@ class Driver:
         self.realised: list[tuple[float, float]] = []  # (predicted, realised) gain of every migration that has both
         self._budget: IntervalBudget | None = None  # this generation phase's max_migrations per interval of time
         self._deadline: float | None = None  # this generation phase's per-tick call deadline
+        self._late: list[int] = []  # live generators that missed this tick's deadline (left out of it)
+        self._repaired: dict[int, frozenset] = {}  # rid -> the failed servers when it was last repaired
 
     # ---- workload ----
     def lengths(self, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -183,15 +185,22 @@ class Driver:
                 continue
             tick = ticks.begin(b.now())
             now = tick["t"]
-            states = b.states(deadline)  # every server at once; one that misses the deadline is failed
+            # every server at once; one that misses the deadline is left out (failed if it stays silent)
+            states = b.states(deadline, tick_fail_after_s(interval))
             if self._failures(req, states):
                 states = {s: st for s, st in states.items() if s not in self.failed}
+            self._late = late = [s for s in b.gen_servers if s not in self.failed and s not in states]
+            if late:
+                self.timeline.event(now, "agents_late", servers=late, step=step, deadline_s=deadline)
+            if not late and set(self.failed) - acct["failed"]:  # a server failed in this step
+                self._repair(req, states)
             self._sample(now, states, fc)
             if self.planner is None and self.balancer is None:
                 ticks.end(tick, b.now())
                 continue
             t_dec = time.perf_counter()
-            fc = self._online(forecast, states, req)
+            if not late:  # a late server's requests are unknown this tick: the forecast waits for them
+                fc = self._online(forecast, states, req)
             self._thinking = time.perf_counter() - t_dec
             sw, mg = self._decide(now, states, fc, step)
             switches += sw
@@ -200,7 +209,8 @@ class Driver:
             self._failures(req)
             ticks.end(tick, b.now())
         # the engines' final counters (tokens, preemptions) of the step
-        self._sample(b.now(), {s: st for s, st in b.states(deadline).items() if s not in self.failed}, fc)
+        self._sample(b.now(), {s: st for s, st in b.states(deadline, tick_fail_after_s(interval)).items()
+                                if s not in self.failed}, fc)
         out = b.end_generation(req)
         t_gen_end = out["ended_at"]  # the last token, not the tick that noticed it
         for m in getattr(b, "migrations", [])[:]:  # simulated hand-overs: their downtime once they happened
@@ -417,8 +427,8 @@ class Driver:
     def _prompt_shifts(self, fc: LengthForecast, states, req: StepRequests) -> dict[int, np.ndarray]:
         """Per server, every request's log-offset from what its prompt's other samples have shown
         (forecast.prompt_shifts): finished ones by their lengths, running ones by their tokens so far."""
-        if not self.settings.forecast.prompt_groups or req is None or not states:
-            return {}
+        if not self.settings.forecast.prompt_groups or req is None or not states or self._late:
+            return {}  # (a late server's requests would look finished)
         share = prompt_share(self._prompt_steps, self._prompt_prior)
         if share <= 0:
             return {}
@@ -489,7 +499,8 @@ class Driver:
             raise RuntimeError(f"trainer agent(s) {gone_trainers} failed ({new[gone_trainers[0]]}): their token "
                                "collectors held this step's responses, so the run cannot go on")
         if states is None or any(s in new for s in states):
-            states = b.states(tick_deadline_s(self.settings.planning_interval_s))
+            interval = self.settings.planning_interval_s
+            states = b.states(tick_deadline_s(interval), tick_fail_after_s(interval))
         self._requeue({s: why for s, why in b.failures().items() if s not in self.failed}, req, states)
         return True
 
@@ -518,6 +529,34 @@ class Driver:
                 self._place(s2, specs)
             self.timeline.event(b.now(), "requeued", server=s, to=sorted(per), requests=sum(len(v) for v in per.values()),
                                 delivered_tokens=int(sum(lost.values())), noticed=now)
+
+    def _repair(self, req: StepRequests, states) -> None:
+        """Requests that finished on a live server while tokens a failed one sent before handing them over never
+        arrived (it died with them queued): resumed from the collectors' contiguous prefix on a live generator
+        (what arrived past the gap comes again, counted as a duplicate), so every response is delivered whole."""
+        held = set(np.concatenate([st.snapshot["rid"] for st in states.values()]).tolist()) if states else set()
+        failed = frozenset(self.failed)
+        # once per request and set of failures: a repaired copy that finished with its last tokens still in
+        # flight looks stranded until they arrive
+        todo = {r: g for r, g in self.backend.stranded(held, self._deadline).items() if self._repaired.get(r) != failed}
+        if not todo:
+            return
+        self._repaired.update({r: failed for r in todo})
+        live = [s for s in self.backend.gen_servers if s not in self.failed]
+        if not live:
+            raise RuntimeError("every generator failed")
+        tgt = dict(zip(req.rid.tolist(), req.target.tolist()))
+        pr = dict(zip(req.rid.tolist(), req.prompt.tolist()))
+        dest = dict(zip(req.rid.tolist(), req.dest.tolist()))
+        per: dict[int, list[dict]] = {}
+        for k, (rid, got) in enumerate(sorted(todo.items())):
+            if rid in tgt and got < tgt[rid]:
+                per.setdefault(live[k % len(live)], []).append(
+                    {"rid": rid, "prompt": pr[rid], "target": tgt[rid], "dest": dest[rid], "generated": got})
+        for s, specs in per.items():
+            self._place(s, specs)
+        self.timeline.event(self.backend.now(), "repaired", to=sorted(per), requests=sum(len(v) for v in per.values()),
+                            missing_from=sorted(self.failed))
 
     # ---- accounting ----
     def _accounting_start(self) -> dict:

@@ -9,8 +9,13 @@ interval ``[start + k * interval, start + (k + 1) * interval)`` holds at most on
 counted by when each action starts: a tick whose actions spill into the next interval spends that interval's
 budget, so no interval of time ever holds more than the limit, whatever the ticks do.
 
-The per-tick calls to the backend get :data:`TICK_DEADLINE_FRACTION` of the interval (:func:`tick_deadline_s`):
-a server that does not answer in that time is failed, so a tick waits at most that long on the servers.
+The per-tick calls to the backend get :data:`TICK_DEADLINE_FRACTION` of the interval (:func:`tick_deadline_s`),
+so a tick waits at most that long on the servers. A generator that does not answer in that time is left out of
+the tick, and failed if its call has no answer :data:`TICK_FAIL_FRACTION` of the interval after it was made
+(:func:`tick_fail_after_s`): a hung agent is failed within 2 intervals of going silent (silent just after one
+tick's answer, failed one interval after the next tick's call), while a healthy agent that a loaded machine
+made late once (a 2-core machine with other jobs: one missed 250 ms deadline in 8 default-scenario runs) is
+not killed for it.
 """
 from __future__ import annotations
 
@@ -18,11 +23,17 @@ import math
 from dataclasses import dataclass, field
 
 TICK_DEADLINE_FRACTION = 0.5  # of the planning interval: the per-tick calls' deadline
+TICK_FAIL_FRACTION = 1.0  # of the planning interval: a per-tick call with no answer by then fails its server
 
 
 def tick_deadline_s(interval_s: float) -> float:
     """The deadline of a planning tick's calls to the servers (backend seconds)."""
     return TICK_DEADLINE_FRACTION * interval_s
+
+
+def tick_fail_after_s(interval_s: float) -> float:
+    """How long after a per-tick call a server that has not answered it is failed (backend seconds)."""
+    return TICK_FAIL_FRACTION * interval_s
 
 
 def _index(t: float, start: float, interval: float) -> int:

@@ -161,6 +161,9 @@ class TokenLedger:
                "held_aside": int(sum(len(v) for v in self.aside.values())), "corrupt": int(self.corrupt),
                "bad_messages": int(self.bad_messages), "messages": int(self.messages),
                "finished": int(np.count_nonzero(self.final_len[:n] >= 0)),
+               # finished and every token of it in: a migrated request's last tokens can arrive before the
+               # earlier ones its source sent (and a source that died may never send them)
+               "complete": int(np.count_nonzero((self.final_len[:n] >= 0) & (self.next[:n] >= self.final_len[:n]))),
                "sources": [[src, r, u] for src, (r, u) in sorted(self.sources.items())]}
         if with_arrays:
             rids = np.asarray(self._rids, np.int64)

@@ -166,9 +166,10 @@ class Backend(abc.ABC):
         """Queue requests on a server (``chunked``: consecutive chunks per replica, veRL's dispatch)."""
 
     @abc.abstractmethod
-    def states(self, deadline_s: float | None = None) -> dict[int, ServerState]:
+    def states(self, deadline_s: float | None = None, fail_after_s: float | None = None) -> dict[int, ServerState]:
         """Every live generator server's state, asked of all at once. ``deadline_s`` (a planning tick's): a
-        server that does not answer within it is failed (failures() names it) and left out."""
+        server that does not answer within it is left out; it is failed (failures() names it) at once, or,
+        given ``fail_after_s``, if it has not answered that long after the call (left out until it does)."""
 
     @abc.abstractmethod
     def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None,
@@ -219,6 +220,13 @@ class Backend(abc.ABC):
     def lost_requests(self, server: int, held: set[int] | None = None) -> dict[int, int]:
         """Unfinished requests last seen on the failed ``server`` and held by no live one (``held``), with the
         tokens already delivered of each (where a re-queue resumes)."""
+        return {}
+
+    def stranded(self, held: set[int] | None = None, deadline_s: float | None = None) -> dict[int, int]:
+        """Requests that finished but whose tokens a failed server sent never all arrived (it died with them
+        queued), held by no live server (``held``): {rid: tokens delivered from the start without a gap},
+        where a repair resumes them; asked within ``deadline_s`` (nothing when that passes). None where tokens
+        cannot be lost (the simulated backend)."""
         return {}
 
     def fidelity(self) -> dict:

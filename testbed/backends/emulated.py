@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from agents.costmodel import CostModel
-from agents.client import AgentError, AgentGone
+from agents.client import AgentError, AgentGone, AgentTimeout
 from agents.engine import EngineSettings, Layout
 from agents.protocol import unpack_array
 from controller.ocs import Matching
@@ -95,7 +95,7 @@ class EmulatedBackend(Backend):
             st = self.pool.call(s, "stats")
             if st["layout"] != layouts[s].name(self.gpus):
                 self.set_layout(s, layouts[s], free=True)
-        self.pool.placement.clear()
+        self.pool.forget_requests()
         self.pool.reset_collectors()
 
     def set_layout(self, server: int, layout: Layout, free: bool = False) -> dict:
@@ -106,12 +106,14 @@ class EmulatedBackend(Backend):
     def submit(self, server: int, requests: list[dict], chunked: bool = False) -> None:
         self.pool.submit(server, requests, chunked=chunked)
 
-    def states(self, deadline_s: float | None = None) -> dict[int, ServerState]:
+    def states(self, deadline_s: float | None = None, fail_after_s: float | None = None) -> dict[int, ServerState]:
         """Every live generator's state, asked of all at once; with ``deadline_s`` (backend seconds: a planning
-        tick's), one that misses it or whose process exited is marked failed and left out (see failures())."""
+        tick's), one that misses it is left out, and failed (see failures()) at once or, given ``fail_after_s``,
+        if its call has no answer by then (AgentPool.gather); one whose process exited is failed at once."""
         live = [s for s in self.gen_servers if s not in self.pool.failed]
         wall = (STATS_TIMEOUT_S if deadline_s is None else deadline_s * self.tdf)
-        docs = self.pool.gather(live, "stats", lambda s: {"snapshot": True}, wall)
+        docs = self.pool.gather(live, "stats", lambda s: {"snapshot": True}, wall,
+                                fail_after_s=None if fail_after_s is None else fail_after_s * self.tdf)
         out = {}
         for s, st in docs.items():
             snap = {k: unpack_array(v, f"snapshot.{k}") for k, v in st.pop("snapshot").items()}
@@ -126,16 +128,17 @@ class EmulatedBackend(Backend):
         return self.pool.migrate(rid, src, dst, mode=mode, replica=replica)
 
     def finished_count(self, deadline_s: float | None = None) -> int:
-        """Requests whose last token reached a collector this step (the trainers' ground truth: it survives a
-        generator's death, and a request whose last tokens are still in flight is not done yet); -1 when a
-        collector did not answer within ``deadline_s`` (backend seconds)."""
+        """Requests whose every token reached a collector this step (the trainers' ground truth: it survives a
+        generator's death, and a request whose last tokens are still in flight, or whose earlier ones a
+        migration's source has not delivered yet, is not done yet); -1 when a collector did not answer within
+        ``deadline_s`` (backend seconds)."""
         live = [t for t in self.train_servers if t not in self.pool.failed]
         wall = STATS_TIMEOUT_S if deadline_s is None else deadline_s * self.tdf
         # a trainer late to answer is not failed for it (it may be in a collective): the count is unknown now
         docs = self.pool.gather(live, "collector_stats", lambda s: {"arrays": False}, wall, fail_late=False)
         if len(docs) < len(live):
             return -1
-        return sum(d["finished"] for d in docs.values())
+        return sum(d["complete"] for d in docs.values())
 
     def end_generation(self, req: StepRequests) -> dict:
         want = set(req.rid.tolist())
@@ -313,6 +316,14 @@ class EmulatedBackend(Backend):
 
     def lost_requests(self, server: int, held: set[int] | None = None) -> dict[int, int]:
         return self.pool.lost_requests(server, held=held)
+
+    def stranded(self, held: set[int] | None = None, deadline_s: float | None = None) -> dict[int, int]:
+        wall = STATS_TIMEOUT_S if deadline_s is None else deadline_s * self.tdf
+        try:
+            col = self.pool.collected(timeout_s=wall)
+        except AgentTimeout:  # a collector late to answer: looked at again at the next tick
+            return {}
+        return self.pool.stranded(col, held=held)
 
     def _port_bytes(self) -> dict[str, int]:
         import subprocess

@@ -124,7 +124,7 @@ class SimulatedBackend(Backend):
                                              generated=r.get("generated", 0)) for r in requests], self.t,
                                  chunked=chunked)
 
-    def states(self, deadline_s: float | None = None) -> dict[int, ServerState]:
+    def states(self, deadline_s: float | None = None, fail_after_s: float | None = None) -> dict[int, ServerState]:
         out = {}
         for s, e in self.engines.items():
             st = e.stats(self.t)

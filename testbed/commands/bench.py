@@ -99,9 +99,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=_reconfig)
-    k = bsub.add_parser("faults", help="a generator agent killed during generation, a migration or a layout "
-                                       "switch: noticed when, longest tick, migrations per interval, lost, "
-                                       "duplicates, generation time against the simulated survivors' (root)")
+    k = bsub.add_parser("faults", help="a generator agent killed during generation, a migration, a layout "
+                                       "switch or a weight sync: noticed when, longest tick, migrations per "
+                                       "interval, lost, duplicates, generation time against the simulated "
+                                       "survivors' (root)")
     k.add_argument("scenario", nargs="?", default="scenarios/default.yaml", help="scenario YAML")
     k.add_argument("--kill", default="generation,migration,layout_switch,weight_sync",
                    help="comma-separated kill modes (a fresh cluster for each)")

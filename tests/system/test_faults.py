@@ -93,6 +93,42 @@ def test_a_call_to_a_failed_agent_fails_at_once(tmp_path):
         assert pool.call(2, "ping")["agent"] == 2  # the others keep serving
 
 
+def test_a_late_agent_is_left_out_and_a_silent_one_failed():
+    """A generator stopped (SIGSTOP) through a per-tick gather's deadline is left out of it, not failed: it
+    answers once it runs again and stays. One that stays silent past the failure deadline is failed and fenced
+    (its process group killed), and only then."""
+    import os
+    import signal
+
+    from testbed.cluster import running_cluster
+
+    with running_cluster(SCN) as (tb, pool):
+        pid = pool.procs[2].pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            got = pool.gather([2, 3], "stats", lambda s: None, 0.2, fail_after_s=1.5)
+            assert set(got) == {3} and 2 in pool.late and 2 not in pool.failed
+            assert set(pool.gather([2, 3], "stats", lambda s: None, 0.2, fail_after_s=1.5)) == {3}  # still out
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + 5
+        while 2 in pool.late:  # its late answer comes
+            assert time.monotonic() < deadline, "the late answer never came"
+            time.sleep(0.02)
+        assert 2 not in pool.failed and set(pool.gather([2, 3], "stats", lambda s: None, 0.2, fail_after_s=1.5)) == {2, 3}
+        os.kill(pid, signal.SIGSTOP)  # silent for good
+        t0 = time.monotonic()
+        assert set(pool.gather([2, 3], "stats", lambda s: None, 0.2, fail_after_s=1.5)) == {3}
+        while 2 not in pool.failed:
+            assert time.monotonic() - t0 < 5, "the silent agent was never failed"
+            time.sleep(0.02)
+        took = time.monotonic() - t0
+        assert 1.4 <= took <= 3.0 and "no answer to 'stats' within 1500 ms" in pool.failed[2], (took, pool.failed)
+        pool.procs[2].wait(timeout=5)  # fenced: its group SIGKILLed (a stopped process dies of it)
+        assert pool.procs[2].returncode == -signal.SIGKILL
+        assert pool.call(3, "ping")["agent"] == 3
+
+
 # the asynchronous step mode: step 0's weight sync runs beside step 1's generation
 SCN_ASYNC = dataclasses.replace(SCN, orchestrator={**SCN.orchestrator, "step_mode": "async"})
 

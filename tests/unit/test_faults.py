@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents.client import AgentClient, AgentGone, AgentTimeout
+from agents.client import AgentClient, AgentError, AgentGone, AgentTimeout
 from agents.node.collector import TokenLedger
 from agents.protocol import unpack_array
 from emulation.scenario import load_scenario
@@ -79,6 +79,33 @@ def test_the_ledger_counts_tokens_by_source_and_what_was_new():
     assert dict(zip(unpack_array(s["rid"]).tolist(), unpack_array(s["count"]).tolist())) == {1: 3, 2: 1}
 
 
+def test_a_request_with_a_gap_is_finished_but_not_complete():
+    """A migrated request's last tokens (from its destination) can arrive before the earlier ones its source
+    sent: it is finished, not complete, until they do (and never, if its source died with them queued)."""
+    led = TokenLedger()
+    led.add(np.array([7, 7]), np.array([0, 1]), 1.0, src=4)  # the source sent positions 0, 1 (2, 3 queued)
+    led.add(np.array([7, 7]), np.array([4, 5]), 2.0, src=5)  # the destination resumed at 4 and finished
+    led.finish(np.array([7]), np.array([6]))
+    s = led.summary(with_arrays=False)
+    assert (s["finished"], s["complete"]) == (1, 0)
+    led.add(np.array([7, 7]), np.array([2, 3]), 3.0, src=4)  # the source's queued tokens arrive
+    s = led.summary(with_arrays=False)
+    assert (s["finished"], s["complete"]) == (1, 1)
+
+
+def test_stranded_requests_are_the_gapped_ones_a_failed_agent_served():
+    from testbed.cluster import AgentPool, Collected
+
+    col = Collected(rid=np.array([1, 2, 3, 4]), count=np.array([6, 4, 3, 2]), contiguous=np.array([6, 2, 1, 2]),
+                    dups=np.zeros(4, np.int64), final_len=np.array([6, 6, 5, -1]), summary={})
+    assert col.gapped() == {2: 2, 3: 1}  # 1 is complete, 4 still running
+    pool = AgentPool.__new__(AgentPool)  # the bookkeeping only: no fabric, no agents
+    pool.failed = {4: "process exited with -9"}
+    pool.served = {1: {4, 5}, 2: {4, 5}, 3: {6, 5}, 4: {4}}
+    assert pool.stranded(col) == {2: 2}  # 3's gap will fill: its sources are alive
+    assert pool.stranded(col, held={2}) == {}  # a live agent holds it: not finished there
+
+
 @pytest.fixture(scope="module")
 def default_exp():
     """The default scenario with a quarter of its responses (512 a step): seconds, not tens."""
@@ -128,6 +155,38 @@ def test_a_simulated_server_failure_is_requeued_and_accounted_for(default_exp):
     # the other servers finish the step later than without the failure, and nothing is run twice
     base, _ = _run(default_exp, "orchestrrl")
     assert res["steps"][0]["generation_s"] > base["steps"][0]["generation_s"]
+
+
+def test_a_request_stranded_by_a_failure_is_repaired_from_its_prefix(default_exp):
+    """The emulator's case, on the simulated backend: a request finished on a live server while tokens the
+    failed one had sent never arrived. The driver resumes it from the delivered prefix on a live generator,
+    once per failure, and the step ends with it delivered."""
+    from testbed.backends.simulated import SimulatedBackend
+
+    class Stranding(SimulatedBackend):
+        told = 0
+        rid = None
+        submitted: list = []
+
+        def stranded(self, held=None, deadline_s=None):
+            done = [r for e in self.engines.values() for r, _ in e.finished_log]
+            if self.failures() and done:
+                cls = type(self)
+                cls.told += 1
+                cls.rid = done[0] if cls.rid is None else cls.rid
+                return {cls.rid: 5}  # its tokens 5.. never arrived
+            return {}
+
+        def submit(self, server, requests, chunked=False):
+            type(self).submitted.extend((server, r) for r in requests)
+            super().submit(server, requests, chunked)
+
+    res, drv = _run(default_exp, "orchestrrl", fail=(6, 2.0), backend_cls=Stranding)
+    rep = [e for e in drv.timeline.events if e["kind"] == "repaired"]
+    assert Stranding.told >= 2 and len(rep) == 1 and rep[0]["requests"] == 1  # asked at every tick, repaired once
+    again = [(s, r) for s, r in Stranding.submitted if r.get("generated") == 5]
+    assert len(again) == 1 and again[0][0] != 6 and again[0][0] in rep[0]["to"]
+    assert res["lost_requests"] == 0
 
 
 def test_a_driver_held_up_for_several_intervals_does_not_replay_its_ticks(default_exp):
@@ -256,6 +315,48 @@ def test_a_stop_asked_of_a_request_in_its_last_step_answers_at_once(tmp_path):
             results.append((res["result"], time.monotonic() - t0))
         assert all(took < 5.0 for _, took in results), results
         assert any(r == "finished" for r, _ in results), results  # the case under test did happen
+        c.call("shutdown")
+        agent.wait(timeout=10)
+    finally:
+        c.close()
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+
+
+def test_reset_gives_the_engine_a_runs_settings_and_refuses_bad_ones(tmp_path):
+    """A run of another configuration on the same agents (the tuned baseline's max_num_seqs on a cluster
+    started with the scenario's): reset gives the fresh engine its settings, which bound the running batch;
+    a bad one is refused naming the field and changes nothing."""
+    port = _free_port()
+    cfg = {"index": 0, "server": 0, "role": "gen", "gpus": 8, "model": "Qwen2.5-7B", "gpu": "H800",
+           "rpc": {"host": "127.0.0.1", "port": port}, "fabric_ip": "127.0.0.1", "fabric_intf": "lo",
+           "layout": "TP8x1", "collectors": [{"host": "127.0.0.1", "port": _free_port()}],
+           "engine": {"max_num_seqs": 64}}
+    p = tmp_path / "agent.json"
+    p.write_text(json.dumps(cfg))
+    agent = subprocess.Popen([sys.executable, "-m", "agents.node", "--config", str(p), "--log",
+                              str(tmp_path / "agent.log")], cwd=ROOT)
+    c = AgentClient(f"tcp://127.0.0.1:{port}", "agent0", timeout_s=30.0)
+    reqs = [{"rid": k, "prompt": 64, "target": 100_000, "dest": 0} for k in range(10)]
+    try:
+        c.call("ping")
+
+        def batch() -> tuple[int, int]:
+            st = c.call("stats")
+            return st["num_requests_running"], st["num_requests_waiting"]
+
+        c.call("submit", {"requests": reqs})
+        assert batch() == (10, 0)  # the configured 64 seats
+        with pytest.raises(AgentError) as ei:
+            c.call("reset", {"engine": {"max_num_seqs": 0}})
+        assert ei.value.field == "params.engine" and batch() == (10, 0)  # refused: nothing changed
+        assert c.call("reset", {"engine": {"max_num_seqs": 3, "max_num_batched_tokens": 8192}})["dropped"] == 10
+        c.call("submit", {"requests": reqs})
+        assert batch() == (3, 7)  # the run's settings
+        c.call("reset")  # no settings: the engine keeps the last ones
+        c.call("submit", {"requests": reqs})
+        assert batch() == (3, 7)
         c.call("shutdown")
         agent.wait(timeout=10)
     finally:
