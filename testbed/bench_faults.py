@@ -192,6 +192,7 @@ def fault_run(scn, mode: str, out: Path, policy: str | None = None, victim: int 
     from testbed.experiment import Experiment
 
     policy = policy or DEFAULT_POLICY[mode]
+    load0 = os.getloadavg()[0]  # the machine's load: a shared 2-core machine slows the driver's ticks
     exp = Experiment(scn, "emulated")
     interval = exp.settings.planning_interval_s
     r0 = None
@@ -203,7 +204,8 @@ def fault_run(scn, mode: str, out: Path, policy: str | None = None, victim: int 
         arm(exp.cluster[1], mode, kill, victim, tokens)
         res, files = exp.run(exp.policy(policy), steps, out)
         events = json.loads(Path(files["timeline"]).read_text())["events"]
-    got = {"mode": mode, "policy": policy, "interval_s": interval, **measure(res, events, kill, interval)}
+    got = {"mode": mode, "policy": policy, "interval_s": interval, **measure(res, events, kill, interval),
+           "loadavg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)], "decision_ms_p99": res["decision_ms_p99"]}
     base = None
     if r0 is not None:
         base = r0["steps"][got["kill_step"]]["generation_s"]
