@@ -36,6 +36,7 @@ changes). What makes it fast:
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -546,14 +547,15 @@ class Estimator:
         """:meth:`server_s` of many servers under one ``layout`` at once (``loads[s]``, its ``currents[s]``)."""
         return self.servers_s_many([layout], loads, currents)[layout]
 
-    def servers_s_many(self, layouts: list, loads: dict, currents: dict) -> dict:
+    def servers_s_many(self, layouts: list, loads: dict, currents: dict, skip: frozenset = frozenset()) -> dict:
         """:meth:`servers_s` under every layout of ``layouts`` at once: {layout: {server: time}}, in one grouped
-        pass (one cost-model evaluation per TP degree)."""
+        pass (one cost-model evaluation per TP degree). ``skip``: (layout, server) cells not to compute (their
+        time is inf)."""
         keys = [s for s in loads if loads[s].n]
-        out = {lay: {s: 0.0 for s in loads} for lay in layouts}
+        out = {lay: {s: (math.inf if (lay, s) in skip else 0.0) for s in loads} for lay in layouts}
         if not keys:
             return out
-        cells = [(lay, s) for lay in layouts for s in keys]
+        cells = [(lay, s) for lay in layouts for s in keys if (lay, s) not in skip]
         store = tuple((k, self._recall(lay, loads[s], currents[s])[1]) for k, (lay, s) in enumerate(cells)
                       if lay == currents[s])
         done = self._blocks([(lay, loads[s], self.placement(lay, loads[s], currents[s])) for lay, s in cells],

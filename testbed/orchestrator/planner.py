@@ -50,6 +50,11 @@ class PlannerSettings:
     cooldown_s: float = 2.0
     lookahead: bool = True
     initial_margin: float = 0.10
+    # a candidate predicted more than prune_ratio x slower than a server's best at a tick is skipped for that
+    # server's next prune_ticks ticks (then looked at again): most candidates are far off most of the time, and
+    # the decision path is the estimator's passes (0 ticks: every candidate every tick)
+    prune_ratio: float = 1.25
+    prune_ticks: int = 5
 
     def __post_init__(self) -> None:
         for n in ("min_gain_s", "gain_margin", "cooldown_s"):
@@ -58,6 +63,10 @@ class PlannerSettings:
         require(self.gain_margin < 1, "gain_margin", f"must be < 1, got {self.gain_margin}")
         require(math.isfinite(self.initial_margin) and 0 <= self.initial_margin < 1, "initial_margin",
                 f"must be in [0, 1), got {self.initial_margin}")
+        require(math.isfinite(self.prune_ratio) and self.prune_ratio > 1, "prune_ratio",
+                f"must be > 1, got {self.prune_ratio}")
+        require(isinstance(self.prune_ticks, int) and 0 <= self.prune_ticks <= 1000, "prune_ticks",
+                f"must be in 0..1000, got {self.prune_ticks!r}")
 
 
 def request_levels(rids: np.ndarray) -> np.ndarray:
@@ -111,6 +120,8 @@ class Planner:
     allowed: tuple = ()  # layouts that hold the model and a longest request (settings.feasible_layouts); () = all
 
     def __post_init__(self) -> None:
+        self._ticks = 0
+        self._pruned: dict[tuple, int] = {}  # (layout, server) -> the tick it is looked at again
         self.candidates = [c for c in candidate_layouts(self.settings, self.estimator.gpus, self.moe)
                            if not self.allowed or c in self.allowed]
         if not self.candidates:
@@ -118,15 +129,18 @@ class Planner:
         for lay in self.candidates:
             lay.check(self.estimator.gpus, "orchestrator.planner.layouts")
 
-    def _all_times(self, views: dict, now: float) -> dict:
+    def _all_times(self, views: dict, now: float, prune: bool = False) -> dict:
         """For every server: {layout: predicted remaining time with that layout, its switch cost and a
-        switch in progress included}, every server evaluated in one pass per layout."""
+        switch in progress included}, every server evaluated in one pass per layout (``prune``: but the
+        candidates pruned for it, see PlannerSettings.prune_ratio)."""
         est = self.estimator
         loads = {s: v.load for s, v in views.items()}
         currents = {s: v.layout for s, v in views.items()}
         out = {s: {} for s in views}
         lays = self.candidates + [lay for lay in {v.layout for v in views.values()} if lay not in self.candidates]
-        times = est.servers_s_many(lays, loads, currents)
+        skip = frozenset((lay, s) for (lay, s), until in self._pruned.items()
+                         if prune and until > self._ticks and s in views and lay != views[s].layout)
+        times = est.servers_s_many(lays, loads, currents, skip)
         kv = {s: float(np.sum(v.load.ctx0[v.load.running])) if v.load.n else 0.0 for s, v in views.items()}
         for lay in lays:
             t = times[lay]
@@ -134,7 +148,7 @@ class Planner:
                 busy = max(0.0, v.busy_until - now)
                 if lay == v.layout:
                     out[s][lay] = (t[s] + busy, 0.0)
-                elif lay in self.candidates:
+                elif lay in self.candidates and (lay, s) not in skip:
                     cost = float(self.switch_cost.switch_s(v.layout, lay, kv[s]))
                     out[s][lay] = (t[s] + cost + busy, cost)
         return out
@@ -142,7 +156,14 @@ class Planner:
     def evaluate_all(self, views: dict, now: float, interval: float | None = None) -> dict:
         """A decision for every server (see :meth:`evaluate`)."""
         gpus = self.estimator.gpus
-        times = self._all_times(views, now)
+        self._ticks += 1
+        times = self._all_times(views, now, prune=self.settings.prune_ticks > 0)
+        if self.settings.prune_ticks:
+            for s, ts in times.items():
+                best_t = min(t for t, _ in ts.values())
+                for lay, (t, _) in ts.items():
+                    if lay != views[s].layout and t > self.settings.prune_ratio * best_t:
+                        self._pruned[(lay, s)] = self._ticks + self.settings.prune_ticks
         out, tempted = {}, {}
         for s, v in views.items():
             cur = v.layout

@@ -36,7 +36,7 @@ def _setup(cap: int, max_num_seqs: int, median: int = 460, sigma: float = 0.93, 
     eng = EngineSettings(max_num_seqs=max_num_seqs)
     est = Estimator(cm, GPUS, eng)
     lays = feasible_layouts(cm, GPUS, eng, w.prompt_tokens, w.max_response_tokens)
-    planner = Planner(est, ModelledCost(cm, GPUS), PlannerSettings(), False, tuple(lays))
+    planner = Planner(est, ModelledCost(cm, GPUS), PlannerSettings(prune_ticks=0), False, tuple(lays))  # every candidate
     balancer = Balancer(est, BalancerSettings())
     return w, est, lays, planner, balancer
 

@@ -128,3 +128,21 @@ def test_the_tuning_grid_on_the_simulated_backend_and_the_oracle_bounds_it(tmp_p
         assert v["speedup"] <= orc["floor_speedup"] + 1e-9, kind  # and no plan beats the longest one alone
     assert orc["kinds"]["both"]["speedup"] >= max(orc["kinds"]["switch"]["speedup"],
                                                   orc["kinds"]["placement"]["speedup"]) - 1e-9
+
+
+def test_a_candidate_far_off_is_skipped_for_a_few_ticks_then_looked_at_again():
+    from testbed.orchestrator.planner import Planner, PlannerSettings
+
+    w, est, lays, full, _ = _setup(4096, 1024)
+    views, _ = _bench_state(w, est, lays, np.random.default_rng(5), 1024, [Layout(8)] * 4)
+    pruned = Planner(est, full.switch_cost, PlannerSettings(prune_ratio=1.05, prune_ticks=2), False, tuple(lays))
+    first = pruned.evaluate_all(views, 10.0, None)
+    ref = full.evaluate_all(views, 10.0, None)
+    assert {s: d.predicted_s for s, d in first.items()} == {s: d.predicted_s for s, d in ref.items()}
+    far = {s: {k for k, t in d.predicted_s.items() if t > 1.05 * min(d.predicted_s.values())} for s, d in ref.items()}
+    assert any(far.values())
+    second = pruned.evaluate_all(views, 10.0, None)
+    for s, d in second.items():
+        assert not (far[s] & set(d.predicted_s)) and d.best == ref[s].best  # skipped, the same choice
+    third = pruned.evaluate_all(views, 10.0, None)  # prune_ticks after it was pruned: every candidate again
+    assert {s: set(d.predicted_s) for s, d in third.items()} == {s: set(d.predicted_s) for s, d in ref.items()}
