@@ -3,15 +3,18 @@ agents: the testbed's cluster, the orchestrator's emulated backend, and agents t
 
 Calls are thread-safe: every thread gets its own socket, so a long call (a collective, a migration) never
 holds up a short one (stats) to the same agent. Every call has a deadline: no answer in time raises
-:class:`AgentTimeout` (the agent may be dead: see :meth:`AgentClient.alive`); an error reply raises
-:class:`AgentError` with the field the agent named.
+:class:`AgentTimeout` (the agent may be dead); an error reply raises :class:`AgentError` with the field the
+agent named. A call can also be given ``abort``, a function polled every :data:`ABORT_POLL_S` while it
+waits: when it returns a reason (e.g. "agent 3 exited"), the call gives up at once with :class:`AgentGone`
+instead of waiting out its deadline (a ZeroMQ socket to a dead peer never errors: it waits for a reconnect).
 """
 from __future__ import annotations
 
 import itertools
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 
@@ -30,6 +33,17 @@ class AgentTimeout(TimeoutError):
     def __init__(self, agent: str, method: str, timeout_s: float):
         super().__init__(f"{agent} {method}: no answer within {timeout_s:g} s")
         self.agent, self.method, self.timeout_s = agent, method, timeout_s
+
+
+class AgentGone(ConnectionError):
+    """A call given up because an agent it depends on is known to be gone (``why``), not for its deadline."""
+
+    def __init__(self, agent: str, method: str, why: str):
+        super().__init__(f"{agent} {method}: given up: {why}")
+        self.agent, self.method, self.why = agent, method, why
+
+
+ABORT_POLL_S = 0.02  # how often a waiting call asks its ``abort`` whether to give up
 
 
 _ids = itertools.count(1)
@@ -80,14 +94,30 @@ class AgentClient:
             s.close(0)
             self._local.sock = None
 
-    def call(self, method: str, params: Any = None, timeout_s: float | None = None) -> Any:
+    def call(self, method: str, params: Any = None, timeout_s: float | None = None,
+             abort: Callable[[], str | None] | None = None) -> Any:
+        """``method(params)`` on the agent; its result. ``abort()``, polled while waiting, gives up the call
+        (AgentGone) as soon as it returns a reason; checked once before anything is sent, too."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        if abort is not None and (why := abort()):
+            raise AgentGone(self.name, method, why)
         rid = next(_ids)
         s = self._sock()
         s.send(encode_request(rid, method, params))
-        deadline_ms = int(timeout * 1000)
+        deadline = time.monotonic() + timeout
         while True:
-            if not s.poll(deadline_ms):
+            left = deadline - time.monotonic()
+            if abort is None:
+                ready = left > 0 and s.poll(int(left * 1000) + 1)
+            else:
+                ready = left > 0 and s.poll(int(min(left, ABORT_POLL_S) * 1000) + 1)
+                if not ready and left > 0:
+                    why = abort()
+                    if why:
+                        self._reset_sock()
+                        raise AgentGone(self.name, method, why)
+                    continue
+            if not ready:
                 self._reset_sock()
                 raise AgentTimeout(self.name, method, timeout)
             try:
@@ -118,13 +148,15 @@ class AgentClient:
 
 
 def call_all(clients: dict[int, AgentClient], method: str, params_of, timeout_s: float,
-             pool: ThreadPoolExecutor | None = None) -> dict[int, Any]:
+             pool: ThreadPoolExecutor | None = None, abort: Callable[[], str | None] | None = None) -> dict[int, Any]:
     """Call ``method`` on every agent at once (``params_of(i)`` gives agent i's parameters); every result,
-    or the first error after all calls returned (so no call is left running behind the caller's back)."""
+    or the first error after all calls returned (so no call is left running behind the caller's back).
+    ``abort``: as for :meth:`AgentClient.call`, for every one of the calls."""
     own = pool is None
     pool = pool or ThreadPoolExecutor(max_workers=max(1, len(clients)))
     try:
-        futs: dict[int, Future] = {i: pool.submit(c.call, method, params_of(i), timeout_s) for i, c in clients.items()}
+        futs: dict[int, Future] = {i: pool.submit(c.call, method, params_of(i), timeout_s, abort)
+                                   for i, c in clients.items()}
         out, err = {}, None
         for i, f in futs.items():
             try:
@@ -137,3 +169,20 @@ def call_all(clients: dict[int, AgentClient], method: str, params_of, timeout_s:
     finally:
         if own:
             pool.shutdown(wait=True)
+
+
+def call_each(clients: dict[int, AgentClient], method: str, params_of, timeout_s: float,
+              pool: ThreadPoolExecutor, abort_of: Callable[[int], Callable[[], str | None] | None] | None = None
+              ) -> tuple[dict[int, Any], dict[int, Exception]]:
+    """Call ``method`` on every agent at once, each with the deadline ``timeout_s``; (results, errors) by agent:
+    one agent's silence costs the others nothing (the per-tick calls of a planning tick)."""
+    futs: dict[int, Future] = {i: pool.submit(c.call, method, params_of(i), timeout_s,
+                                              abort_of(i) if abort_of else None) for i, c in clients.items()}
+    out: dict[int, Any] = {}
+    errs: dict[int, Exception] = {}
+    for i, f in futs.items():
+        try:
+            out[i] = f.result()
+        except Exception as e:  # noqa: BLE001 - reported per agent
+            errs[i] = e
+    return out, errs

@@ -175,6 +175,15 @@ class NoParams:
 
 
 @dataclass(frozen=True)
+class ResetParams:
+    """``reset``: drop every request; ``engine``: the scheduler settings the fresh engine runs with (a run of
+    another configuration on the same agents, e.g. the tuned baseline's max_num_seqs); None keeps the current
+    ones. The cost model (and so ``switch_reinit_s``) stays the agent's."""
+
+    engine: EngineSettings | None = None
+
+
+@dataclass(frozen=True)
 class DistInitParams:
     """(Re-)form the cluster's torch.distributed world (destroys the previous one). ``agents``: the members of
     the new world by agent index (rank = position in this list); the rendezvous (TCPStore) listens at
@@ -408,6 +417,16 @@ class ComputeParams:
                 f"must be in 0..{MAX_TIMEOUT_S:g}, got {self.seconds}")
 
 
+@dataclass(frozen=True)
+class PeerDownParams:
+    """The driver tells an agent that agent ``agent`` failed: a migration to or from it gives up at once."""
+
+    agent: int
+
+    def __post_init__(self) -> None:
+        require(self.agent >= 0, "agent", f"must be >= 0, got {self.agent}")
+
+
 METHODS: dict[str, type] = {
     "ping": NoParams,
     "dist_init": DistInitParams,
@@ -424,11 +443,12 @@ METHODS: dict[str, type] = {
     "kv_incoming": KvIncomingParams,
     "kv_wait": KvWaitParams,
     "migrate_commit": MigrateCommitParams,
-    "reset": NoParams,
+    "reset": ResetParams,
     "collector_stats": CollectorStatsParams,
     "collector_reset": NoParams,
     "fidelity": FidelityParams,
     "compute": ComputeParams,
+    "peer_down": PeerDownParams,
     "shutdown": NoParams,
 }
 

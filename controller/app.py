@@ -133,6 +133,7 @@ class OrlControllerApp(app_manager.OSKenApp):
         try:
             kind, idx = self.spec.classify_dpid(dp.id)
             if kind == "ocs":
+                ports = self.request_ports(dp)
                 stats = self.request_flows(dp, OCS_COOKIE)
                 pairs = []
                 for st in stats:
@@ -142,7 +143,7 @@ class OrlControllerApp(app_manager.OSKenApp):
                         self._delete_stats_flow(dp, st)
                     else:
                         pairs.append(pair)
-                self.core.switch_synced(dp.id, pairs)
+                self.core.switch_synced(dp.id, pairs, ocs_ports=ports)
             else:
                 stats = self.request_flows(dp, TOR_COOKIE)
                 self.tor_stats[idx] = {(st.priority, match_items(st.match)): st for st in stats}
@@ -196,6 +197,13 @@ class OrlControllerApp(app_manager.OSKenApp):
                                          parser.OFPMatch())
         return [st for msg, _ in self._request(dp, req, STATS_TIMEOUT_S) for st in msg.body]
 
+    def request_ports(self, dp) -> list[int]:
+        """The switch's port numbers (OFPMP_PORT_DESC), its reserved ports (LOCAL, ...) left out."""
+        ofp = dp.ofproto
+        req = dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0)
+        return sorted(p.port_no for msg, _ in self._request(dp, req, STATS_TIMEOUT_S) for p in msg.body
+                      if p.port_no < ofp.OFPP_MAX)
+
     def request_groups(self, dp) -> dict[int, tuple]:
         req = dp.ofproto_parser.OFPGroupDescStatsRequest(dp, 0)
         out = {}
@@ -223,6 +231,10 @@ class OrlControllerApp(app_manager.OSKenApp):
 
     @set_ev_cls(ofp_event.EventOFPGroupDescStatsReply, MAIN_DISPATCHER)
     def _group_desc_reply(self, ev):
+        self._reply(ev, not (ev.msg.flags & ev.msg.datapath.ofproto.OFPMPF_REPLY_MORE))
+
+    @set_ev_cls(ofp_event.EventOFPPortDescStatsReply, MAIN_DISPATCHER)
+    def _port_desc_reply(self, ev):
         self._reply(ev, not (ev.msg.flags & ev.msg.datapath.ofproto.OFPMPF_REPLY_MORE))
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
@@ -462,11 +474,14 @@ def run_controller(cfg: ControllerConfig) -> int:
     log.info("OpenFlow on %s:%d; REST API on http://%s:%d/api/v1/ (%s); metrics %s", cfg.of_host, cfg.of_port,
              cfg.rest_host, cfg.rest_port, "no auth" if cfg.token is None else f"token in {cfg.token_file}",
              metrics_server.url if metrics_server is not None else "off")
-    # SIGTERM / Ctrl-C: leave at once. Nothing answered is lost: the state file is written atomically before a
-    # change is reported done, and the fail-secure switches keep their flows (a restart reconciles).
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    signal.signal(signal.SIGINT, _exit_on_signal)
+    # SIGTERM / SIGHUP / Ctrl-C: leave at once. Nothing answered is lost: the state file is written atomically
+    # before a change is reported done, and the fail-secure switches keep their flows (a restart reconciles).
+    for sig in EXIT_SIGNALS:
+        signal.signal(sig, _exit_on_signal)
     signal.signal(signal.SIGUSR1, _dump_stacks)  # `kill -USR1 PID`: every thread's stack to the log
+    if cfg.owner_pid is not None:
+        threading.Thread(target=_watch_owner, args=(cfg.owner_pid, cfg.owner_start), name="owner-watch",
+                         daemon=True).start()
     try:
         hub.joinall(services)
     finally:
@@ -494,7 +509,22 @@ def _dump_stacks(signum, frame) -> None:
                 "\n----\n".join(stacks))
 
 
+EXIT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+OWNER_POLL_S = 0.5
+
+
 def _exit_on_signal(signum, frame) -> None:
     log.info("signal %d: controller exiting", signum)
     logging.shutdown()
-    os._exit(130 if signum == signal.SIGINT else 0)
+    os._exit(128 + signum)  # the shell's convention: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP
+
+
+def _watch_owner(pid: int, start: int | None) -> None:
+    """Exit once the process that started the controller is gone (it died without stopping it: SIGKILL)."""
+    from emulation.registry import process_alive
+
+    while process_alive(pid, start):
+        time.sleep(OWNER_POLL_S)
+    log.warning("the process that started the controller (PID %d) is gone: controller exiting", pid)
+    logging.shutdown()
+    os._exit(0)

@@ -102,8 +102,15 @@ class ControllerClient:
         return st
 
     def wait_ready(self, timeout_s: float = 30.0, poll_s: float = 0.05) -> dict:
-        """Wait until every switch is connected and the intended circuits are installed."""
-        st = self._poll(lambda s: s["ready"], timeout_s, poll_s)
+        """Wait until every switch is connected and the intended circuits are installed. A fabric that does not
+        match its spec (an OCS with other ports than it says) never gets ready: raised at once (SpecError naming
+        ``fabric.ocs_ports``: the start is refused)."""
+        st = self._poll(lambda s: s["ready"] or bool(s.get("mismatch")), timeout_s, poll_s)
+        if st is not None and st.get("mismatch"):
+            from emulation.validation import SpecError
+
+            raise SpecError("fabric.ocs_ports", "the built fabric does not match the scenario: "
+                            + "; ".join(st["mismatch"]))
         if st is None or not st["ready"]:
             missing = st["missing"] if st else "unknown (controller not answering)"
             raise TimeoutError(f"controller not ready after {timeout_s} s (missing dpids: {missing})")

@@ -58,6 +58,10 @@ class ControllerOptions:
     datapath_flush: str = _opt("auto", "purge Open vSwitch's cached datapath flows when a reconfiguration's deletes "
                                        "and adds are confirmed, so changed paths are dark for D and no longer "
                                        "(controller/datapath.py): auto (when the local ovs-vswitchd is found), on, off")
+    owner_pid: int | None = _opt(None, "exit when the process with this PID is gone (the process that started "
+                                       "the controller: a driver killed with SIGKILL takes its controller with it)")
+    owner_start: int | None = _opt(None, "the owner's start time (field 22 of /proc/PID/stat), so a recycled PID "
+                                         "is not mistaken for it")
     metrics_port: int = _opt(0, "Prometheus /metrics port (README \"Live metrics\"; 0: no endpoint)")
     metrics_host: str = _opt("127.0.0.1", "Prometheus /metrics address (default 127.0.0.1; read-only, no token)")
     verbose: int = _opt(0, "more logging (-vv: debug)", action="count")
@@ -160,11 +164,20 @@ class ControllerConfig:
     initial_phase: str = "train"
     delay_ms: float | None = None
     datapath_flush: str = "auto"
+    owner_pid: int | None = None  # exit once this process is gone
+    owner_start: int | None = None
     workload: WorkloadSpec | None = None  # what the phase topologies are planned for (None: unknown)
     metrics_port: int = 0  # 0: no Prometheus endpoint
     metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
+        if self.owner_pid is not None:
+            require(isinstance(self.owner_pid, int) and not isinstance(self.owner_pid, bool) and self.owner_pid > 1,
+                    "owner_pid", f"must be a PID > 1, got {self.owner_pid!r}")
+        if self.owner_start is not None:
+            require(self.owner_pid is not None, "owner_start", "needs owner_pid")
+            require(isinstance(self.owner_start, int) and self.owner_start >= 0, "owner_start",
+                    f"must be >= 0, got {self.owner_start!r}")
         for name in ("of_port", "rest_port"):
             v = getattr(self, name)
             require(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 65535, name,
@@ -243,6 +256,7 @@ def check_config(opts: ControllerOptions) -> ControllerConfig:
                            rest_host=opts.rest_host, of_host=opts.of_host, token=None,
                            token_file=token_file, state_file=opts.state_file,
                            initial_phase=initial_phase, delay_ms=delay_ms, datapath_flush=opts.datapath_flush,
+                           owner_pid=opts.owner_pid, owner_start=opts.owner_start,
                            workload=workload, metrics_port=opts.metrics_port, metrics_host=opts.metrics_host)
     if cfg.datapath_flush == "on":
         open_flow_cache("on")  # no ovs-vswitchd to flush: stop here (exit 2), not at the first reconfiguration

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from emulation import registry as _registry
+from emulation.signals import shielded
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, to_dict
 from emulation.workload import WorkloadSpec
@@ -66,6 +67,7 @@ class ControllerProcess:
         self._own_dir = workdir is None
         if workdir is None:
             self._dir = Path(tempfile.mkdtemp(prefix="orlctl-"))
+            _registry.record_tmpdir(self._dir)  # removed by stop(); by `orchestrrl clean` after a SIGKILL
         else:
             self._dir = Path(workdir)
             self._dir.mkdir(parents=True, exist_ok=True)
@@ -108,7 +110,8 @@ class ControllerProcess:
                                  token_file=str(self.token_file), state_file=str(self.state_file),
                                  initial_phase=self.initial_phase, delay_ms=self.delay_ms,
                                  datapath_flush=self.datapath_flush, metrics_port=self.metrics_port,
-                                 metrics_host=self.metrics_host, verbose=int(self.verbose))
+                                 metrics_host=self.metrics_host, verbose=int(self.verbose),
+                                 owner_pid=os.getpid(), owner_start=_registry.proc_start_time(os.getpid()))
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "controller"] + to_argv(self.options())
@@ -121,8 +124,11 @@ class ControllerProcess:
         self._log_file = open(self.log_path, "ab")
         self._log_file.write(f"==== start {self.starts}: {' '.join(self.argv()[:3])} ...\n".encode())
         self._log_file.flush()
+        # its own session: a terminal's Ctrl-C (SIGINT to the foreground group) reaches only its owner, which
+        # stops it after the fabric, in order; were the owner killed instead, the controller notices and exits
         self._proc = subprocess.Popen(self.argv(), stdout=self._log_file, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, cwd=str(Path(__file__).resolve().parents[1]))
+                                      stdin=subprocess.DEVNULL, cwd=str(Path(__file__).resolve().parents[1]),
+                                      start_new_session=True)
         self.starts += 1
         try:  # recording inside: if it fails, the process just started is stopped
             try:
@@ -210,14 +216,20 @@ class ControllerProcess:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after the deadline; then remove the temporary folder (see the module
-        docstring for when it stays). Idempotent."""
+        docstring for when it stays). Idempotent; a teardown signal meanwhile waits until it is done."""
+        with shielded():
+            self._stop()
+
+    def _stop(self) -> None:
         self._stop_process()
         if not self._own_dir or not self._dir.exists():
             return
         if self._failed or self.keep_files:
+            _registry.forget_tmpdir(self._dir)  # kept on purpose: clean must not remove what the message names
             log.warning("controller files kept in %s (log: %s)", self._dir, self.log_path)
             return
         shutil.rmtree(self._dir, ignore_errors=True)
+        _registry.forget_tmpdir(self._dir)
 
     def restart(self) -> "ControllerProcess":
         """Stop (if running) and start a new process on the same ports, token and state file."""

@@ -11,15 +11,18 @@ Endpoints (JSON in, JSON out; ``Authorization: Bearer <token>`` unless the app w
 
 POSTs answer after the reconfiguration completed, with its history record: ``status`` (done | deferred | ...)
 and ``decision`` (switched | stalled | deferred, from ``controller.reconfig.decide_switch``) with ``stall_ms``. Errors are
-``{"error": "<field>: <message>", "field": "<field>"}`` with 400 (bad input), 401 (token), 404 (path),
-405 (method), 413 (body too large), 503 (fabric not ready / a switch did not confirm).
+``{"error": "<field>: <message>", "field": "<field>"}`` with 400 (bad input, and a body that ends before its
+Content-Length: never executed), 401 (token), 404 (path), 405 (method), 408 (the body did not all arrive within
+the read deadline), 411 (chunked body), 413 (body too large), 503 (fabric not ready / a switch did not confirm).
 """
 from __future__ import annotations
 
 import hmac
 import json
 import logging
+import socket
 import socketserver
+import time
 from typing import Any, Callable, Iterable, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
@@ -31,7 +34,8 @@ PREFIX = "/api/v1"
 MAX_BODY_BYTES = 256 * 1024
 MAX_JSON_DEPTH = 32  # the bodies nest 4 deep; a 10,000-deep one must not reach a recursive parser
 LISTEN_BACKLOG = 128  # socketserver's default of 5 made 11 of 50 concurrent clients retry their connect
-READ_TIMEOUT_S = 10.0  # a client that stops sending (slow loris) loses its connection, not a thread for good
+READ_TIMEOUT_S = 5.0  # a client that stops sending (slow loris) loses its connection, not a thread for good; a
+# request body must arrive whole within it (408 otherwise): loopback carries the largest (256 KiB) in milliseconds
 
 
 class ControllerAPI(Protocol):
@@ -65,7 +69,7 @@ class HttpError(Exception):
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-            411: "Length Required", 413: "Payload Too Large", 500: "Internal Server Error",
+            408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large", 500: "Internal Server Error",
             503: "Service Unavailable"}
 
 
@@ -111,6 +115,10 @@ def parse_json_body(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
 
 
 def _read_body(environ: dict, max_bytes: int) -> bytes:
+    """The body, all ``Content-Length`` bytes of it, or an HttpError: 400 when it ends early (the client closed
+    or half-closed: the request is never executed), 408 when it has not all arrived within the deadline
+    (``orl.body_deadline_s`` from the server, for the whole body, not per read: a client trickling a byte
+    at a time is cut off too)."""
     cl = environ.get("CONTENT_LENGTH") or ""
     if not cl:
         if (environ.get("HTTP_TRANSFER_ENCODING") or "").lower() == "chunked":
@@ -124,8 +132,33 @@ def _read_body(environ: dict, max_bytes: int) -> bytes:
         raise HttpError(400, f"Content-Length: must be >= 0, got {n}", "Content-Length")
     if n > max_bytes:
         raise HttpError(413, f"body: {n} bytes is larger than the limit of {max_bytes} bytes", "body")
-    data = environ["wsgi.input"].read(n)
-    return data
+    stream = environ["wsgi.input"]
+    sock = environ.get("orl.socket")
+    limit = float(environ.get("orl.body_deadline_s", READ_TIMEOUT_S))
+    deadline = time.monotonic() + limit
+    read = getattr(stream, "read1", stream.read)
+    chunks, got = [], 0
+    old_timeout = sock.gettimeout() if sock is not None else None
+    try:
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            if sock is not None:
+                sock.settimeout(left)
+            b = read(n - got)
+            if not b:
+                raise HttpError(400, f"body: ended after {got} of the {n} bytes its Content-Length declares; "
+                                     "nothing was done", "body")
+            chunks.append(b)
+            got += len(b)
+    except (TimeoutError, socket.timeout):
+        raise HttpError(408, f"body: {got} of the {n} bytes its Content-Length declares arrived within "
+                             f"{limit:g} s; nothing was done", "body") from None
+    finally:
+        if sock is not None:
+            sock.settimeout(old_timeout)  # the answer is written under the connection's own timeout
+    return b"".join(chunks)
 
 
 class RestApp:
@@ -227,6 +260,12 @@ class RestServer(socketserver.ThreadingMixIn, WSGIServer):
 
 class _QuietHandler(WSGIRequestHandler):
     timeout = READ_TIMEOUT_S  # socketserver applies it to the connection (every read and write)
+
+    def get_environ(self) -> dict:
+        env = super().get_environ()
+        env["orl.socket"] = self.connection  # the body's read deadline is set on it (_read_body)
+        env["orl.body_deadline_s"] = float(self.timeout)
+        return env
 
     def log_message(self, format: str, *args: Any) -> None:  # access log through logging, not stderr
         logging.getLogger("controller.rest.access").debug("%s " + format, self.address_string(), *args)

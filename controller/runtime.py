@@ -173,6 +173,7 @@ class FabricController:
         self.connected: set[int] = set()
         self.synced: set[int] = set()
         self.stale: set[int] = set()  # dpids to read back after a failed reconfiguration
+        self.mismatch: dict[int, str] = {}  # ocs -> how its switch's ports differ from the spec (never ready)
         self._on_stale = on_stale
         self.ocs_readback: dict[int, Any] = {}  # ocs -> FlowReadback from the switch
         self.matchings: dict[int, Matching] | None = None  # what the OCSes hold (after init)
@@ -198,6 +199,8 @@ class FabricController:
         return self.initialised and set(self.expected) <= self.synced
 
     def _not_ready_reason(self) -> str:
+        if self.mismatch:
+            return "fabric does not match its spec: " + "; ".join(self.mismatch.values())
         missing = sorted(set(self.expected) - self.connected)
         if missing:
             return f"fabric not ready (missing dpids {missing})"
@@ -211,7 +214,7 @@ class FabricController:
         return {"connected": sorted(self.connected), "expected": self.expected, "missing": missing,
                 "unsynced": sorted(set(self.expected) - self.synced), "stale": sorted(self.stale),
                 "ready": self.ready, "initialised": self.initialised, "phase": self.phase, "busy": self.busy,
-                "default_delay_ms": self.default_delay_ms}
+                "default_delay_ms": self.default_delay_ms, "mismatch": [self.mismatch[o] for o in sorted(self.mismatch)]}
 
     def circuits(self) -> dict:
         if self.matchings is None:
@@ -283,8 +286,14 @@ class FabricController:
         self.stale.discard(dpid)  # its reconnect reads it back anyway
         log.warning("switch %#x disconnected", dpid)
 
-    def switch_synced(self, dpid: int, ocs_flows: Sequence[tuple[int, int]] | None = None) -> None:
-        """The app read the flows of switch ``dpid`` (OCS: ``(in_port, out_port)`` pairs of its circuits).
+    def switch_synced(self, dpid: int, ocs_flows: Sequence[tuple[int, int]] | None = None,
+                      ocs_ports: Sequence[int] | None = None) -> None:
+        """The app read the flows of switch ``dpid`` (OCS: ``(in_port, out_port)`` pairs of its circuits, and
+        ``ocs_ports``, the port numbers the switch has).
+
+        An OCS whose ports are not exactly the spec's 1..ports_per_ocs is never synced: the fabric is not what
+        the spec says, so it never gets ready (``state()["mismatch"]`` says how), and no circuit can name a
+        port that does not exist.
 
         Before initialisation, waits for every switch, then installs the intended state. Afterwards (a
         switch reconnected, or was read back because it went stale), reconciles that switch only. Blocks
@@ -296,6 +305,17 @@ class FabricController:
         with self._lock:
             if dpid not in self.connected:
                 return  # gone again
+            if kind[0] == "ocs" and ocs_ports is not None:
+                want = set(range(1, self.spec.ports_per_ocs + 1))
+                have = set(int(p) for p in ocs_ports)
+                if have != want:
+                    lo, hi = (min(have), max(have)) if have else (0, 0)
+                    self.mismatch[kind[1]] = (
+                        f"OCS {kind[1]} (switch {dpid:#x}) has {len(have)} ports ({lo}..{hi}), the spec says "
+                        f"{len(want)} (1..{len(want)}: fabric.ocs_ports {self.spec.ocs_ports or 'derived'})")
+                    log.error("%s", self.mismatch[kind[1]])
+                    return
+                self.mismatch.pop(kind[1], None)
             self.synced.add(dpid)
             self.stale.discard(dpid)
             if kind[0] == "ocs":

@@ -27,6 +27,7 @@ from typing import IO, Callable, Sequence
 
 from . import capacity, registry, shaping
 from .netlink import Netlink, NetlinkFailed
+from .signals import shielded
 from .spec import NAME_PREFIX, FabricSpec
 from .validation import SpecError
 
@@ -327,6 +328,7 @@ class EmulatedFabric:
         t0 = time.monotonic()
         plan = self.plan
         self._tmpdir = tempfile.mkdtemp(prefix="orchestrrl-fabric-")
+        registry.record_tmpdir(self._tmpdir)  # a driver killed with SIGKILL leaves it: `orchestrrl clean` removes it
         net = Mininet(topo=None, switch=OVSSwitch, host=Host, controller=None, link=Link,
                       ipBase=self.spec.fabric_subnet, build=False, autoSetMacs=False, autoStaticArp=False,
                       waitConnected=False)
@@ -475,9 +477,14 @@ class EmulatedFabric:
 
     # ---- stop ----
     def stop(self) -> None:
-        """Remove everything this fabric made. Idempotent; never raises for cleanup trouble (logs it)."""
+        """Remove everything this fabric made. Idempotent; never raises for cleanup trouble (logs it). A
+        teardown signal arriving meanwhile waits until it is done (emulation.signals.shielded)."""
         if self._stopped or not self._started:
             return
+        with shielded():
+            self._stop()
+
+    def _stop(self) -> None:
         self._stopped = True
         t0 = time.monotonic()
         # 1. processes started in hosts
@@ -536,6 +543,7 @@ class EmulatedFabric:
             registry.forget_resource("bridge", sw.name)
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
+            registry.forget_tmpdir(self._tmpdir)
             self._tmpdir = None
         self._hosts = {}
         self.net = None

@@ -35,6 +35,8 @@ _PLURAL = {"bridge": "bridges", "interface": "interfaces", "netns": "netns"}  # 
 DEFAULT_STATE_DIR = "/run/orchestrrl"
 _PROC_PREFIX = "proc-"
 _RES_PREFIX = "res-"
+_DIR_PREFIX = "dir-"
+TMPDIR_PREFIXES = (NAME_PREFIX, "orchestrrl-")  # the scratch folders the testbed makes under the temp dir
 
 
 def state_dir() -> Path:
@@ -150,6 +152,42 @@ def record_resource(kind: str, name: str) -> None:
 def forget_resource(kind: str, name: str) -> None:
     _check_name(kind, name)
     _unlink(state_dir() / f"{_RES_PREFIX}{kind}-{name}.json")
+
+
+def _check_tmpdir(path: str | os.PathLike) -> Path:
+    import tempfile
+
+    p = Path(path)
+    if p.parent != Path(tempfile.gettempdir()) or not p.name.startswith(TMPDIR_PREFIXES):
+        raise SpecError("path", f"must be a folder {'|'.join(TMPDIR_PREFIXES)}* directly in "
+                                f"{tempfile.gettempdir()}, got {str(path)!r}")
+    return p
+
+
+def record_tmpdir(path: str | os.PathLike) -> None:
+    """Record a scratch folder (``/tmp/orl*``, ``/tmp/orchestrrl-*``) so that ``clean()`` removes it after a
+    crash; forget it when it is removed, or kept on purpose (a failure's log, named in a message)."""
+    p = _check_tmpdir(path)
+    write_json_atomic(state_dir() / f"{_DIR_PREFIX}{p.name}.json", {"path": str(p), "recorded_at": time.time()},
+                      mkdir=True)
+
+
+def forget_tmpdir(path: str | os.PathLike) -> None:
+    _unlink(state_dir() / f"{_DIR_PREFIX}{_check_tmpdir(path).name}.json")
+
+
+def list_tmpdirs() -> list[Path]:
+    d = state_dir()
+    if not d.is_dir():
+        return []
+    out = []
+    for rec in sorted(d.glob(f"{_DIR_PREFIX}*.json")):
+        data = read_json(rec)
+        try:
+            out.append(_check_tmpdir(str((data or {}).get("path", ""))))
+        except SpecError:
+            log.warning("ignoring a malformed folder record %s", rec)
+    return out
 
 
 def read_json(path: Path) -> dict | None:
@@ -339,6 +377,7 @@ class CleanReport:
     bridges: list[str] = field(default_factory=list)
     interfaces: list[str] = field(default_factory=list)
     netns: list[str] = field(default_factory=list)
+    tmpdirs: list[str] = field(default_factory=list)  # scratch folders of crashed runs
     records_removed: int = 0
     # orl* names that exist but this registry did not record (another checkout's fabric?): left alone
     # unless sweep; {"bridges": [...], "interfaces": [...], "netns": [...]}
@@ -350,7 +389,8 @@ class CleanReport:
 
     @property
     def nothing_done(self) -> bool:
-        return not (self.processes or self.bridges or self.interfaces or self.netns or self.records_removed)
+        return not (self.processes or self.bridges or self.interfaces or self.netns or self.tmpdirs
+                    or self.records_removed)
 
 
 _CLEAN_ERRORS = (OSError, RuntimeError, subprocess.SubprocessError)  # NetlinkFailed is a RuntimeError
@@ -425,7 +465,22 @@ def clean(dry_run: bool = False, sweep: bool = False, process_timeout_s: float =
         except _CLEAN_ERRORS as e:
             rep.errors.append(f"deleting netns {name}: {e}")
 
+    for d in list_tmpdirs():  # only recorded ones: another checkout's running fabric keeps its folders
+        if d.exists():
+            rep.tmpdirs.append(str(d))
+            if not dry_run:
+                import shutil
+
+                shutil.rmtree(d, ignore_errors=True)
+                if d.exists():
+                    rep.errors.append(f"folder {d} could not be removed; its record is kept")
+
     if not dry_run:
+        dirs_forgotten = 0
+        for d in list_tmpdirs():
+            if not d.exists():
+                forget_tmpdir(d)
+                dirs_forgotten += 1
         # forget only what is really gone: a survivor stays recorded (clean never kills by name, so a forgotten
         # record would leave it untracked for good) and is reported as an error
         removed = 0
@@ -442,5 +497,5 @@ def clean(dry_run: bool = False, sweep: bool = False, process_timeout_s: float =
                 continue
             forget_resource(kind, name)
             removed += 1
-        rep.records_removed = removed
+        rep.records_removed = removed + dirs_forgotten
     return rep

@@ -41,6 +41,12 @@ FABRICS = ("fat-tree", "fat-tree-2to1", "fat-tree-4to1", "fat-tree-8to1", "fat-t
 OVERSUB = {"fat-tree": 1.0, "fat-tree-2to1": 2.0, "fat-tree-4to1": 4.0, "fat-tree-8to1": 8.0, "fat-tree-16to1": 16.0}
 # what the emulator builds: RFabric (OCS bridges under the controller) or a static packet tree (spine bridges)
 EMULATED_FABRICS = ("rfabric",) + tuple(OVERSUB)
+# The largest optical circuit switch on sale, in duplex ports (one port = one ToR uplink, each circuit pairs two):
+# CALIENT's S320, 320 x 320 (the S-series' largest; its hardware user guide: bulk reconfiguration <= 200 ms,
+# REFERENCE.md), ahead of Lumentum's R300, 300 x 300 (MEMS, shown at OFC 2025: gazettabyte.com, 2025-06-07).
+# Google's Palomar (136 ports) is not sold. A scenario's explicit ``ocs_ports`` may not exceed it; RLSim's
+# derived radix (ocs_ports 0 at thousands of GPUs) is a hypothetical OCS and is not bounded here.
+MAX_OCS_PORTS = 320
 
 
 @functools.lru_cache(maxsize=65536)
@@ -115,7 +121,9 @@ class FabricSpec:
         for name in ("pods", "tors_per_pod", "servers_per_tor", "gpus_per_server", "ocs_count",
                      "uplinks_per_tor"):
             require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
-        require(self.ocs_ports >= 0, "ocs_ports", f"must be >= 0, got {self.ocs_ports}")
+        require(0 <= self.ocs_ports <= MAX_OCS_PORTS, "ocs_ports",
+                f"must be in 0..{MAX_OCS_PORTS} (the largest commercial OCS, CALIENT S320, has {MAX_OCS_PORTS} "
+                f"ports; 0: exactly the ports the ToR uplinks need), got {self.ocs_ports}")
         require(self.uplinks_per_tor % self.ocs_count == 0, "uplinks_per_tor",
                 f"must be a multiple of ocs_count ({self.ocs_count}) so every ToR has the same ports on "
                 f"every OCS, got {self.uplinks_per_tor}")
@@ -316,9 +324,14 @@ class FabricSpec:
                 yield up
 
     def check_emulatable(self) -> None:
-        """Raise SpecError when the Mininet builder cannot build this spec on one machine."""
+        """Raise SpecError when the Mininet builder cannot build this spec on one machine, or would build
+        something else than it says (the builder makes only the OCS ports the ToR uplinks are wired to)."""
         require(self.kind in EMULATED_FABRICS, "kind",
                 f"the emulator builds {', '.join(EMULATED_FABRICS)}, got {self.kind!r} (RLSim models it)")
+        require(self.ocs_ports in (0, self.ocs_ports_needed), "ocs_ports",
+                f"{self.ocs_ports} ports per OCS, but the emulator builds only the {self.ocs_ports_needed} the ToR "
+                f"uplinks are wired to (a circuit to a spare port would go nowhere): use 0 or "
+                f"{self.ocs_ports_needed} to emulate it (RLSim prices spare ports)")
         require(self.n_servers <= MAX_EMULATED_SERVERS, "servers",
                 f"{self.n_servers} servers; the emulator builds at most {MAX_EMULATED_SERVERS} "
                 "(use RLSim for larger clusters)")

@@ -14,6 +14,7 @@ import logging
 import sys
 
 from emulation.registry import NameInUse
+from emulation.signals import exit_code, teardown_on_signals
 from emulation.validation import SpecError
 
 COMMAND_MODULES = (
@@ -48,16 +49,18 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.func(args) or 0)
+        with teardown_on_signals():  # SIGINT, SIGTERM, SIGHUP: the same teardown (emulation/signals.py)
+            return int(args.func(args) or 0)
     except (SpecError, UsageError) as e:
         print(f"orchestrrl {args.command}: error: {e}", file=sys.stderr)
         return 2
     except NameInUse as e:  # another fabric holds the names: not bad input, nothing was touched
         print(f"orchestrrl {args.command}: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        print(f"orchestrrl {args.command}: interrupted ({e or 'SIGINT'}): everything it started was stopped",
+              file=sys.stderr)
+        return exit_code(e)
     except BrokenPipeError:  # e.g. `orchestrrl sim ... --json | head`: the reader left, nothing is wrong
         import os
 

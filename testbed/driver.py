@@ -35,6 +35,7 @@ from testbed.orchestrator.forecast import (ForecastErrors, ForecastService, Leng
                                            prompt_share, prompt_shifts)
 from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshot, request_levels
 from testbed.orchestrator.settings import OrchestratorSettings, Policy, feasible_layouts
+from testbed.ticks import IntervalBudget, TickClock, tick_deadline_s, tick_fail_after_s
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ class Driver:
         self.lost_total = 0
         self.failed: dict[int, str] = {}
         self.decision_ms: list[float] = []
+        self.tick_log: list[dict] = []  # every planning tick: when it was due, started, how long it took
         self._ticket = 0
         self._first_step = 0  # the run's first step: its layouts are chosen free of charge
         self._req: StepRequests | None = None  # the step being generated
@@ -116,6 +118,10 @@ class Driver:
                               else (w.prompt_sigma / w.response_sigma) ** 2)
         self._thinking = 0.0  # this tick's decision time so far (the planner's and balancer's computing, not the RPCs)
         self.realised: list[tuple[float, float]] = []  # (predicted, realised) gain of every migration that has both
+        self._budget: IntervalBudget | None = None  # this generation phase's max_migrations per interval of time
+        self._deadline: float | None = None  # this generation phase's per-tick call deadline
+        self._late: list[int] = []  # live generators that missed this tick's deadline (left out of it)
+        self._repaired: dict[int, frozenset] = {}  # rid -> the failed servers when it was last repaired
 
     # ---- workload ----
     def lengths(self, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -144,6 +150,7 @@ class Driver:
         when it next needs a poll (a job's known end; inf: none)."""
         b = self.backend
         lengths, prompt_ids = self.lengths(step)
+        self._failures(None)  # one that died between steps gets no share of this step
         servers = [s for s in b.gen_servers if s not in self.failed]
         placed = deal(len(lengths), servers, self.rng_deal, self.settings.dispatch)
         dest = np.zeros(len(lengths), np.int64)
@@ -158,38 +165,52 @@ class Driver:
             self.phase("gen", first_step_s=self.cm.prefill_s(1, self.w.prompt_tokens, 1))
         t_gen = b.now()
         for s, idx in placed.items():
-            b.submit(s, req.specs(idx), chunked=self.settings.dispatch == "contiguous")
+            self._place(s, req.specs(idx), chunked=self.settings.dispatch == "contiguous")
         self.timeline.event(t_gen, "phase_start", phase="gen", step=step)
         migrations = 0
         fc = forecast
         interval = self.settings.planning_interval_s
-        next_tick = t_gen + interval
+        ticks = TickClock(t_gen, interval)  # on the clock: a late tick is never made up for
+        self._budget = IntervalBudget(t_gen, interval, self.settings.balancer.max_migrations)
+        self._deadline = deadline = tick_deadline_s(interval)  # no tick waits longer than this on the servers
+        acct = self._accounting_start()
         while True:
-            b.wait_until(self._wake(next_tick, wake_hint), until_idle=True)
+            b.wait_until(self._wake(ticks.next_at, wake_hint), until_idle=True)
             if on_tick is not None:
                 on_tick(b.now())
-            if b.finished_count() >= req.n and not b.in_flight():
+            self._failures(req)  # a process exit is acted on at once, not at the next tick
+            if b.finished_count(deadline) >= req.n and not b.in_flight():
                 break
-            if b.now() + 1e-9 < next_tick:
+            if not ticks.due(b.now()):
                 continue
-            next_tick += interval
-            now = b.now()
-            states = b.states()
-            self._sample(now, states, fc)
-            new_fail = {s: why for s, why in b.failures().items() if s not in self.failed}
-            if new_fail:
-                self._requeue(new_fail, req, states)
+            tick = ticks.begin(b.now())
+            now = tick["t"]
+            # every server at once; one that misses the deadline is left out (failed if it stays silent)
+            states = b.states(deadline, tick_fail_after_s(interval))
+            if self._failures(req, states):
                 states = {s: st for s, st in states.items() if s not in self.failed}
+            self._late = late = [s for s in b.gen_servers if s not in self.failed and s not in states]
+            if late:
+                self.timeline.event(now, "agents_late", servers=late, step=step, deadline_s=deadline)
+            if not late and set(self.failed) - acct["failed"]:  # a server failed in this step
+                self._repair(req, states)
+            self._sample(now, states, fc)
             if self.planner is None and self.balancer is None:
+                ticks.end(tick, b.now())
                 continue
             t_dec = time.perf_counter()
-            fc = self._online(forecast, states, req)
+            if not late:  # a late server's requests are unknown this tick: the forecast waits for them
+                fc = self._online(forecast, states, req)
             self._thinking = time.perf_counter() - t_dec
             sw, mg = self._decide(now, states, fc, step)
             switches += sw
             migrations += mg
             self.decision_ms.append(self._thinking * 1e3)
-        self._sample(b.now(), b.states(), fc)  # the engines' final counters (tokens, preemptions) of the step
+            self._failures(req)
+            ticks.end(tick, b.now())
+        # the engines' final counters (tokens, preemptions) of the step
+        self._sample(b.now(), {s: st for s, st in b.states(deadline, tick_fail_after_s(interval)).items()
+                                if s not in self.failed}, fc)
         out = b.end_generation(req)
         t_gen_end = out["ended_at"]  # the last token, not the tick that noticed it
         for m in getattr(b, "migrations", [])[:]:  # simulated hand-overs: their downtime once they happened
@@ -200,8 +221,11 @@ class Driver:
         delivered = out["delivered"]
         lost = sum(1 for r, n in zip(req.rid.tolist(), req.target.tolist()) if delivered.get(r, 0) != n)
         self.lost_total += lost
+        self.tick_log.extend(dict(r, step=step) for r in ticks.ticks)
         return {"step": step, "req": req, "lengths": lengths, "start": t_start, "gen_start": t_gen,
-                "gen_end": t_gen_end, "out": out, "switches": switches, "migrations": migrations, "lost": lost}
+                "gen_end": t_gen_end, "out": out, "switches": switches, "migrations": migrations, "lost": lost,
+                "ticks": dict(ticks.summary(), migrations_per_interval_max=self._budget.most()),
+                "accounting": self._accounting_end(acct, req, out)}
 
     def _decide(self, now: float, states: dict, fc: LengthForecast, step: int) -> tuple[int, int]:
         """One planning tick's decisions, carried out: (layout switches, migrations). The planner decides first;
@@ -241,36 +265,64 @@ class Driver:
         return switches, migrations
 
     def _switch(self, now: float, step: int, views: dict, decisions: dict) -> int:
+        b = self.backend
         n = 0
         for s, d in decisions.items():
-            if not d.switch:
+            if not d.switch or s in self.failed:
                 continue
             lay = Layout.parse(d.best, self.gpus)
-            sw = self.backend.set_layout(s, lay)
+            try:
+                sw = b.set_layout(s, lay)
+            except Exception as e:  # noqa: BLE001 - the server failed meanwhile: its requests are re-queued
+                self.timeline.event(b.now(), "layout_switch_failed", server=s, step=step, to=d.best, error=str(e),
+                                    tick=round(now, 6))
+                self._failures(self._req)
+                continue
             self.last_switch_end[s] = sw["end"]
             n += 1
-            self.timeline.event(self.backend.now(), "layout_switch", server=s, step=step, frm=d.current, to=d.best,
+            self.timeline.event(b.now(), "layout_switch", server=s, step=step, frm=d.current, to=d.best,
                                 gain_s=round(d.gain_s, 3), cost_s=round(d.switch_cost_s, 3), start=sw["start"],
                                 end=sw["end"], predicted=d.predicted_s, reason=d.reason, tick=round(now, 6))
         return n
 
     def _migrate(self, now: float, step: int, moves: list) -> list:
+        """Carry out the balancer's moves, in order, while the tick has time and the interval has budget: a
+        tick past its deadline (it spent its time on the servers) or an interval that already holds
+        ``max_migrations`` (a tick that ran into the next one) defers the rest to a later tick. A move to or from
+        a server that failed during this tick is dropped; one that fails because an agent died under it has
+        that agent's requests re-queued at once."""
         b = self.backend
+        budget, deadline = self._budget, self._deadline
         done = []
         for m in moves:
+            t_m = b.now()
+            if m.src in self.failed or m.dst in self.failed:
+                continue  # one of them failed during this tick
+            if deadline is not None and t_m - now > deadline:
+                self.timeline.event(t_m, "migration_deferred", rid=m.rid, src=m.src, dst=m.dst, tick=round(now, 6),
+                                    reason=f"the tick is {t_m - now:.3f} s old (deadline {deadline:g} s)")
+                break
+            if budget is not None:
+                if budget.left(t_m) <= 0:
+                    self.timeline.event(t_m, "migration_deferred", rid=m.rid, src=m.src, dst=m.dst,
+                                        tick=round(now, 6),
+                                        reason=f"max_migrations ({budget.limit}) reached in this interval")
+                    break
+                budget.spend(t_m)
             try:
                 res = b.migrate(m.rid, m.src, m.dst, self.settings.balancer.mode, m.dst_replica,
                                 predicted_gain_s=m.gain_s)
-            except Exception as e:  # noqa: BLE001 - a request that finished meanwhile, a busy agent
+            except Exception as e:  # noqa: BLE001 - a request that finished meanwhile, a busy or failed agent
                 self.timeline.event(b.now(), "migration_failed", rid=m.rid, src=m.src, dst=m.dst, error=str(e),
-                                    tick=round(now, 6))
+                                    start=round(t_m, 6), tick=round(now, 6))
+                self._failures(self._req)  # if an agent died under the migration: re-queued now
                 continue
             done.append(m)
             self.timeline.event(b.now(), "migration", rid=m.rid, src=m.src, dst=m.dst, dst_replica=m.dst_replica,
                                 step=step, before=[round(x, 3) for x in m.before], after=[round(x, 3) for x in m.after],
                                 downtime_s=res.get("downtime_s"), kv_bytes=res.get("kv_bytes"),
                                 result=res.get("result"), predicted_gain_s=round(m.gain_s, 4),
-                                realised_gain_s=res.get("realised_gain_s"), tick=round(now, 6))
+                                realised_gain_s=res.get("realised_gain_s"), start=round(t_m, 6), tick=round(now, 6))
             if res.get("realised_gain_s") is not None:
                 self.realised.append((m.gain_s, float(res["realised_gain_s"])))
         return done
@@ -300,7 +352,7 @@ class Driver:
                             "ape": rec.ape},
                "finish_times": {"p50": float(np.median(list(fin.values()))) - g["gen_start"] if fin else None,
                                 "max": float(max(fin.values())) - g["gen_start"] if fin else None},
-               "train": tr.detail, "sync": sy.detail, **(extra or {})}
+               "train": tr.detail, "sync": sy.detail, "accounting": g["accounting"], "ticks": g["ticks"], **(extra or {})}
         self.steps.append(res)
         self.timeline.event(period_end, "step_end", step=step, makespan_s=res["makespan_s"], tokens=res["tokens"],
                             phases=res["phases"], forecast_ape=rec.ape, lost_requests=g["lost"])
@@ -365,7 +417,7 @@ class Driver:
         done = [int(n) for r, n in zip(req.rid.tolist(), req.target.tolist()) if r not in held]
         # requests not on any server finished (or are moving): their length is known once finished; count only
         # those the backends report finished
-        k = self.backend.finished_count()
+        k = self.backend.finished_count(tick_deadline_s(self.settings.planning_interval_s))
         done = done[:k] if len(done) > k else done
         try:
             return forecast.updated(np.asarray(done, dtype=float), running.astype(float), self.settings.forecast)
@@ -375,8 +427,8 @@ class Driver:
     def _prompt_shifts(self, fc: LengthForecast, states, req: StepRequests) -> dict[int, np.ndarray]:
         """Per server, every request's log-offset from what its prompt's other samples have shown
         (forecast.prompt_shifts): finished ones by their lengths, running ones by their tokens so far."""
-        if not self.settings.forecast.prompt_groups or req is None or not states:
-            return {}
+        if not self.settings.forecast.prompt_groups or req is None or not states or self._late:
+            return {}  # (a late server's requests would look finished)
         share = prompt_share(self._prompt_steps, self._prompt_prior)
         if share <= 0:
             return {}
@@ -412,13 +464,55 @@ class Driver:
                             + max(0.0, st.busy_until - now), 3)
         self.timeline.sample({"t": round(now, 4), "servers": srv, "load": load})
 
+    def _place(self, s: int, specs: list[dict], chunked: bool = False) -> None:
+        """Submit ``specs`` to server ``s``; if it failed (or fails now), to the next live generator."""
+        b = self.backend
+        order = [s] + [x for x in b.gen_servers if x != s]
+        for cand in order:
+            if cand in self.failed or cand in b.failures():
+                continue
+            try:
+                b.submit(cand, specs, chunked=chunked)
+                return
+            except Exception as e:  # noqa: BLE001 - it failed under the call: try the next one
+                if cand not in b.failures():
+                    raise
+                log.warning("submit to server %d failed (%s); placing its requests elsewhere", cand, e)
+        raise RuntimeError("every generator failed")
+
+    def _failures(self, req: StepRequests | None, states: dict | None = None) -> bool:
+        """Act on servers newly failed (a process exit is seen at once; a missed deadline by states()): their
+        requests are re-queued on the live generators now. ``states``: this tick's, when fresh; else the live
+        servers are asked now (what they hold is not re-queued). True when there were any."""
+        b = self.backend
+        new = {s: why for s, why in b.failures().items() if s not in self.failed}
+        if not new:
+            return False
+        if req is None:  # between steps: nothing of this step is placed yet
+            for s, why in new.items():
+                self.failed[s] = why
+                self.timeline.event(b.now(), "agent_failed", server=s, why=why, requests=0)
+            return True
+        gone_trainers = sorted(s for s in new if s not in b.gen_servers)
+        if gone_trainers:
+            self.failed.update(new)
+            raise RuntimeError(f"trainer agent(s) {gone_trainers} failed ({new[gone_trainers[0]]}): their token "
+                               "collectors held this step's responses, so the run cannot go on")
+        if states is None or any(s in new for s in states):
+            interval = self.settings.planning_interval_s
+            states = b.states(tick_deadline_s(interval), tick_fail_after_s(interval))
+        self._requeue({s: why for s, why in b.failures().items() if s not in self.failed}, req, states)
+        return True
+
     def _requeue(self, failed: dict[int, str], req: StepRequests, states) -> None:
         b = self.backend
         live = [s for s in b.gen_servers if s not in self.failed and s not in failed]
+        held = set(np.concatenate([st.snapshot["rid"] for s, st in states.items() if s in live]).tolist()) \
+            if any(s in live for s in states) else set()
         now = b.now()
         for s, why in failed.items():
             self.failed[s] = why
-            lost = b.lost_requests(s)
+            lost = b.lost_requests(s, held=held)
             self.timeline.event(now, "agent_failed", server=s, why=why, requests=len(lost))
             if not live:
                 raise RuntimeError(f"every generator failed ({why})")
@@ -427,14 +521,58 @@ class Driver:
             dest = dict(zip(req.rid.tolist(), req.dest.tolist()))
             per: dict[int, list[dict]] = {}
             for k, (rid, got) in enumerate(sorted(lost.items())):
-                if got >= tgt[rid]:
+                if rid not in tgt or got >= tgt[rid]:
                     continue
                 per.setdefault(live[k % len(live)], []).append(
                     {"rid": rid, "prompt": pr[rid], "target": tgt[rid], "dest": dest[rid], "generated": got})
             for s2, specs in per.items():
-                b.submit(s2, specs)
-            self.timeline.event(now, "requeued", server=s, to=sorted(per), requests=sum(len(v) for v in per.values()),
-                                delivered_tokens=int(sum(lost.values())))
+                self._place(s2, specs)
+            self.timeline.event(b.now(), "requeued", server=s, to=sorted(per), requests=sum(len(v) for v in per.values()),
+                                delivered_tokens=int(sum(lost.values())), noticed=now)
+
+    def _repair(self, req: StepRequests, states) -> None:
+        """Requests that finished on a live server while tokens a failed one sent before handing them over never
+        arrived (it died with them queued): resumed from the collectors' contiguous prefix on a live generator
+        (what arrived past the gap comes again, counted as a duplicate), so every response is delivered whole."""
+        held = set(np.concatenate([st.snapshot["rid"] for st in states.values()]).tolist()) if states else set()
+        failed = frozenset(self.failed)
+        # once per request and set of failures: a repaired copy that finished with its last tokens still in
+        # flight looks stranded until they arrive
+        todo = {r: g for r, g in self.backend.stranded(held, self._deadline).items() if self._repaired.get(r) != failed}
+        if not todo:
+            return
+        self._repaired.update({r: failed for r in todo})
+        live = [s for s in self.backend.gen_servers if s not in self.failed]
+        if not live:
+            raise RuntimeError("every generator failed")
+        tgt = dict(zip(req.rid.tolist(), req.target.tolist()))
+        pr = dict(zip(req.rid.tolist(), req.prompt.tolist()))
+        dest = dict(zip(req.rid.tolist(), req.dest.tolist()))
+        per: dict[int, list[dict]] = {}
+        for k, (rid, got) in enumerate(sorted(todo.items())):
+            if rid in tgt and got < tgt[rid]:
+                per.setdefault(live[k % len(live)], []).append(
+                    {"rid": rid, "prompt": pr[rid], "target": tgt[rid], "dest": dest[rid], "generated": got})
+        for s, specs in per.items():
+            self._place(s, specs)
+        self.timeline.event(self.backend.now(), "repaired", to=sorted(per), requests=sum(len(v) for v in per.values()),
+                            missing_from=sorted(self.failed))
+
+    # ---- accounting ----
+    def _accounting_start(self) -> dict:
+        return {"failed": set(self.failed)}
+
+    def _accounting_end(self, acct: dict, req: StepRequests, out: dict) -> dict:
+        """The step's tokens: every response's target, the distinct tokens that reached the collectors, the
+        duplicates among what arrived, and what arrived from each server (a failed one's up to its death)."""
+        by_agent = {int(a): {"received": int(v["received"]), "unique": int(v["unique"])}
+                    for a, v in out.get("tokens_by_agent", {}).items()}
+        target = int(req.target.sum())
+        unique = int(out.get("tokens_unique", sum(out["delivered"].values())))
+        return {"tokens_target": target, "tokens_unique": unique, "tokens_duplicate": int(out.get("duplicates", 0)),
+                "exactly_once": unique == target and all(out["delivered"].get(r, 0) == n for r, n in
+                                                         zip(req.rid.tolist(), req.target.tolist())),
+                "by_agent": by_agent, "failed_during_step": sorted(set(self.failed) - acct["failed"])}
 
     # ---- the run ----
     def run(self, steps: int) -> dict:
@@ -550,6 +688,7 @@ class Driver:
                 "idle_s": {"generators": sum(s.get("async", {}).get("generator_idle_s", 0.0) for s in st),
                            "trainers": sum(s.get("async", {}).get("trainer_idle_s", 0.0) for s in st)}
                 if self.settings.step_mode == "async" else None,
+                **self._tokens_total(), "ticks": self._ticks_total(),
                 "migrations_paid_fraction": (sum(1 for _, r in self.realised if r > PAID_S) / len(self.realised))
                 if self.realised else None,
                 "migration_gains_s": {"predicted": [round(p, 4) for p, _ in self.realised],
@@ -557,6 +696,33 @@ class Driver:
                 "decision_ms_p50": float(np.percentile(self.decision_ms, 50)) if self.decision_ms else None,
                 "decision_ms_p99": float(np.percentile(self.decision_ms, 99)) if self.decision_ms else None,
                 "fidelity": self._fidelity(total_t)}
+
+    def _tokens_total(self) -> dict:
+        """The run's token accounting (the steps' summed): exactly once is shown, not inferred. ``tokens_by_agent``:
+        per server, the tokens the collectors received from it (``received``; a failed one's up to its death)
+        and how many of those were new (``unique``)."""
+        out = {"tokens_target": 0, "tokens_unique": 0, "tokens_duplicate": 0, "tokens_by_agent": {}}
+        for st in self.steps:
+            t = st["accounting"]
+            for k in ("tokens_target", "tokens_unique", "tokens_duplicate"):
+                out[k] += t[k]
+            for a, v in t["by_agent"].items():
+                acc = out["tokens_by_agent"].setdefault(str(a), {"received": 0, "unique": 0})
+                acc["received"] += v["received"]
+                acc["unique"] += v["unique"]
+        out["exactly_once"] = bool(self.steps) and all(st["accounting"]["exactly_once"] for st in self.steps)
+        return out
+
+    def _ticks_total(self) -> dict:
+        interval = self.settings.planning_interval_s
+        took = [r["took_s"] for r in self.tick_log if r["took_s"] is not None]
+        return {"interval_s": interval, "deadline_s": tick_deadline_s(interval), "ticks": len(self.tick_log),
+                "took_s_max": max(took) if took else None,
+                "took_s_p50": float(np.percentile(took, 50)) if took else None,
+                "late_s_max": max((r["late_s"] for r in self.tick_log), default=None),
+                "skipped_intervals": sum(st["ticks"]["skipped_intervals"] for st in self.steps),
+                "migrations_per_interval_max": max((st["ticks"]["migrations_per_interval_max"] for st in self.steps),
+                                                   default=0)}
 
     def _fidelity(self, total_t: float) -> dict:
         """The backend's fidelity report, plus whether its distortions reached the step makespans: in the async

@@ -181,7 +181,10 @@ class Experiment:
                 "lost_requests": r["lost_requests"], "fidelity": r["fidelity"], "layouts": r["layouts"],
                 "max_num_seqs": r["max_num_seqs"], "migrations_paid_fraction": r["migrations_paid_fraction"],
                 "decision_ms_p50": r["decision_ms_p50"], "decision_ms_p99": r["decision_ms_p99"],
-                "step_mode": r["step_mode"], "idle_s": r["idle_s"], "failures": r["failures"]}
+                "step_mode": r["step_mode"], "idle_s": r["idle_s"], "failures": r["failures"],
+                # token accounting (driver.Driver._tokens_total) and the planning ticks (testbed/ticks.py)
+                **{k: r[k] for k in ("tokens_target", "tokens_unique", "tokens_duplicate", "exactly_once",
+                                     "tokens_by_agent", "ticks")}}
         report["aliases"] = self.aliases()
         if orc is not None:
             from testbed.oracle import KIND_OF_POLICY

@@ -138,6 +138,7 @@ class Agent:
         self.p2p_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="p2p")
         self.work_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="work")
         self.kv_recvs: dict[int, Future] = {}
+        self.dead_peers: set[int] = set()  # agents the driver said failed (peer_down)
         self._tag = 0
         self.migrations: list[dict] = []
         self._reply_url = f"inproc://replies-{os.getpid()}"
@@ -159,7 +160,9 @@ class Agent:
         if outs:
             for o in outs:
                 self.fidelity.record(o.modelled_s, now - o.t_end, len(o.ids))
-            if any(o.detached for o in outs):
+            if any(o.detached or len(o.finished) for o in outs):
+                # a request asked to stop may instead finish in its last step: its waiter must hear that too
+                # (it slept out its whole timeout otherwise: a 30 s planning tick)
                 self.detach_cv.notify_all()
             self.pending.extend(outs)
         return now
@@ -356,10 +359,12 @@ class Agent:
                 "start": sw.start, "end": sw.end, "switch_s": sw.switch_s, "kv_tokens": sw.kv_tokens}
 
     def rpc_reset(self, p) -> dict:
-        """Drop every request (the driver's recovery and end-of-run); the layout stays."""
+        """Drop every request (the driver's recovery and end-of-run); the layout stays, and the engine settings
+        unless ``p.engine`` gives new ones (a run of another configuration on the same agents)."""
         with self.lock:
             dropped = len(self.engine.held)
-            self.engine = Engine(self.engine.cost, self.cfg.gpus, self.engine.layout, self.cfg.engine)
+            settings = p.engine if p.engine is not None else self.engine.settings
+            self.engine = Engine(self.engine.cost, self.cfg.gpus, self.engine.layout, settings)
             self.fidelity.clear()
             self.pending = []
         self.wake.set()
@@ -389,6 +394,15 @@ class Agent:
         t0 = time.monotonic()
         self.stopping.wait(p.seconds * self.tdf)
         return {"seconds": p.seconds, "wall_s": time.monotonic() - t0}
+
+    def rpc_peer_down(self, p) -> dict:
+        """Agent ``p.agent`` failed: calls to it (a migration's) give up at once instead of at their deadline."""
+        self.dead_peers.add(p.agent)
+        self.comm.dead.add(p.agent)  # a transfer with it is refused too
+        return {"dead_peers": sorted(self.dead_peers)}
+
+    def _peer_gone(self, peer: int):
+        return lambda: f"agent {peer} failed" if peer in self.dead_peers else None
 
     def rpc_shutdown(self, p) -> dict:
         self.stopping.set()
@@ -459,7 +473,11 @@ class Agent:
 
         if p.dst == self.cfg.index:
             return self._move_local(p)
+        if p.dst in self.dead_peers:
+            raise SpecError("params.dst", f"agent {p.dst} failed")
         peer = AgentClient(p.dst_rpc.url, f"agent {p.dst}", timeout_s=p.timeout_s, ctx=self.ctx)
+        gone = self._peer_gone(p.dst)
+        detached = None  # the request's state once it left this engine: put back if the hand-over fails
         try:
             t_begin = self.now()
             with self.lock:
@@ -473,12 +491,13 @@ class Agent:
                 nbytes = max(1, int(round(tokens * self.kv_bytes_per_token)))
                 tag = self._next_tag()
                 peer.call("kv_incoming", {"rid": p.rid, "src": self.cfg.index, "nbytes": nbytes, "tag": tag,
-                                          "timeout_s": p.timeout_s})
+                                          "timeout_s": p.timeout_s}, abort=gone)
                 t0 = self.now()
                 self.comm.p2p(P2PParams(peer=p.dst, nbytes=nbytes, tag=tag, timeout_s=p.timeout_s), send=True)
                 if stage == "live":  # the send returns once the bytes are in the socket: wait for their arrival,
                     # or the stop would wait for the rest of this stage's bytes (downtime growing with the KV)
-                    peer.call("kv_wait", {"tags": [tag], "timeout_s": p.timeout_s}, timeout_s=p.timeout_s + 5)
+                    peer.call("kv_wait", {"tags": [tag], "timeout_s": p.timeout_s}, timeout_s=p.timeout_s + 5,
+                              abort=gone)
                 tags.append(tag)
                 stages.append({"stage": stage, "tokens": tokens, "bytes": nbytes, "s": self.now() - t0})
 
@@ -494,27 +513,24 @@ class Agent:
                         break
                     copy(delta, "live")
                     copied = fp[0]
+            if gone():
+                raise SpecError("params.dst", f"agent {p.dst} failed")
             # stop: the request leaves this engine at the end of its step in flight
             got = self._detach(p.rid, p.timeout_s)
             if got is None:
                 return {"rid": p.rid, "result": "finished", "stages": stages}
             st, t_stop = got
+            detached = st
             has_kv = st.kv_tokens > 0
             if has_kv and st.kv_tokens > copied:
                 copy(st.kv_tokens - copied if copied else st.kv_tokens, "stop")
             spec = {"rid": st.rid, "prompt": st.prompt, "target": st.target, "dest": st.dest,
                     "generated": st.generated}
-            try:
-                res = peer.call("migrate_commit", {"request": spec, "kv_tokens": st.kv_tokens if has_kv else 0,
-                                                   "preemptions": st.preemptions, "tags": tags,
-                                                   "replica": p.dst_replica},
-                                timeout_s=p.timeout_s)
-            except Exception:
-                # the destination did not take it: keep serving it here (recompute if its KV was lost)
-                with self.lock:
-                    self.engine.add([st], self._at_now())
-                self.wake.set()
-                raise
+            res = peer.call("migrate_commit", {"request": spec, "kv_tokens": st.kv_tokens if has_kv else 0,
+                                               "preemptions": st.preemptions, "tags": tags,
+                                               "replica": p.dst_replica},
+                            timeout_s=p.timeout_s, abort=gone)
+            detached = None  # the destination holds it now
             out = {"rid": p.rid, "result": "moved", "mode": p.mode, "stages": stages,
                    "kv_bytes": sum(s["bytes"] for s in stages), "generated_at_stop": st.generated,
                    "stopped": t_stop, "resumed": res["resumed"], "downtime_s": res["resumed"] - t_stop,
@@ -522,6 +538,13 @@ class Agent:
             self.migrations.append(out)
             return out
         finally:
+            if detached is not None:
+                # stopped here but not handed over (the destination failed, or a copy did): keep serving it here
+                # (its KV is kept; if it was lost, the engine recomputes)
+                with self.lock:
+                    self.engine.add([detached], self._at_now())
+                self.wake.set()
+                log.warning("migration of %d to agent %d failed after the stop: resumed here", p.rid, p.dst)
             peer.close()
 
     def rpc_kv_incoming(self, p) -> dict:
@@ -585,6 +608,10 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"agents.node: error: {e}", file=sys.stderr)
         return 2
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to stderr
+
     if cfg.nice:
         try:
             os.nice(cfg.nice)

@@ -43,6 +43,7 @@ class TokenLedger:
         self.bad_messages = 0
         self.messages = 0
         self.tokens = 0
+        self.sources: dict[int, list[int]] = {}  # source agent -> [tokens received, of which unique]
 
     def _grow(self, n: int) -> None:
         cap = len(self.next)
@@ -78,9 +79,11 @@ class TokenLedger:
         idx = np.searchsorted(self._sorted, ids)
         return self._sorted_slot[idx]
 
-    def add(self, ids: np.ndarray, pos: np.ndarray, t: float) -> None:
+    def add(self, ids: np.ndarray, pos: np.ndarray, t: float, src: int | None = None) -> int:
+        """Count the tokens (request ``ids[i]``, position ``pos[i]``) of one message from agent ``src``; how many
+        were new (the rest are duplicates)."""
         if not len(ids):
-            return
+            return 0
         slot = self.slots(ids)
         order = np.lexsort((pos, slot))
         slot, pos = slot[order], pos.astype(np.int64)[order]
@@ -107,17 +110,23 @@ class TokenLedger:
             first_seen = self.first_t[s_good] == 0
             self.first_t[s_good[first_seen]] = t
             self.last_t[s_good] = t
+        new = int(good.sum())
         for s, p in zip(slot[bad_grp].tolist(), pos[bad_grp].tolist()):
-            self._slow(s, p, t)
+            new += self._slow(s, p, t)
         for s in set(slot[good].tolist()) & set(self.aside):
             self._absorb(s)
         self.tokens += len(ids)
+        if src is not None:
+            acc = self.sources.setdefault(int(src), [0, 0])
+            acc[0] += len(ids)
+            acc[1] += new
+        return new
 
-    def _slow(self, s: int, p: int, t: float) -> None:
+    def _slow(self, s: int, p: int, t: float) -> int:
         aside = self.aside.setdefault(s, set())
         if p < self.next[s] or p in aside:
             self.dups[s] += 1
-            return
+            return 0
         if self.first_t[s] == 0:
             self.first_t[s] = t
         self.last_t[s] = t
@@ -130,6 +139,7 @@ class TokenLedger:
             self.out_of_order += 1
         if not aside:
             self.aside.pop(s, None)
+        return 1
 
     def _absorb(self, s: int) -> None:
         aside = self.aside.get(s)
@@ -150,7 +160,11 @@ class TokenLedger:
                "duplicates": int(self.dups[:n].sum()), "out_of_order": int(self.out_of_order),
                "held_aside": int(sum(len(v) for v in self.aside.values())), "corrupt": int(self.corrupt),
                "bad_messages": int(self.bad_messages), "messages": int(self.messages),
-               "finished": int(np.count_nonzero(self.final_len[:n] >= 0))}
+               "finished": int(np.count_nonzero(self.final_len[:n] >= 0)),
+               # finished and every token of it in: a migrated request's last tokens can arrive before the
+               # earlier ones its source sent (and a source that died may never send them)
+               "complete": int(np.count_nonzero((self.final_len[:n] >= 0) & (self.next[:n] >= self.final_len[:n]))),
+               "sources": [[src, r, u] for src, (r, u) in sorted(self.sources.items())]}
         if with_arrays:
             rids = np.asarray(self._rids, np.int64)
             out.update(rid=pack_array(rids), count=pack_array(self.count[:n]), contiguous=pack_array(self.next[:n]),
@@ -206,7 +220,7 @@ class Collector:
             try:
                 bad = b.tok != token_ids(b.ids, b.pos, self.vocab)
                 led.corrupt += int(bad.sum())
-                led.add(b.ids, b.pos, t)
+                led.add(b.ids, b.pos, t, b.src)
                 if len(b.fin):  # a finished request's length is its last position + 1
                     fin_pos = {int(i): int(p) for i, p in zip(b.ids.tolist(), b.pos.tolist())}
                     lengths = np.asarray([fin_pos.get(int(r), -2) + 1 for r in b.fin.tolist()], np.int64)

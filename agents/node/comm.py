@@ -42,6 +42,10 @@ class Comm:
         self.groups: dict[str, tuple[object, tuple[int, ...]]] = {}
         self.generation = 0
         self.lock = threading.Lock()  # world (re)creation vs. operations
+        # agents the driver said failed: a transfer with one is refused at once. (A transfer under way with a
+        # peer that dies errors by itself: Gloo sees the connection close. Its waits cannot be sliced to poll
+        # for news instead: a Gloo wait that times out closes the connection.)
+        self.dead: set[int] = set()
 
     # ---- world and groups ----
     @property
@@ -184,19 +188,46 @@ class Comm:
             for c in range(nchunks):
                 view = buf[c * per:min(n, (c + 1) * per)]
                 recvs.append(dist.irecv(view, src=src_ranks[owner[c]][0], tag=base + c))
+        # A peer that dies errors the transfers with it (Gloo sees its connection close), but a live peer waiting
+        # on this agent would wait out its timeout (a Gloo wait cannot be given up): so every transfer with a
+        # live peer is completed even then (chunks that could not be received go on as zeros, which the CRC
+        # shows), and the error is raised only at the end. The driver runs the broadcast again without the dead.
+        problems: list[str] = []
+        no_source = False
+        broken: set[int] = set()
         sends = []
         first_in = None
         for c in range(nchunks):
             view = buf[c * per:min(n, (c + 1) * per)]
             if recvs:
-                _wait(recvs[c], p.timeout_s, f"broadcast: chunk {c}")
+                if no_source:
+                    view.zero_()
+                else:
+                    try:
+                        _wait(recvs[c], p.timeout_s, f"broadcast: chunk {c}")
+                    except CommError as e:
+                        problems.append(str(e))
+                        no_source = True
+                        view.zero_()
                 if first_in is None:
                     first_in = time.monotonic()
             for r, mine in children:
-                if mine is None or c in mine:
-                    sends.append(dist.isend(view, dst=r, tag=base + c))
-        for w in sends:
-            _wait(w, p.timeout_s, "broadcast: a send")
+                if r not in broken and (mine is None or c in mine):
+                    try:
+                        sends.append((r, dist.isend(view, dst=r, tag=base + c)))
+                    except RuntimeError as e:
+                        broken.add(r)
+                        problems.append(f"broadcast: a send to rank {r}: {e}")
+        for r, w in sends:
+            if r in broken:
+                continue
+            try:
+                _wait(w, p.timeout_s, "broadcast: a send")
+            except CommError as e:
+                broken.add(r)
+                problems.append(str(e))
+        if problems:
+            raise CommError(f"broadcast incomplete ({len(problems)} transfer(s) failed): {problems[0]}")
         end = time.monotonic()
         data = buf.cpu().numpy().tobytes() if buf.device.type != "cpu" else buf.numpy().tobytes()
         return {"op": "broadcast", "bytes": n * 4, "chunks": nchunks, "bucket_bytes": per * 4,
@@ -213,6 +244,8 @@ class Comm:
         if send:
             t.fill_(float(self.agent + 1))
         t0 = time.monotonic()
+        if p.peer in self.dead:
+            raise CommError(f"agent {p.peer} failed")
         w = (dist.isend if send else dist.irecv)(t, r, tag=P2P_TAG_BASE + p.tag)
         _wait(w, p.timeout_s, f"{'send to' if send else 'receive from'} agent {p.peer}")
         out = {"bytes": n * 4, "start_mono": t0, "end_mono": time.monotonic()}

@@ -149,7 +149,8 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def wait_until(self, t: float, until_idle: bool = False) -> None:
         """Let generation run until backend time ``t`` (``until_idle``: or until it has no work left, where
-        the backend can tell: the simulated one stops its clock at the last step's end)."""
+        the backend can tell: the simulated one stops its clock at the last step's end, and at a server's
+        failure, which the generation loop acts on when it happens)."""
 
     # ---- generation ----
     @abc.abstractmethod
@@ -165,7 +166,10 @@ class Backend(abc.ABC):
         """Queue requests on a server (``chunked``: consecutive chunks per replica, veRL's dispatch)."""
 
     @abc.abstractmethod
-    def states(self) -> dict[int, ServerState]: ...
+    def states(self, deadline_s: float | None = None, fail_after_s: float | None = None) -> dict[int, ServerState]:
+        """Every live generator server's state, asked of all at once. ``deadline_s`` (a planning tick's): a
+        server that does not answer within it is left out; it is failed (failures() names it) at once, or,
+        given ``fail_after_s``, if it has not answered that long after the call (left out until it does)."""
 
     @abc.abstractmethod
     def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None,
@@ -174,13 +178,16 @@ class Backend(abc.ABC):
         tell (the simulated one, with its counterfactual on) adds ``realised_gain_s`` to the answer."""
 
     @abc.abstractmethod
-    def finished_count(self) -> int:
-        """Requests of the current step that produced their last token."""
+    def finished_count(self, deadline_s: float | None = None) -> int:
+        """Requests of the current step that produced their last token (-1: unknown within ``deadline_s``)."""
 
     @abc.abstractmethod
     def end_generation(self, req: StepRequests) -> dict:
-        """After the last request finished: what was delivered ({rid: tokens}), per-request finish times and
-        ``ended_at``, when the last token was produced (the backend's clock resumes from there)."""
+        """After the last request finished: what was delivered ({rid: tokens}), per-request finish times,
+        ``ended_at`` (when the last token was produced: the backend's clock resumes from there) and the token
+        accounting of the step: ``tokens_unique`` (distinct (request, position) tokens that reached a
+        collector), ``duplicates`` (tokens that arrived again) and ``tokens_by_agent`` ({server: {"received",
+        "unique"}}: what reached the collectors from each server, a failed one's up to its death)."""
 
     def in_flight(self) -> int:
         """Migrations under way (their request is on no server for a moment)."""
@@ -207,9 +214,19 @@ class Backend(abc.ABC):
 
     # ---- health and fidelity ----
     def failures(self) -> dict[int, str]:
+        """Every server known to have failed, with why (cheap: no call to anyone)."""
         return {}
 
-    def lost_requests(self, server: int) -> dict[int, int]:
+    def lost_requests(self, server: int, held: set[int] | None = None) -> dict[int, int]:
+        """Unfinished requests last seen on the failed ``server`` and held by no live one (``held``), with the
+        tokens already delivered of each (where a re-queue resumes)."""
+        return {}
+
+    def stranded(self, held: set[int] | None = None, deadline_s: float | None = None) -> dict[int, int]:
+        """Requests that finished but whose tokens a failed server sent never all arrived (it died with them
+        queued), held by no live server (``held``): {rid: tokens delivered from the start without a gap},
+        where a repair resumes them; asked within ``deadline_s`` (nothing when that passes). None where tokens
+        cannot be lost (the simulated backend)."""
         return {}
 
     def fidelity(self) -> dict:

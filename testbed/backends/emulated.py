@@ -22,12 +22,14 @@ import time
 import numpy as np
 
 from agents.costmodel import CostModel
+from agents.client import AgentError, AgentGone, AgentTimeout
 from agents.engine import EngineSettings, Layout
 from agents.protocol import unpack_array
 from controller.ocs import Matching
 from controller.phases import SyncChain, stripe_plan, sync_chains
 from controller.traffic import train_bytes, train_traffic
 from emulation.capacity import load_capacity
+from emulation.validation import to_dict
 
 from .base import Backend, PhaseResult, ServerState, StepRequests
 from .phases import PhaseModel
@@ -36,6 +38,9 @@ log = logging.getLogger(__name__)
 
 A2A_CHUNKS = 4  # an EP all-to-all runs as this many layer groups (a few layers' dispatch and combine each)
 LINK_EFFICIENCY_MIN = 0.8  # a phase whose transfers take longer than modelled / this: the fabric distorted the run
+SYNC_TIMEOUT_MIN_S, SYNC_TIMEOUT_FACTOR = 30.0, 20.0  # a weight sync's deadline: max(30 s, 20 x its modelled time)
+SYNC_RETRIES = 3  # a weight sync run again without the generators that failed under it, at most this often
+STATS_TIMEOUT_S = 10.0  # wall seconds: a state query outside a planning tick (which brings its own deadline)
 
 
 class EmulatedBackend(Backend):
@@ -47,6 +52,7 @@ class EmulatedBackend(Backend):
         from testbed.cluster import running_cluster
 
         self.tdf = scenario.fabric.time_dilation
+        self.engine_settings = engine  # what prepare() gives the agents' engines (a shared cluster's too)
         self.bucket_bytes = max(4096, int(bucket_mb * 1e6 * scenario.fabric.scale))
         self._stack = contextlib.ExitStack()
         names = {s: lay.name(self.gpus) for s, lay in layouts.items()}
@@ -79,15 +85,17 @@ class EmulatedBackend(Backend):
 
     def prepare(self, layouts: dict[int, Layout]) -> None:
         """A fresh run on a running cluster: no request anywhere, collectors and fidelity records afresh, every
-        generator in its starting layout (free of charge)."""
+        generator in its starting layout (free of charge) with this run's engine settings (a tuned
+        configuration's max_num_seqs: the cluster was started with the scenario's)."""
         live = [s for s in self.gen_servers if s not in self.pool.failed]
-        self.pool.call_all(live, "reset", lambda s: None, 30.0)
+        eng = to_dict(self.engine_settings)
+        self.pool.call_all(live, "reset", lambda s: {"engine": eng}, 30.0)
         self.pool.call_all(live, "fidelity", lambda s: {"clear": True}, 10.0)
         for s in live:
             st = self.pool.call(s, "stats")
             if st["layout"] != layouts[s].name(self.gpus):
                 self.set_layout(s, layouts[s], free=True)
-        self.pool.placement.clear()
+        self.pool.forget_requests()
         self.pool.reset_collectors()
 
     def set_layout(self, server: int, layout: Layout, free: bool = False) -> dict:
@@ -98,17 +106,18 @@ class EmulatedBackend(Backend):
     def submit(self, server: int, requests: list[dict], chunked: bool = False) -> None:
         self.pool.submit(server, requests, chunked=chunked)
 
-    def states(self) -> dict[int, ServerState]:
+    def states(self, deadline_s: float | None = None, fail_after_s: float | None = None) -> dict[int, ServerState]:
+        """Every live generator's state, asked of all at once; with ``deadline_s`` (backend seconds: a planning
+        tick's), one that misses it is left out, and failed (see failures()) at once or, given ``fail_after_s``,
+        if its call has no answer by then (AgentPool.gather); one whose process exited is failed at once."""
         live = [s for s in self.gen_servers if s not in self.pool.failed]
-        try:
-            docs = self.pool.call_all(live, "stats", lambda s: {"snapshot": True}, 10.0)
-        except Exception:  # noqa: BLE001 - someone died: find out who, report the others
-            self.pool.check_health(live)
-            live = [s for s in live if s not in self.pool.failed]
-            docs = self.pool.call_all(live, "stats", lambda s: {"snapshot": True}, 10.0)
+        wall = (STATS_TIMEOUT_S if deadline_s is None else deadline_s * self.tdf)
+        docs = self.pool.gather(live, "stats", lambda s: {"snapshot": True}, wall,
+                                fail_after_s=None if fail_after_s is None else fail_after_s * self.tdf)
         out = {}
         for s, st in docs.items():
             snap = {k: unpack_array(v, f"snapshot.{k}") for k, v in st.pop("snapshot").items()}
+            self.pool.note_held(s, snap["rid"])
             pu = st.get("paused_until")
             busy = pu if (pu is not None and pu > st["now"]) else 0.0
             out[s] = ServerState(s, Layout.parse(st["layout"], self.gpus), snap, st, busy)
@@ -118,15 +127,18 @@ class EmulatedBackend(Backend):
                 predicted_gain_s: float | None = None) -> dict:
         return self.pool.migrate(rid, src, dst, mode=mode, replica=replica)
 
-    def finished_count(self) -> int:
-        """Requests whose last token reached a collector this step (the trainers' ground truth: it survives a
-        generator's death, and a request whose last tokens are still in flight is not done yet)."""
+    def finished_count(self, deadline_s: float | None = None) -> int:
+        """Requests whose every token reached a collector this step (the trainers' ground truth: it survives a
+        generator's death, and a request whose last tokens are still in flight, or whose earlier ones a
+        migration's source has not delivered yet, is not done yet); -1 when a collector did not answer within
+        ``deadline_s`` (backend seconds)."""
         live = [t for t in self.train_servers if t not in self.pool.failed]
-        try:
-            docs = self.pool.call_all(live, "collector_stats", lambda s: {"arrays": False}, 10.0)
-        except Exception:  # noqa: BLE001 - a dead trainer: the planning tick's health check handles it
+        wall = STATS_TIMEOUT_S if deadline_s is None else deadline_s * self.tdf
+        # a trainer late to answer is not failed for it (it may be in a collective): the count is unknown now
+        docs = self.pool.gather(live, "collector_stats", lambda s: {"arrays": False}, wall, fail_late=False)
+        if len(docs) < len(live):
             return -1
-        return sum(d["finished"] for d in docs.values())
+        return sum(d["complete"] for d in docs.values())
 
     def end_generation(self, req: StepRequests) -> dict:
         want = set(req.rid.tolist())
@@ -142,10 +154,13 @@ class EmulatedBackend(Backend):
                                     lambda s: None, 30.0).values():
             rid, last, fl = unpack_array(d["rid"]), unpack_array(d["last_t"]), unpack_array(d["final_len"])
             finish.update({int(r): float(t) for r, t, f in zip(rid, last, fl) if f >= 0})
-        dup = int(col.dups.sum())
+        mine = np.isin(col.rid, req.rid)
+        dup = int(col.dups[mine].sum())
+        unique = int(col.count[mine].sum())
         self.pool.reset_collectors()
         ended = max(finish.values()) if finish else self.now()
         return {"delivered": {r: n for r, n in delivered.items() if r in want}, "finish": finish, "duplicates": dup,
+                "tokens_unique": unique, "tokens_by_agent": {a: dict(v) for a, v in sorted(col.sources.items())},
                 "ended_at": min(ended, self.now())}
 
     # ---- fabric and phases ----
@@ -172,7 +187,7 @@ class EmulatedBackend(Backend):
         spec = self.scenario.fabric
         return {int(o): Matching.from_pairs(spec.ports_per_ocs, pairs) for o, pairs in self.tb.client.circuits().items()}
 
-    def sync_weights(self, step: int) -> PhaseResult:
+    def _sync_plan(self) -> tuple[dict[int, dict], int]:
         spec, layout = self.scenario.fabric, self.scenario.layout
         holders = [t for t in self.train_servers if t not in self.pool.failed]
         if spec.is_static:  # no circuits: RLSim's stripes plan for a packet tree (one holder per trainer ToR)
@@ -197,19 +212,43 @@ class EmulatedBackend(Backend):
             for a, b in zip(ch.members, ch.members[1:]):
                 plan.setdefault(b, {"sources": [], "children": []})["sources"] = [[a, 1.0]]
                 plan.setdefault(a, {"sources": [], "children": []})["children"].append({"agent": b, "sources": []})
+        return plan, len(chains)
+
+    def sync_weights(self, step: int) -> PhaseResult:
+        """The pipelined broadcast along the sync chains. A generator that fails under it (the asynchronous mode
+        runs it beside generation) breaks its chain: the broadcast is run again without it (``retries``)."""
+        spec = self.scenario.fabric
         nbytes = max(4, int(self.cm.weight_bytes() * spec.scale))
-        self._tag = (self._tag + 1) % 4096
+        # a deadline in proportion to the modelled broadcast: a Gloo send posted to a generator before it died is
+        # not always failed by Gloo, and the agent's next collective waits behind it until this deadline
+        timeout = max(SYNC_TIMEOUT_MIN_S, SYNC_TIMEOUT_FACTOR * self.model.sync_s(self._installed_phase())[0]) * self.tdf
         before = self._port_bytes()
         t0 = self.now()
-        res = self.pool.call_all(list(plan), "broadcast", lambda s: {"nbytes": nbytes, "bucket_bytes": self.bucket_bytes,
-                                                                      "tag": self._tag, "version": step,
-                                                                      "timeout_s": 600, **plan[s]}, 900)
+        retries = 0
+        while True:
+            plan, n_chains = self._sync_plan()
+            self._tag = (self._tag + 1) % 4096
+            try:
+                res = self.pool.call_all(list(plan), "broadcast",
+                                         lambda s: {"nbytes": nbytes, "bucket_bytes": self.bucket_bytes,
+                                                    "tag": self._tag, "version": step, "timeout_s": timeout,
+                                                    **plan[s]},
+                                         timeout + 60)
+                break
+            except (AgentError, AgentGone) as e:
+                self.pool.poll_exits()
+                gone = sorted(a for a in plan if a in self.pool.failed and a in self.gen_servers)
+                if not gone or retries >= SYNC_RETRIES:
+                    raise
+                retries += 1
+                log.warning("weight sync of step %d: generator(s) %s failed under it (%s); again without them",
+                            step, gone, e)
         t1 = self.now()
         crcs = {r["crc32"] for r in res.values()}
         roots = [r for r in res.values() if not r["sources"]]
         span = (max(r["end_mono"] for r in res.values()) - min(r["start_mono"] for r in roots)) / self.tdf
-        detail = {"bytes_emulated": nbytes, "chains": len(chains), "consistent": len(crcs) == 1,
-                  "broadcast_s": span, "bucket_bytes": self.bucket_bytes}
+        detail = {"bytes_emulated": nbytes, "chains": n_chains, "consistent": len(crcs) == 1,
+                  "broadcast_s": span, "bucket_bytes": self.bucket_bytes, "retries": retries}
         self._utilisation("sync", before, span, self.model.sync_s(self._installed_phase())[0])
         return PhaseResult("sync", t0, t1, detail)
 
@@ -271,11 +310,20 @@ class EmulatedBackend(Backend):
 
     # ---- health and fidelity ----
     def failures(self) -> dict[int, str]:
-        self.pool.check_health([s for s in self.gen_servers if s not in self.pool.failed])
-        return dict(self.pool.failed)
+        """Every failed generator (a process exit is seen here at once: a non-blocking wait per agent)."""
+        self.pool.poll_exits()
+        return {s: why for s, why in self.pool.failed.items() if s in self.gen_servers}
 
-    def lost_requests(self, server: int) -> dict[int, int]:
-        return self.pool.lost_requests(server)
+    def lost_requests(self, server: int, held: set[int] | None = None) -> dict[int, int]:
+        return self.pool.lost_requests(server, held=held)
+
+    def stranded(self, held: set[int] | None = None, deadline_s: float | None = None) -> dict[int, int]:
+        wall = STATS_TIMEOUT_S if deadline_s is None else deadline_s * self.tdf
+        try:
+            col = self.pool.collected(timeout_s=wall)
+        except AgentTimeout:  # a collector late to answer: looked at again at the next tick
+            return {}
+        return self.pool.stranded(col, held=held)
 
     def _port_bytes(self) -> dict[str, int]:
         import subprocess

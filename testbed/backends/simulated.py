@@ -11,6 +11,11 @@ one engine per generator server, and RLSim's flow-level network for weight sync 
   does not decode).
 * Sync and train: RLSim's phase models (rlsim.sim) on the RFabric topology installed, with the controller's
   rule (controller.reconfig.decide_switch) for every phase change.
+* Failures (what-if): :meth:`SimulatedBackend.inject_failure` kills a server ``after_s`` into a generation
+  phase: its engine stops, the tokens it generated count as delivered (no stream is simulated, so none is
+  lost in flight), and the driver re-queues its requests exactly as on the emulator. The same step run with
+  the same server removed at the same time is the bound an emulated run with a killed agent is held to
+  (tests/system/test_faults.py).
 """
 from __future__ import annotations
 
@@ -57,6 +62,13 @@ class SimulatedBackend(Backend):
         self.link_bytes_per_s = spec.server_gbps * 1e9 / 8
         self.kv_bytes = self.cm.kv_bytes_per_token()
         self._finished_base = 0
+        self._tokens_base = {s: 0 for s in self.gen_servers}  # engine tokens at the step's start
+        self.dead: dict[int, Engine] = {}  # failed servers' engines (stopped)
+        self._failed: dict[int, str] = {}
+        self._lost: dict[int, dict[int, int]] = {}  # failed server -> {rid: tokens delivered} at its death
+        self._faults: list[tuple[int, float, int]] = []  # (server, after_s, generation) not yet scheduled
+        self._generation = 0  # generation phases ended so far
+        self._gen_open = False  # the current generation phase has had its first submit
         self.migrations: list[dict] = []  # completed hand-overs (the driver reads and clears it)
 
     # ---- time ----
@@ -73,10 +85,12 @@ class SimulatedBackend(Backend):
                 e.run_until(te)
             self.t = max(self.t, te)
             getattr(self, f"_on_{kind}")(te, *payload)
+            if until_idle and kind == "fail":
+                return  # the generation loop acts on a failure when it happens, as on the emulator (process exit)
         for e in self.engines.values():
             e.run_until(t)
         if until_idle and not self.events and all(e.idle() for e in self.engines.values()):
-            last = max(e.last_end for e in self.engines.values())
+            last = max((e.last_end for e in self.engines.values()), default=self.t)
             if last > self.t:  # generation ran out of work before t: stop the clock where it did
                 self.t = last
                 return
@@ -85,22 +99,32 @@ class SimulatedBackend(Backend):
     # ---- generation ----
     def layouts(self) -> dict[int, Layout]:
         out = {}
-        for s, e in self.engines.items():
+        for s, e in {**self.engines, **self.dead}.items():
             sw = e.switch
             out[s] = sw.new if sw is not None else e.layout
         return out
 
+    def _engine(self, server: int, what: str = "server") -> Engine:
+        if server in self._failed:
+            raise SpecError(what, f"server {server} failed: {self._failed[server]}")
+        return self.engines[server]
+
     def set_layout(self, server: int, layout: Layout, free: bool = False) -> dict:
-        sw = self.engines[server].set_layout(layout, self.t, 0.0 if free else None)
+        sw = self._engine(server).set_layout(layout, self.t, 0.0 if free else None)
         return {"from": sw.old.name(self.gpus), "to": sw.new.name(self.gpus), "start": sw.start, "end": sw.end,
                 "switch_s": sw.switch_s, "requested": self.t}
 
     def submit(self, server: int, requests: list[dict], chunked: bool = False) -> None:
-        self.engines[server].add([NewRequest(rid=r["rid"], prompt=r["prompt"], target=r["target"], dest=r["dest"],
+        if not self._gen_open:  # a generation phase begins: schedule its injected failures
+            self._gen_open = True
+            for srv, after, gen in [f for f in self._faults if f[2] == self._generation]:
+                self._push(self.t + after, "fail", (srv, f"injected failure {after:g} s into generation {gen}"))
+            self._faults = [f for f in self._faults if f[2] != self._generation]
+        self._engine(server).add([NewRequest(rid=r["rid"], prompt=r["prompt"], target=r["target"], dest=r["dest"],
                                              generated=r.get("generated", 0)) for r in requests], self.t,
                                  chunked=chunked)
 
-    def states(self) -> dict[int, ServerState]:
+    def states(self, deadline_s: float | None = None, fail_after_s: float | None = None) -> dict[int, ServerState]:
         out = {}
         for s, e in self.engines.items():
             st = e.stats(self.t)
@@ -117,7 +141,8 @@ class SimulatedBackend(Backend):
 
     def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None,
                 predicted_gain_s: float | None = None) -> dict:
-        e = self.engines[src]
+        e = self._engine(src, "src")
+        self._engine(dst, "dst")
         if not e.holds(rid):
             raise SpecError("rid", f"request {rid} is not on server {src}")
         stages = self._live_stages(e, rid, mode, src == dst)
@@ -209,6 +234,8 @@ class SimulatedBackend(Backend):
 
     def _on_detach(self, t: float, rid: int, src: int, dst: int, mode: str, stages: tuple, asked: float,
                    replica: int | None) -> None:
+        if src in self._failed or dst in self._failed:
+            return  # the source died with it (re-queued), or the destination died first: it stays where it is
         got = self._handover(self.engines, t, rid, src, dst, stages)
         if got is None:
             return
@@ -219,26 +246,72 @@ class SimulatedBackend(Backend):
                                 "kv_bytes": st.kv_tokens * self.kv_bytes * self.scenario.fabric.scale})
 
     def _on_arrive(self, t: float, st: NewRequest, dst: int, replica: int | None) -> None:
+        if dst in self._failed:  # the destination died while the KV crossed: the source keeps it (as an agent does)
+            src = next((m["src"] for m in reversed(self.migrations) if m["rid"] == st.rid), None)
+            if src is None or src in self._failed:
+                return
+            dst, replica = src, None
         e = self.engines[dst]
         e.add([st], t, replica if replica is not None and replica < len(e.replicas) else None)
 
-    def finished_count(self) -> int:
-        return sum(e.finished_total for e in self.engines.values()) - self._finished_base
+    def finished_count(self, deadline_s: float | None = None) -> int:
+        return sum(e.finished_total for e in self._all_engines()) - self._finished_base
+
+    def _all_engines(self):
+        return list(self.engines.values()) + list(self.dead.values())
+
+    # ---- failures (what-if) ----
+    def inject_failure(self, server: int, after_s: float, generation: int = 0) -> None:
+        """Kill generator ``server`` ``after_s`` seconds (virtual) into generation phase ``generation`` (0: the
+        run's first)."""
+        if server not in self.engines:
+            raise SpecError("server", f"{server} is not a live generator server ({sorted(self.engines)})")
+        if not (math.isfinite(after_s) and after_s >= 0):
+            raise SpecError("after_s", f"must be >= 0, got {after_s}")
+        self._faults.append((server, float(after_s), int(generation)))
+
+    def _on_fail(self, t: float, server: int, why: str) -> None:
+        e = self.engines.pop(server, None)
+        if e is None:
+            return
+        self.dead[server] = e
+        self._failed[server] = why
+        snap = e.snapshot()  # what it held: the tokens it generated were delivered (no stream to lose them in)
+        self._lost[server] = {int(r): int(g) for r, g in zip(snap["rid"].tolist(), snap["generated"].tolist())}
+
+    def failures(self) -> dict[int, str]:
+        return dict(self._failed)
+
+    def lost_requests(self, server: int, held: set[int] | None = None) -> dict[int, int]:
+        held = held or set()
+        return {r: g for r, g in self._lost.get(server, {}).items() if r not in held}
 
     def in_flight(self) -> int:
         return sum(1 for ev in self.events if ev[2] in ("detach", "arrive"))
 
     def end_generation(self, req: StepRequests) -> dict:
         fin = {}
-        for e in self.engines.values():
+        for e in self._all_engines():
             fin.update(dict(e.finished_log))
             e.finished_log.clear()
-        self._finished_base = sum(e.finished_total for e in self.engines.values())
+        self._finished_base = sum(e.finished_total for e in self._all_engines())
+        self._generation += 1
+        self._gen_open = False
+        if any(ev[2] == "fail" for ev in self.events):  # a failure injected past the phase's end: not this run's
+            self.events = [ev for ev in self.events if ev[2] != "fail"]
+            heapq.heapify(self.events)
         delivered = {int(r): int(n) for r, n in zip(req.rid, req.target) if int(r) in fin}
         ended = max(fin.values()) if fin else self.t
         if all(e.idle() for e in self.engines.values()) and not self.events:
             self.t = ended  # nothing ran after the last token: the next phase starts right there
-        return {"delivered": delivered, "finish": fin, "ended_at": self.t if self.t < ended else ended}
+        # every token an engine produced reaches its collector once (no stream is simulated, none can repeat)
+        by_agent = {}
+        for s, e in {**self.engines, **self.dead}.items():
+            total = int(e.stats(self.t)["generation_tokens_total"])
+            n, self._tokens_base[s] = total - self._tokens_base[s], total
+            by_agent[s] = {"received": n, "unique": n}
+        return {"delivered": delivered, "finish": fin, "ended_at": self.t if self.t < ended else ended,
+                "duplicates": 0, "tokens_unique": int(sum(delivered.values())), "tokens_by_agent": by_agent}
 
     # ---- other phases ----
     def set_phase(self, phase: str, window_ms: float | None, gain_ms: float | None) -> dict:

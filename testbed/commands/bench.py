@@ -1,4 +1,4 @@
-"""`orchestrrl bench reconfig|fabric`: benchmarks that print JSON figures (they never assert)."""
+"""`orchestrrl bench reconfig|fabric|faults`: benchmarks that print JSON figures (they never assert)."""
 from __future__ import annotations
 
 import argparse
@@ -49,6 +49,28 @@ def _fabric(args: argparse.Namespace) -> int:
     return 0
 
 
+def _faults(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from testbed.bench_faults import KILL_MODES, bench_faults
+
+    modes = [m.strip() for m in args.kill.split(",") if m.strip()]
+    bad = [m for m in modes if m not in KILL_MODES]
+    if bad or not modes:
+        raise UsageError(f"--kill: unknown {bad or 'empty'} (known: {', '.join(KILL_MODES)})")
+    if not Path(args.scenario).is_file():
+        raise UsageError(f"scenario: no such file {args.scenario!r}")
+    if args.after_tokens < 1:
+        raise UsageError(f"--after-tokens must be >= 1, got {args.after_tokens}")
+    out = Path(args.out or f"runs/bench-faults-{time.strftime('%Y%m%d-%H%M%S')}")
+    with tqdm(total=len(modes), desc="faults", file=sys.stderr, disable=args.quiet) as bar:
+        res = bench_faults(args.scenario, modes, out, tokens=args.after_tokens, baseline=not args.no_baseline,
+                           progress=lambda n: bar.update(n - bar.n))
+    _emit(res, args.json)
+    return 0
+
+
 def _emit(res: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(res))
@@ -77,6 +99,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=_reconfig)
+    k = bsub.add_parser("faults", help="a generator agent killed during generation, a migration, a layout "
+                                       "switch or a weight sync: noticed when, longest tick, migrations per "
+                                       "interval, lost, duplicates, generation time against the simulated "
+                                       "survivors' (root)")
+    k.add_argument("scenario", nargs="?", default="scenarios/default.yaml", help="scenario YAML")
+    k.add_argument("--kill", default="generation,migration,layout_switch,weight_sync",
+                   help="comma-separated kill modes (a fresh cluster for each)")
+    from testbed.bench_faults import KILL_AFTER_TOKENS
+
+    k.add_argument("--after-tokens", type=int, default=KILL_AFTER_TOKENS,
+                   help=f"generation kill: once the victim has produced this many tokens (default {KILL_AFTER_TOKENS})")
+    k.add_argument("--no-baseline", action="store_true",
+                   help="skip the run without a kill on each cluster (emulated_no_kill_s)")
+    k.add_argument("--out", default=None, help="run folders (default runs/bench-faults-<time>)")
+    k.add_argument("--json", action="store_true", help="print one JSON object")
+    k.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    k.set_defaults(func=_faults)
     f = bsub.add_parser("fabric", help="shaped-circuit goodput ratio and forwarding capacity")
     f.add_argument("--rate-mbps", type=float, default=1000.0, help="emulated rate of the shaped circuit")
     f.add_argument("--seconds", type=float, default=4.0, help="length of each iperf3 run")

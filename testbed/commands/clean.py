@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
         print("nothing to clean" + (" (dry run)" if rep.dry_run else ""))
     for p in rep.processes:
         print(f"process {p['pid']} ({p['role']}): {p['result']}  {' '.join(p['cmdline'])[:80]}")
-    for what, names in (("OVS bridge(s)", rep.bridges), ("interface(s)", rep.interfaces), ("netns", rep.netns)):
+    for what, names in (("OVS bridge(s)", rep.bridges), ("interface(s)", rep.interfaces), ("netns", rep.netns),
+                        ("scratch folder(s)", rep.tmpdirs)):
         if names:
             print(f"{verb} {len(names)} {what}: {' '.join(names)}")
     if rep.records_removed:

@@ -34,7 +34,7 @@ def register(subparsers) -> None:
     # every option of python -m controller (controller/config.py), with this command's port defaults
     from emulation.scenario import DEFAULT_CONTROLLER_METRICS_PORT
 
-    add_arguments(p, skip=("scenario", "spec_json", "verbose"),
+    add_arguments(p, skip=("scenario", "spec_json", "verbose", "owner_pid", "owner_start"),
                   defaults={"of_port": 6653, "rest_port": 8080, "metrics_port": DEFAULT_CONTROLLER_METRICS_PORT})
     p.set_defaults(func=run)
 

@@ -7,6 +7,7 @@ import signal
 import threading
 from pathlib import Path
 
+from emulation.signals import TEARDOWN_SIGNALS
 from emulation.validation import SpecError
 
 
@@ -37,14 +38,12 @@ def _up(args: argparse.Namespace) -> int:
     scn = pin_controller_port(scn)  # a taken port given explicitly: exit 2, nothing built
     written: tuple[int, int] | None = None  # (inode, mtime_ns) of the info file this run wrote
     stop = threading.Event()
-    up = threading.Event()
+    old: dict = {}
 
-    def on_signal(signum, frame):  # Ctrl-C or SIGTERM: leave the with-blocks, which tear everything down
-        if not up.is_set():
-            raise KeyboardInterrupt  # still starting: abort start-up now (it cleans up as it unwinds)
+    def on_signal(signum, frame):  # once up: Ctrl-C, SIGTERM or SIGHUP ends the hold; the with-blocks tear down
         stop.set()
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # while starting, the CLI's handler (emulation.signals) aborts the start-up, which cleans up as it unwinds
     try:
         with running_testbed(spec, layout, initial_phase=scn.controller.initial_phase,
                              delay_ms=scn.controller.effective_delay_ms(spec), workload=scn.workload,
@@ -83,8 +82,8 @@ def _up(args: argparse.Namespace) -> int:
             for h in info["hosts"]:
                 print(f"  {h['name']:>6}  fabric {h['fabric_ip']:<12} mgmt {h['mgmt_ip']:<12} pid {h['pid']:<7} "
                       f"ToR {h['tor']}  {h['role']}")
-            print("Ctrl-C to tear everything down", flush=True)
-            up.set()
+            print("Ctrl-C (or SIGTERM, SIGHUP) to tear everything down", flush=True)
+            old.update({sig: signal.signal(sig, on_signal) for sig in TEARDOWN_SIGNALS})
             while not stop.wait(0.5):
                 if ctl is not None and not ctl.running:
                     print("controller exited; tearing down (see its log: " + info["controller_log"] + ")")

@@ -169,6 +169,9 @@ def _run(args) -> int:
     print(f"{policy.name} on {exp.backend_name}: step makespans " + ", ".join(f"{x:.2f}" for x in res["step_makespan_s"])
           + f" s; {res['throughput_tokens_per_s']:.0f} tokens/s; {res['layout_switches']} layout switches, "
           f"{res['migrations']} migrations, {res['lost_requests']} lost")
+    print(tokens_line(res))
+    if res.get("failures"):
+        print(f"agents failed mid-run {res['failures']}; their requests were re-queued")
     if res.get("fidelity", {}).get("verdict"):
         print(f"fidelity: {res['fidelity']['verdict']}")
     for k, v in files.items():
@@ -211,6 +214,12 @@ def _compare(args) -> int:
     print(f"report: {files['report']}  plot: {files['makespan_png']}  (per policy: {out}/<policy>/: run.json, "
           f"timeline.json, trace-<policy>.json for chrome://tracing or ui.perfetto.dev, timeline and load plots)")
     return 0
+
+
+def tokens_line(res: dict) -> str:
+    """The run's token accounting in one line (run.json has it per step and per agent)."""
+    return (f"tokens: {res['tokens_unique']} unique of {res['tokens_target']} targeted, {res['tokens_duplicate']} "
+            f"duplicate(s) dropped: {'exactly once' if res['exactly_once'] else 'NOT exactly once'}")
 
 
 def _map(args) -> int:
@@ -321,5 +330,6 @@ def format_table(report: dict) -> str:
                     + (f"; e.g. {next(iter(bad))}: {next(iter(bad.values()))['verdict']}" if bad else ""))
     failed = {n: p["failures"] for n, p in pols.items() if p.get("failures")}
     for n, f in failed.items():
-        rows.append(f"{n}: agents failed mid-run {f}; their requests were re-queued ({pols[n]['lost_requests']} lost)")
+        rows.append(f"{n}: agents failed mid-run {f}; their requests were re-queued ({pols[n]['lost_requests']} lost; "
+                    f"{tokens_line(pols[n])})")
     return "\n".join(rows)

@@ -278,3 +278,78 @@ def test_a_client_that_stops_sending_is_cut_off_and_others_are_served(served):
         assert closed
     finally:
         slow.close()
+
+
+def _raw_post(addr, body: bytes, declared: int, then: str):
+    """POST /phase declaring ``declared`` bytes but sending ``body``; ``then``: "half-close" (shut the write side)
+    or "stall" (keep the connection open, send nothing more). (status, JSON answer, seconds to the answer)."""
+    import socket
+    import time
+
+    s = socket.create_connection(addr, timeout=10)
+    try:
+        s.sendall(f"POST /api/v1/phase HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n".encode() + body)
+        t0 = time.monotonic()
+        if then == "half-close":
+            s.shutdown(socket.SHUT_WR)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        took = time.monotonic() - t0
+    finally:
+        s.close()
+    head, _, payload = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(payload), took
+
+
+def test_a_body_shorter_than_its_content_length_is_refused_and_never_executed(served):
+    addr, core = served
+    body = json.dumps({"phase": "gen"}).encode()  # 16 bytes of a declared 50
+    st, err, _ = _raw_post(addr, body, 50, "half-close")
+    assert st == 400 and err["field"] == "body" and "ended after 16 of the 50 bytes" in err["error"]
+    assert core.phase == "train"  # not executed
+    assert core.history()[-1]["status"] == "rejected" and "ended after" in core.history()[-1]["error"]
+
+
+def test_a_stalled_body_gets_408_within_the_read_deadline(served):
+    addr, core = served  # the fixture's server reads with a 0.5 s deadline
+    st, err, took = _raw_post(addr, b'{"phase": ', 50, "stall")
+    assert st == 408 and err["field"] == "body" and "10 of the 50 bytes" in err["error"]
+    assert took < 5.0
+    assert core.phase == "train" and core.history()[-1]["status"] == "rejected"
+
+
+def test_a_trickling_body_is_cut_off_by_the_whole_body_deadline(served):
+    """A byte every 0.2 s never trips a 0.5 s per-read timeout; the deadline is for the whole body."""
+    import socket
+    import time
+
+    addr, core = served
+    s = socket.create_connection(addr, timeout=10)
+    try:
+        s.sendall(f"POST /api/v1/phase HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                  f"Content-Length: 50\r\n\r\n".encode())
+        t0 = time.monotonic()
+        s.setblocking(False)
+        data = b""
+        while time.monotonic() - t0 < 5.0:
+            try:
+                s.sendall(b" ")
+            except OSError:
+                pass
+            try:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            except BlockingIOError:
+                pass
+            time.sleep(0.2)
+    finally:
+        s.close()
+    assert data.split()[1] == b"408", data[:200]
+    assert core.phase == "train"

@@ -328,7 +328,7 @@ def test_options_round_trip_through_argv(tmp_path):
     opts = ControllerOptions(spec_json='{"fabric": {}}', of_port=1234, of_host="127.0.0.2", rest_port=4321,
                              rest_host="127.0.0.3", token_file=str(tmp_path / "t"), state_file=str(tmp_path / "s"),
                              initial_phase="gen", delay_ms=2.5, datapath_flush="off", metrics_port=9999,
-                             metrics_host="127.0.0.4", verbose=2)
+                             metrics_host="127.0.0.4", verbose=2, owner_pid=4242, owner_start=99)
     assert all(getattr(opts, f.name) != f.default for f in dataclasses.fields(ControllerOptions)
                if f.name not in ("scenario", "no_auth"))  # every option is exercised
     assert options_from_args(build_arg_parser().parse_args(to_argv(opts))) == opts
@@ -346,8 +346,10 @@ def test_every_option_reaches_the_cli_command_and_the_process_argv(tmp_path):
     opts = options_from_args(ns, scenario=ns.scenario)
     assert (opts.delay_ms, opts.initial_phase, opts.of_host, opts.of_port, opts.rest_port, opts.metrics_port) == \
         (3.0, "sync", "127.0.0.9", 6653, 8080, 9480)
-    names = {f.name for f in dataclasses.fields(ControllerOptions)} - {"scenario", "spec_json", "verbose"}
-    assert names <= set(vars(ns))  # the CLI command got every option from add_arguments
+    # the CLI command got every option from add_arguments, but the owner's (a foreground controller has none)
+    names = {f.name for f in dataclasses.fields(ControllerOptions)} - {"scenario", "spec_json", "verbose",
+                                                                       "owner_pid", "owner_start"}
+    assert names <= set(vars(ns)) and "owner_pid" not in vars(ns)
     proc = ctl_process.ControllerProcess(SPEC, LAYOUT, of_port=7001, rest_port=7002, initial_phase="gen",
                                          delay_ms=4.0, state_file=tmp_path / "state.json", token="x" * 20,
                                          metrics_port=7003)

@@ -1,0 +1,94 @@
+"""One way to stop: SIGINT (Ctrl-C, to the process or to its whole group), SIGTERM (``kill``, ``timeout``) and
+SIGHUP (the terminal went away) all unwind the command the same way, through every ``with`` block that
+started something, so everything it started is stopped and everything it created is removed.
+
+:func:`teardown_on_signals` turns the first of those signals into :class:`Interrupted` (a KeyboardInterrupt,
+raised in the main thread); a second one while tearing down is logged and ignored, so the teardown is not
+cut short halfway (each of its steps has its own deadline). The command exits with 128 + the signal number
+(130, 143, 129), as a shell reports a process the signal ended.
+
+:func:`shielded` marks a teardown (``stop()`` of a fabric, a controller, the agents): a teardown signal that
+arrives inside it is held until it is over, so a signal never cuts a teardown short, not even one that was
+running already when it came (a command ending normally).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from typing import Iterator
+
+log = logging.getLogger(__name__)
+
+TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A teardown signal arrived (``signum``)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def exit_code(exc: KeyboardInterrupt) -> int:
+    """The exit status of a command ended by ``exc`` (a plain KeyboardInterrupt is a SIGINT)."""
+    return exc.exit_code if isinstance(exc, Interrupted) else 128 + signal.SIGINT
+
+
+_state = threading.local()  # per thread: how deep in shielded() blocks; signals held meanwhile
+
+
+def _depth() -> int:
+    return getattr(_state, "depth", 0)
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """A teardown: a teardown signal arriving inside is held until the outermost shielded block ends, and
+    raised (as Interrupted) only then."""
+    _state.depth = _depth() + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+        held = getattr(_state, "held", None)
+        if _state.depth == 0 and held is not None:
+            _state.held = None
+            raise Interrupted(held)
+
+
+@contextlib.contextmanager
+def teardown_on_signals(signals=TEARDOWN_SIGNALS) -> Iterator[None]:
+    """Inside: the first teardown signal raises :class:`Interrupted` (held until the end of a shielded
+    teardown under way); later ones are ignored (logged)."""
+    got: list[int] = []
+
+    def handler(signum, frame):
+        name = signal.Signals(signum).name
+        if got:
+            print(f"{name}: still tearing down (every step has a deadline); please wait", file=sys.stderr,
+                  flush=True)
+            return
+        got.append(signum)
+        log.warning("%s: tearing down", name)
+        if _depth() > 0:  # a teardown is running: let it finish, then unwind
+            _state.held = signum
+            return
+        raise Interrupted(signum)
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    old = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
