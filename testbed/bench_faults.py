@@ -1,5 +1,5 @@
 """`orchestrrl bench faults`: a generator agent killed during generation, during a migration or during a layout
-switch, on the emulated cluster; what it cost. Prints figures, asserts nothing (tests/system/test_faults.py
+switch, on the emulated cluster; what it cost. Prints figures, asserts nothing (tests/system/test_faults_live.py
 checks the same goals on a small scenario).
 
 A kill is ``SIGKILL`` to the agent's process group, found by the PID the cluster recorded when it started it:

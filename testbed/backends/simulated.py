@@ -15,7 +15,7 @@ one engine per generator server, and RLSim's flow-level network for weight sync 
   phase: its engine stops, the tokens it generated count as delivered (no stream is simulated, so none is
   lost in flight), and the driver re-queues its requests exactly as on the emulator. The same step run with
   the same server removed at the same time is the bound an emulated run with a killed agent is held to
-  (tests/system/test_faults.py).
+  (tests/system/test_faults_live.py).
 """
 from __future__ import annotations
 
