@@ -443,6 +443,14 @@ class Estimator:
             return load.rem
         return self._stratified(load.gen, load.key, np.zeros(len(load.gen), np.int64), 1, load.shift)
 
+    def stratified_within(self, load: ServerLoad, group: np.ndarray) -> np.ndarray:
+        """:meth:`stratified` with the quantiles dealt inside each group of ``group`` (e.g. a server's
+        replicas) instead of across the server: groups of equal counts and equal knowledge get equal levels."""
+        if self.forecast is None or load.gen is None or load.key is None:
+            return load.rem
+        group = np.asarray(group, np.int64)
+        return self._stratified(load.gen, load.key, group, int(group.max()) + 1 if len(group) else 1, load.shift)
+
     def _stratified(self, gen: np.ndarray, key: np.ndarray, group: np.ndarray, n_groups: int,
                     shift: np.ndarray | None = None) -> np.ndarray:
         order = np.lexsort((key, group))

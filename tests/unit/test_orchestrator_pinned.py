@@ -8,7 +8,9 @@ optimised) and re-written twice since, on purpose: when the estimator's stratifi
 ranked per replica to per server (a model change; see Estimator's docstring), and when the balancer took one
 estimate of every request's remaining length for its load indices and for every candidate move (before, the
 "after" figures used the conditional mean, a median 2.3x smaller than the indices' stratified quantiles, so
-almost every move passed the "narrows the gap" test) and a floor on each move's predicted gain."""
+almost every move passed the "narrows the gap" test) and a floor on each move's predicted gain; and a third
+time when a candidate request was held at its expected remaining length (not the quantile its key drew) and
+moves inside a server were judged with the quantiles dealt inside each replica (balancer.py's within view)."""
 import json
 import math
 import os
