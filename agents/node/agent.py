@@ -270,7 +270,7 @@ class Agent:
                     router.send_multipart([ident, out])
         eng.join(timeout=2.0)
         self.close()
-        router.close(0)
+        router.close(1000)  # the last answers (shutdown's own) still go out: LINGER 0 dropped them
         replies.close(0)
         return 0
 

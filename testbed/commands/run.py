@@ -134,7 +134,8 @@ def _metrics(exp) -> Iterator[None]:
         urls = [f"orchestrator and engines {dm.url}" if dm.url else None,
                 f"controller {url(ms.host, ctl)}" if ctl else None]
         urls = [u for u in urls if u]
-        print("metrics: " + ("; ".join(urls) if urls else "off"), flush=True)
+        # on stderr, beside the progress bars: stdout's first line is the fidelity verdict (issue 13)
+        print("metrics: " + ("; ".join(urls) if urls else "off"), file=sys.stderr, flush=True)
         try:
             yield
         finally:

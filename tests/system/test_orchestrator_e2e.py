@@ -34,10 +34,15 @@ def test_two_policies_end_to_end_every_response_exactly_once(tmp_path):
     with exp:
         pool = exp.cluster[1]
         pids = dict(pool.pids)
-        report, files = exp.compare([exp.policy("static-TP1x8"), exp.policy("orchestrrl")], 2, tmp_path)
-        assert {s: pool.call(s, "ping")["pid"] for s in pids} == pids  # one set of agents served both policies
+        asked = [exp.policy("static-TP1x8"), exp.policy("orchestrrl")]
+        report, files = exp.compare(asked, 2, tmp_path)
+        assert {s: pool.call(s, "ping")["pid"] for s in pids} == pids  # one set of agents served every policy
     doc = json.loads(open(files["report"]).read())
-    assert set(doc["policies"]) == {"static-TP1x8", "orchestrrl"} and doc["best_static"] == "static-TP1x8"
+    # compare adds the tuned static configuration (the best of the simulated grid) to what was asked for
+    grid = doc["baseline_grid"]
+    best = min(grid, key=lambda g: (g["makespan_s"], g["max_num_seqs"]))
+    assert doc["best_static"] == best["name"] and len(grid) > 1
+    assert set(doc["policies"]) == {p.name for p in asked} | {doc["best_static"]}
     for name, p in doc["policies"].items():
         assert p["lost_requests"] == 0
         assert len(p["step_makespan_s"]) == 2 and all(x > 0 for x in p["step_makespan_s"])

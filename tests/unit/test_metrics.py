@@ -404,10 +404,10 @@ def test_run_prints_its_endpoint_and_serves_it_while_it_runs(tmp_path, capsys, m
                    "max_response_tokens: 200, steps: 1}\n")
     assert cli.main(["run", str(scn), "--backend", "simulated", "--policy", "planner", "--out",
                      str(tmp_path / "out"), "-q", "--metrics-port", "0"]) == 0
-    assert "metrics: off" in capsys.readouterr().out and "body" not in seen
+    assert "metrics: off" in capsys.readouterr().err and "body" not in seen
     assert cli.main(["run", str(scn), "--backend", "simulated", "--policy", "planner", "--out",
                      str(tmp_path / "out"), "-q"]) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     m = re.search(r"metrics: orchestrator and engines (http://127\.0\.0\.1:\d+/metrics)", out)
     assert m, out
     assert 'orchestrrl_steps_total{policy="planner"} 1.0' in seen["body"]
