@@ -32,7 +32,7 @@ from emulation.capacity import load_capacity
 from emulation.validation import to_dict
 
 from .base import Backend, PhaseResult, ServerState, StepRequests
-from .phases import PhaseModel
+from .phase_model import PhaseModel
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class EmulatedBackend(Backend):
     def __init__(self, scenario, layouts: dict[int, Layout], engine: EngineSettings = EngineSettings(),
                  bucket_mb: float = 512.0, cluster=None):
         super().__init__(scenario)
-        from testbed.cluster import running_cluster
+        from testbed.cluster.agent_pool import running_cluster
 
         self.tdf = scenario.fabric.time_dilation
         self.engine_settings = engine  # what prepare() gives the agents' engines (a shared cluster's too)

@@ -20,7 +20,7 @@ def _positive(name: str, v: float, allow_zero: bool = False) -> None:
 
 
 def _reconfig(args: argparse.Namespace) -> int:
-    from testbed.benchmarks import CASES, bench_reconfig
+    from testbed.benchmarks.bench_fabric import CASES, bench_reconfig
 
     _positive("delay-ms", args.delay_ms, allow_zero=True)
     if args.delay_ms > 1000:
@@ -38,7 +38,7 @@ def _reconfig(args: argparse.Namespace) -> int:
 
 
 def _fabric(args: argparse.Namespace) -> int:
-    from testbed.benchmarks import bench_fabric
+    from testbed.benchmarks.bench_fabric import bench_fabric
 
     _positive("rate-mbps", args.rate_mbps)
     _positive("seconds", args.seconds)
@@ -53,7 +53,7 @@ def _faults(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from testbed.bench_faults import KILL_MODES, bench_faults
+    from testbed.benchmarks.bench_faults import KILL_MODES, bench_faults
 
     modes = [m.strip() for m in args.kill.split(",") if m.strip()]
     bad = [m for m in modes if m not in KILL_MODES]
@@ -106,7 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     k.add_argument("scenario", nargs="?", default="scenarios/default.yaml", help="scenario YAML")
     k.add_argument("--kill", default="generation,migration,layout_switch,weight_sync",
                    help="comma-separated kill modes (a fresh cluster for each)")
-    from testbed.bench_faults import KILL_AFTER_TOKENS
+    from testbed.benchmarks.bench_faults import KILL_AFTER_TOKENS
 
     k.add_argument("--after-tokens", type=int, default=KILL_AFTER_TOKENS,
                    help=f"generation kill: once the victim has produced this many tokens (default {KILL_AFTER_TOKENS})")
@@ -128,7 +128,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _collectives(args: argparse.Namespace) -> int:
-    from testbed.bench_agents import bench_collectives
+    from testbed.benchmarks.bench_agents import bench_collectives
 
     _positive("rate-mbps", args.rate_mbps)
     _positive("bucket-mib", args.bucket_mib)
@@ -142,7 +142,7 @@ def _collectives(args: argparse.Namespace) -> int:
 
 
 def _generation(args: argparse.Namespace) -> int:
-    from testbed.bench_agents import bench_generation
+    from testbed.benchmarks.bench_agents import bench_generation
 
     _positive("rate-mbps", args.rate_mbps)
     _positive("seconds", args.seconds)
@@ -182,7 +182,7 @@ def register_agents(bsub) -> None:
 
 def _planner(args: argparse.Namespace) -> int:
     from emulation.scenario import load_scenario
-    from testbed.bench_orchestrator import bench_planner
+    from testbed.benchmarks.bench_orchestrator import bench_planner
 
     scn = load_scenario(args.scenario)
     if not 1 <= args.requests <= 1_000_000:

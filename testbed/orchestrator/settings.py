@@ -93,7 +93,7 @@ MAX_NUM_SEQS_LIMIT = 65536  # a static configuration's max_num_seqs (engines all
 def make_policy(name: str, layouts: list[Layout], gpus: int, tuned: Policy | None = None) -> Policy:
     """``static-low`` (the smallest TP that fits: many replicas, veRL's throughput set-up), ``static-high``
     (the largest TP: the latency set-up), ``static-TP<t>x<r>`` (any layout) and ``static-TP<t>x<r>@<n>`` (with
-    ``max_num_seqs`` n), ``static-tuned`` (``tuned``: the best of the tuning grid, testbed.tuning),
+    ``max_num_seqs`` n), ``static-tuned`` (``tuned``: the best of the tuning grid, testbed.runs.tuning),
     ``planner``, ``balancer`` (migrations on the tuned static configuration, or static-low's layout when
     there is none), ``orchestrrl`` (both)."""
     if not layouts:

@@ -14,7 +14,7 @@ import pytest
 from emulation.scenario import ControllerSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.workload import WorkloadSpec
-from testbed.experiment import Experiment
+from testbed.runs.experiment import Experiment
 
 pytestmark = pytest.mark.system
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.benchmarks import CASES, CHANGED, RECONFIG_SPEC, UNCHANGED, blackout_in_window
+from testbed.benchmarks.bench_fabric import CASES, CHANGED, RECONFIG_SPEC, UNCHANGED, blackout_in_window
 from controller.ocs import Matching, diff
 
 

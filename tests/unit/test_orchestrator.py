@@ -189,7 +189,7 @@ def small_scenario(mode="sync"):
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_driver_on_the_simulated_backend_completes_every_response_once(mode, tmp_path):
-    from testbed.experiment import Experiment
+    from testbed.runs.experiment import Experiment
 
     exp = Experiment(small_scenario(mode), "simulated")
     with exp:

@@ -1,6 +1,6 @@
 """RLSim benchmark: every figure of docs/rlsim.md's Results, as one JSON document (it asserts nothing).
 
-    PYTHONPATH=. .venv/bin/python tests/bench/bench_rlsim.py [--scenario scenarios/dapo-32b.yaml] [--runs 3]
+    PYTHONPATH=. .venv/bin/python testbed/benchmarks/bench_rlsim.py [--scenario scenarios/dapo-32b.yaml] [--runs 3]
         [--taper-scenario scenarios/dapo-32b-taper.yaml] [--sections scales,perf_cost,t_ocs,timing,sensitivity]
 
 Sections (T_ocs = 10 ms unless swept; the Fat-Tree's tier count is the default, radix-derived one):
