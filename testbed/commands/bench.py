@@ -3,31 +3,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
 from tqdm import tqdm
 
 from controller.datapath import FLUSH_MODES
-from testbed.cli import UsageError
-
-
-def _positive(name: str, v: float, allow_zero: bool = False) -> None:
-    if not math.isfinite(v):
-        raise UsageError(f"--{name} must be a finite number, got {v}")
-    if v < 0 or (v == 0 and not allow_zero):
-        raise UsageError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {v:g}")
+from testbed.commands.common import UsageError, positive
 
 
 def _reconfig(args: argparse.Namespace) -> int:
     from testbed.benchmarks.bench_fabric import CASES, bench_reconfig
 
-    _positive("delay-ms", args.delay_ms, allow_zero=True)
+    positive("delay-ms", args.delay_ms, allow_zero=True)
     if args.delay_ms > 1000:
         raise UsageError(f"--delay-ms must be <= 1000 for this benchmark, got {args.delay_ms:g}")
     if args.samples < 1:
         raise UsageError(f"--samples must be >= 1, got {args.samples}")
-    _positive("pps", args.pps)
+    positive("pps", args.pps)
     with tqdm(total=len(CASES) * args.samples, desc=f"reconfig D={args.delay_ms:g} ms", file=sys.stderr,
               disable=args.quiet) as bar:
         res = bench_reconfig(args.delay_ms, samples=args.samples, pps=args.pps,
@@ -40,8 +32,8 @@ def _reconfig(args: argparse.Namespace) -> int:
 def _fabric(args: argparse.Namespace) -> int:
     from testbed.benchmarks.bench_fabric import bench_fabric
 
-    _positive("rate-mbps", args.rate_mbps)
-    _positive("seconds", args.seconds)
+    positive("rate-mbps", args.rate_mbps)
+    positive("seconds", args.seconds)
     with tqdm(total=3, desc="fabric", file=sys.stderr, disable=args.quiet) as bar:
         res = bench_fabric(rate_mbps=args.rate_mbps, seconds=args.seconds, save=not args.no_save,
                            progress=lambda n: bar.update(n - bar.n))
@@ -130,8 +122,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _collectives(args: argparse.Namespace) -> int:
     from testbed.benchmarks.bench_agents import bench_collectives
 
-    _positive("rate-mbps", args.rate_mbps)
-    _positive("bucket-mib", args.bucket_mib)
+    positive("rate-mbps", args.rate_mbps)
+    positive("bucket-mib", args.bucket_mib)
     if not args.sizes_mib or any(not (0 < s <= 1024) for s in args.sizes_mib):
         raise UsageError(f"--sizes-mib must be sizes in (0, 1024], got {args.sizes_mib}")
     with tqdm(total=len(args.sizes_mib), desc="collectives", file=sys.stderr, disable=args.quiet) as bar:
@@ -144,8 +136,8 @@ def _collectives(args: argparse.Namespace) -> int:
 def _generation(args: argparse.Namespace) -> int:
     from testbed.benchmarks.bench_agents import bench_generation
 
-    _positive("rate-mbps", args.rate_mbps)
-    _positive("seconds", args.seconds)
+    positive("rate-mbps", args.rate_mbps)
+    positive("seconds", args.seconds)
     if not 1 <= args.batch <= 1024:
         raise UsageError(f"--batch must be in 1..1024, got {args.batch}")
     with tqdm(total=5, desc="generation", file=sys.stderr, disable=args.quiet) as bar:

@@ -15,7 +15,7 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from testbed.cli import UsageError
+from testbed.commands.common import UsageError
 
 BACKENDS = ("emulated", "simulated")
 

@@ -65,7 +65,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from testbed.cli import UsageError
+    from testbed.commands.common import UsageError
 
     if args.target == "sweep":
         if not args.scenario:
