@@ -31,7 +31,6 @@ flow-level simulator (``rlsim.flowsim``) on the fabric's links (``rlsim.fabrics`
 """
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import logging
 import math
@@ -57,6 +56,7 @@ from .cost import fabric_cost
 from .fabrics import (FABRICS, GBPS, CircuitNetwork, FabricOptions, Network, Unreachable, build_network,
                       mixnet_split, rfabric_counts)
 from .flowsim import Transfer, simulate
+from .limits import scale_scenario
 
 log = logging.getLogger(__name__)
 
@@ -83,29 +83,6 @@ class SimSettings:
 
 
 # ---- sizing ------------------------------------------------------------------------------------
-def pod_gpus(spec: FabricSpec) -> int:
-    return spec.tors_per_pod * spec.servers_per_tor * spec.gpus_per_server
-
-
-def scale_scenario(scn: Scenario, gpus: int | None) -> Scenario:
-    """``scn`` re-sized to ``gpus`` GPUs by its number of pods (layout from the workload's gen_fraction)."""
-    if gpus is None or gpus == scn.fabric.n_gpus:
-        return scn
-    per_pod = pod_gpus(scn.fabric)
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise SpecError("gpus", f"must be a positive integer, got {gpus!r}")
-    if gpus % per_pod:
-        raise SpecError("gpus", f"must be a multiple of the pod size ({per_pod} GPUs: tors_per_pod x "
-                                f"servers_per_tor x gpus_per_server), got {gpus}")
-    pods = gpus // per_pod
-    if pods < 2:
-        raise SpecError("gpus", f"needs at least 2 pods (one trains, one generates): >= {2 * per_pod}, got {gpus}")
-    n_gen = min(max(1, round(pods * scn.workload.gen_fraction)), pods - 1)
-    fabric = dataclasses.replace(scn.fabric, pods=pods, ocs_ports=0)
-    layout = JobLayout(train_pods=tuple(range(pods - n_gen)), gen_pods=tuple(range(pods - n_gen, pods)))
-    return dataclasses.replace(scn, fabric=fabric, layout=layout)
-
-
 # ---- generation ----------------------------------------------------------------------------------
 def replica_decode_s(cm: CostModel, lengths: np.ndarray, prompt: int, tp: int, slots: int) -> float:
     """Decode time of one replica serving responses of ``lengths`` with continuous batching."""

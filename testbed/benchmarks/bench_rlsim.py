@@ -43,7 +43,8 @@ import numpy as np  # noqa: E402
 from emulation.scenario import load_scenario  # noqa: E402
 from rlsim.cost import fabric_cost, load_prices  # noqa: E402
 from rlsim.fabrics import FabricOptions  # noqa: E402
-from rlsim.sim import SimSettings, scale_scenario, sync_phase, simulate_iteration  # noqa: E402
+from rlsim.limits import scale_scenario  # noqa: E402
+from rlsim.sim import SimSettings, sync_phase, simulate_iteration  # noqa: E402
 from rlsim.sweep import DEFAULT_T_OCS_MS, plan, run_sweep, summarise  # noqa: E402
 
 SECTIONS = ("scales", "perf_cost", "t_ocs", "timing", "sensitivity", "traffic")

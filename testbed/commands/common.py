@@ -5,7 +5,8 @@ dispatches to the commands, so nothing imports ``testbed.cli`` back.
 """
 from __future__ import annotations
 
-import math
+from emulation.validation import SpecError
+from emulation.validation import positive as _positive_rule
 
 
 class UsageError(Exception):
@@ -14,7 +15,7 @@ class UsageError(Exception):
 
 def positive(name: str, v: float, allow_zero: bool = False) -> None:
     """``--name`` must be a finite number > 0 (>= 0 with ``allow_zero``); UsageError naming it otherwise."""
-    if not math.isfinite(v):
-        raise UsageError(f"--{name} must be a finite number, got {v}")
-    if v < 0 or (v == 0 and not allow_zero):
-        raise UsageError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {v:g}")
+    try:
+        _positive_rule(v, f"--{name}", allow_zero)
+    except SpecError as e:
+        raise UsageError(f"{e.field} {e.message}") from None

@@ -106,7 +106,7 @@ def _sweep(args) -> int:
 
     scn = load_scenario(args.scenario)
     fabrics = args.fabrics or list(FABRICS)
-    from rlsim.sim import pod_gpus
+    from rlsim.limits import pod_gpus
 
     from rlsim.limits import check_simulatable
 

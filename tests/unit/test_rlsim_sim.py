@@ -14,8 +14,8 @@ from emulation.workload import WorkloadSpec
 from rlsim.fabrics import FABRICS
 from rlsim.fabrics import GBPS, CircuitNetwork
 from rlsim.flowsim import Transfer, simulate
-from rlsim.sim import (PhaseRun, SimSettings, decide, idle_window_s, replica_decode_s, scale_scenario,
-                       simulate_iteration)
+from rlsim.limits import scale_scenario
+from rlsim.sim import PhaseRun, SimSettings, decide, idle_window_s, replica_decode_s, simulate_iteration
 from testbed.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -172,7 +172,7 @@ def test_scale_scenario():
     big = scale_scenario(s, 256)  # pods of 32 GPUs
     assert big.fabric.pods == 8 and big.fabric.n_gpus == 256
     assert len(big.layout.gen_pods) == 4 and set(big.layout.train_pods) | set(big.layout.gen_pods) == set(range(8))
-    for bad in (0, 33, 32, -64, 48):
+    for bad in (0, 33, 32, -64, 48, True, 10 ** 12):  # one rule with --gpus (rlsim.limits.check_gpus)
         with pytest.raises(SpecError, match="gpus"):
             scale_scenario(s, bad)
 
