@@ -82,7 +82,6 @@ class SimSettings:
         require(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
 
 
-# ---- sizing ------------------------------------------------------------------------------------
 # ---- generation ----------------------------------------------------------------------------------
 def replica_decode_s(cm: CostModel, lengths: np.ndarray, prompt: int, tp: int, slots: int) -> float:
     """Decode time of one replica serving responses of ``lengths`` with continuous batching."""
