@@ -34,11 +34,12 @@ def test_two_policies_end_to_end_every_response_exactly_once(tmp_path):
     with exp:
         pool = exp.cluster[1]
         pids = dict(pool.pids)
-        report, files = exp.compare([exp.policy("static-TP1x8"), exp.policy("orchestrrl")], 2, tmp_path)
+        policies = [exp.policy("static-TP1x8"), exp.policy("orchestrrl")]  # named static-TP1x8@8, orchestrrl
+        report, files = exp.compare(policies, 2, tmp_path)
         assert {s: pool.call(s, "ping")["pid"] for s in pids} == pids  # one set of agents served both policies
     doc = json.loads(open(files["report"]).read())
     best = doc["best_static"]  # the tuned static configuration (simulated grid), added to the policies compared
-    assert best.startswith("static-") and set(doc["policies"]) == {"static-TP1x8", "orchestrrl", best}
+    assert best.startswith("static-") and set(doc["policies"]) == {p.name for p in policies} | {best}
     for name, p in doc["policies"].items():
         assert p["lost_requests"] == 0
         assert len(p["step_makespan_s"]) == 2 and all(x > 0 for x in p["step_makespan_s"])
