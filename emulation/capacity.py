@@ -5,7 +5,6 @@ Stored as JSON at ``$ORCHESTRRL_CAPACITY_FILE`` (default /var/lib/orchestrrl/cap
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 
 from .files import write_json_atomic
 from .registry import read_json
-from .validation import SpecError
+from .validation import SpecError, positive
 
 log = logging.getLogger(__name__)
 
@@ -24,17 +23,11 @@ def capacity_file() -> Path:
     return Path(os.environ.get("ORCHESTRRL_CAPACITY_FILE", DEFAULT_CAPACITY_FILE))
 
 
-def _positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise SpecError(name, f"must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
 def save_capacity(capacity_gbps: float, goodput_ratio: float, source_command: str) -> dict:
     """Store a measurement: aggregate Gb/s the emulated fabric forwarded, goodput/configured ratio, and
     the command that measured it. Returns the stored record."""
-    cap = _positive("capacity_gbps", capacity_gbps)
-    ratio = _positive("goodput_ratio", goodput_ratio)
+    cap = positive(capacity_gbps, "capacity_gbps")
+    ratio = positive(goodput_ratio, "goodput_ratio")
     if ratio > 1.5:
         raise SpecError("goodput_ratio", f"must be a ratio (about 0..1), got {goodput_ratio}")
     if not isinstance(source_command, str) or not source_command.strip():
@@ -53,8 +46,8 @@ def load_capacity() -> dict | None:
     if data is None:
         return None
     try:
-        _positive("capacity_gbps", data["capacity_gbps"])
-        _positive("goodput_ratio", data["goodput_ratio"])
+        positive(data["capacity_gbps"], "capacity_gbps")
+        positive(data["goodput_ratio"], "goodput_ratio")
     except (KeyError, TypeError, SpecError) as e:
         log.warning("malformed capacity file %s: %s", path, e)
         return None

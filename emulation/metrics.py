@@ -1,6 +1,6 @@
 """Prometheus endpoints of the testbed's processes: metric definitions as data, one registry per process,
 a loopback HTTP server, and the port rule. The controller (controller/metrics.py) and the driver
-(testbed/metrics.py) define what they export with :class:`MetricDef`; README's metric table is rendered from
+(testbed/runs/metrics.py) define what they export with :class:`MetricDef`; README's metric table is rendered from
 those definitions (:func:`markdown_rows`) and a unit test holds the two together.
 
 The endpoint is ``prometheus_client``'s WSGI app on a threading WSGI server (a daemon thread), answering in

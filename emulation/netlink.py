@@ -2,7 +2,7 @@
 
 A spawned ``tc``/``ip`` costs 10-70 ms per call on this machine; a netlink request on an open socket costs
 well under a millisecond, so live rate changes (time dilation, degraded links) cost milliseconds
-(``tests/bench/bench_rate_change.py`` measures both side by side). A :class:`Netlink` is a socket in the
+(``testbed/benchmarks/bench_rate_change.py`` measures both side by side). A :class:`Netlink` is a socket in the
 root network namespace or in the namespace of a process (a Mininet host's shell): open one and reuse it
 for many requests (entering a namespace costs ~10 ms once).
 

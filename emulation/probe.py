@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
 from emulation.files import write_json_atomic
+from emulation.validation import SpecError, positive
 
 HEADER = struct.Struct("!Qd")  # seq, send time
 MAGIC = b"ORLP"
@@ -166,14 +167,17 @@ def recv(port: int, duration_s: float, ready_file: str | None = None, bind: str 
             "records": records}
 
 
-def _positive(kind):
+def _positive_arg(kind):
+    """argparse type: ``kind(text)``, held to validation.positive."""
     def conv(text: str):
         try:
             v = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not (v > 0 and math.isfinite(v)):
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        try:
+            positive(v, "")
+        except SpecError as e:
+            raise argparse.ArgumentTypeError(e.message) from None
         return v
     return conv
 
@@ -194,13 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("send", help="paced UDP with sequence numbers and send times")
     s.add_argument("--dst", required=True)
     s.add_argument("--port", type=_port, required=True)
-    s.add_argument("--pps", type=_positive(float), required=True)
-    s.add_argument("--duration", type=_positive(float), required=True)
+    s.add_argument("--pps", type=_positive_arg(float), required=True)
+    s.add_argument("--duration", type=_positive_arg(float), required=True)
     s.add_argument("--size", type=int, default=64, help=f"UDP payload bytes (>= {MIN_SIZE})")
     s.add_argument("--out", required=True)
     r = sub.add_parser("recv", help="record (seq, arrival time) of probe packets")
     r.add_argument("--port", type=_port, required=True)
-    r.add_argument("--duration", type=_positive(float), required=True)
+    r.add_argument("--duration", type=_positive_arg(float), required=True)
     r.add_argument("--bind", default="0.0.0.0")
     r.add_argument("--ready-file", help="written once the socket is bound")
     r.add_argument("--out", required=True)

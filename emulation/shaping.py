@@ -14,7 +14,7 @@ burst gave ~0.83 at 1000 Mb/s. quantum: a few MTUs (one class: it only silences 
 Requests go through :class:`emulation.netlink.Netlink` (pyroute2, in-process: no ``tc`` is spawned), in the
 root namespace or in a host's namespace (``netns_pid``: the PID of a process inside it). ``shape_many`` and
 :class:`Shaper` reuse one socket for many interfaces; a live change on an open socket costs well under a
-millisecond (``tests/bench/bench_rate_change.py``). Errors: ``netlink.NoSuchLink``, ``netlink.NetlinkFailed``.
+millisecond (``testbed/benchmarks/bench_rate_change.py``). Errors: ``netlink.NoSuchLink``, ``netlink.NetlinkFailed``.
 """
 from __future__ import annotations
 

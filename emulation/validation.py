@@ -123,6 +123,14 @@ def finite_float(value: Any, field: str) -> float:
     return v
 
 
+def positive(value: Any, field: str, allow_zero: bool = False) -> float:
+    """``value`` as a finite float > 0 (>= 0 with ``allow_zero``); SpecError naming ``field`` otherwise. The one
+    home of the rule (files, the probe's and the commands' arguments)."""
+    v = finite_float(value, field)
+    require(v > 0 or (allow_zero and v == 0), field, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return v
+
+
 T = typing.TypeVar("T")
 
 

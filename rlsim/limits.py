@@ -1,4 +1,5 @@
-"""What RLSim can simulate on one machine: a size check that names the field, before any array is allocated.
+"""What RLSim can simulate on one machine: a size check that names the field, before any array is allocated;
+and the re-sizing of a scenario to a GPU count (``--gpus``, ``--scales``), held to the same rule.
 
 Without it, a scenario that cannot fit (``tors_per_pod: 100000``, ``prompts_per_step: 1000000000``,
 ``--gpus 1000000000000``) died of MemoryError deep inside numpy. The limits come from measurements
@@ -9,7 +10,10 @@ so 65,536 GPUs (~4 GB) is the largest size simulated here. The ToR count bounds 
 """
 from __future__ import annotations
 
+import dataclasses
+
 from emulation.scenario import Scenario
+from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, require
 
 MAX_SIM_GPUS = 65536
@@ -26,6 +30,28 @@ def check_gpus(gpus: int | None, field: str = "gpus") -> None:
     require(gpus <= MAX_SIM_GPUS, field, f"{gpus} GPUs; RLSim simulates at most {MAX_SIM_GPUS} on one machine")
 
 
+def pod_gpus(spec: FabricSpec) -> int:
+    return spec.tors_per_pod * spec.servers_per_tor * spec.gpus_per_server
+
+
+def scale_scenario(scn: Scenario, gpus: int | None) -> Scenario:
+    """``scn`` re-sized to ``gpus`` GPUs by its number of pods (layout from the workload's gen_fraction)."""
+    if gpus is None or gpus == scn.fabric.n_gpus:
+        return scn
+    check_gpus(gpus)
+    per_pod = pod_gpus(scn.fabric)
+    if gpus % per_pod:
+        raise SpecError("gpus", f"must be a multiple of the pod size ({per_pod} GPUs: tors_per_pod x "
+                                f"servers_per_tor x gpus_per_server), got {gpus}")
+    pods = gpus // per_pod
+    if pods < 2:
+        raise SpecError("gpus", f"needs at least 2 pods (one trains, one generates): >= {2 * per_pod}, got {gpus}")
+    n_gen = min(max(1, round(pods * scn.workload.gen_fraction)), pods - 1)
+    fabric = dataclasses.replace(scn.fabric, pods=pods, ocs_ports=0)
+    layout = JobLayout(train_pods=tuple(range(pods - n_gen)), gen_pods=tuple(range(pods - n_gen, pods)))
+    return dataclasses.replace(scn, fabric=fabric, layout=layout)
+
+
 def _largest(obj: object, prefix: str, names: tuple[str, ...]) -> str:
     """The field (of ``names``) with the largest value: the one to shrink."""
     return f"{prefix}.{max(names, key=lambda n: getattr(obj, n))}"
@@ -36,8 +62,6 @@ def check_simulatable(scn: Scenario, gpus: int | None = None) -> None:
     check_gpus(gpus)
     resized = ""
     if gpus is not None:
-        from .sim import scale_scenario  # cheap now that gpus is bounded
-
         scn = scale_scenario(scn, gpus)
         resized = f" (re-sized to --gpus {gpus})"
     f, w = scn.fabric, scn.workload

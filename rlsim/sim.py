@@ -5,8 +5,8 @@ flow-level simulator (``rlsim.flowsim``) on the fabric's links (``rlsim.fabrics`
 
 * Generation: the step's responses (lengths drawn from the workload's distribution with the scenario's
   seed) are dealt at random to the rollout replicas (``rollout_tp`` GPUs each). A replica prefills its
-  prompts, then decodes with continuous batching (at most ``max_num_seqs`` sequences at a time; a finished
-  sequence's slot takes the next waiting one); every decode step costs the roofline time of its batch and
+  prompts, then decodes with continuous batching (at most the scenario's ``max_num_seqs``, the engines' own
+  setting, sequences at a time; a finished sequence's slot takes the next waiting one); every decode step costs the roofline time of its batch and
   KV length. The phase ends when the slowest replica (the long tail) is done and its tokens have streamed to
   the trainers (each replica streams its responses, 8 bytes per token, when it finishes).
 * Training: compute ``6 N D`` (plus attention) at the cost model's MFU, times the pipeline bubble
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agents.costmodel import CostModel
+from agents.engine import EngineSettings
 from controller.ocs import diff
 from controller.phases import stripe_plan, sync_chains, train_plan
 from controller.traffic import (Group, TrainLayout, broadcast_tree, merge, phase_traffic, train_bytes, train_layout,
@@ -50,13 +51,14 @@ from controller.reconfig import decide_switch
 from emulation.spec import MAX_DELAY_MS
 from emulation.scenario import Scenario
 from emulation.spec import FabricSpec, JobLayout
-from emulation.validation import SpecError, require
+from emulation.validation import SpecError, from_dict, require
 from emulation.workload import LengthSchedule
 
 from .cost import fabric_cost
 from .fabrics import (FABRICS, GBPS, CircuitNetwork, FabricOptions, Network, Unreachable, build_network,
                       mixnet_split, rfabric_counts)
 from .flowsim import Transfer, simulate
+from .limits import scale_scenario
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +71,7 @@ class SimSettings:
     latency_us: float = 5.0  # per lock-step of a collective (assumption: NIC + switch latency)
     sync_fanout: int = 1  # broadcast tree fan-out for weight sync (1: pipelined chains)
     sync_stripes: int = 0  # replicas a chain head pulls from (0: one per trainer ToR)
-    max_num_seqs: int = 256  # concurrent sequences per rollout replica (vLLM's default)
+    engine: EngineSettings | None = None  # the rollout engines' settings; None: the scenario's (scenario_engine)
     fabric: FabricOptions = FabricOptions()
 
     def __post_init__(self) -> None:
@@ -79,31 +81,13 @@ class SimSettings:
         require(self.latency_us >= 0, "latency_us", f"must be >= 0, got {self.latency_us}")
         require(self.sync_stripes >= 0, "sync_stripes", f"must be >= 0, got {self.sync_stripes}")
         require(self.sync_fanout >= 1, "sync_fanout", f"must be >= 1, got {self.sync_fanout}")
-        require(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
 
 
-# ---- sizing ------------------------------------------------------------------------------------
-def pod_gpus(spec: FabricSpec) -> int:
-    return spec.tors_per_pod * spec.servers_per_tor * spec.gpus_per_server
-
-
-def scale_scenario(scn: Scenario, gpus: int | None) -> Scenario:
-    """``scn`` re-sized to ``gpus`` GPUs by its number of pods (layout from the workload's gen_fraction)."""
-    if gpus is None or gpus == scn.fabric.n_gpus:
-        return scn
-    per_pod = pod_gpus(scn.fabric)
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise SpecError("gpus", f"must be a positive integer, got {gpus!r}")
-    if gpus % per_pod:
-        raise SpecError("gpus", f"must be a multiple of the pod size ({per_pod} GPUs: tors_per_pod x "
-                                f"servers_per_tor x gpus_per_server), got {gpus}")
-    pods = gpus // per_pod
-    if pods < 2:
-        raise SpecError("gpus", f"needs at least 2 pods (one trains, one generates): >= {2 * per_pod}, got {gpus}")
-    n_gen = min(max(1, round(pods * scn.workload.gen_fraction)), pods - 1)
-    fabric = dataclasses.replace(scn.fabric, pods=pods, ocs_ports=0)
-    layout = JobLayout(train_pods=tuple(range(pods - n_gen)), gen_pods=tuple(range(pods - n_gen, pods)))
-    return dataclasses.replace(scn, fabric=fabric, layout=layout)
+def scenario_engine(scn: Scenario) -> EngineSettings:
+    """The scenario's engine settings (``orchestrator.engine``; EngineSettings' defaults for what it leaves
+    out): the same knobs the engines of both backends run with, so RLSim batches with the scenario's
+    ``max_num_seqs``. SpecError naming ``orchestrator.engine.<field>`` for a bad value."""
+    return from_dict(EngineSettings, (scn.orchestrator or {}).get("engine") or {}, "orchestrator.engine")
 
 
 # ---- generation ----------------------------------------------------------------------------------
@@ -367,13 +351,14 @@ class GenCompute:
 
 def gen_compute(w, cm: CostModel, spec: FabricSpec, gen_servers: list[int], lengths: np.ndarray,
                 rng: np.random.Generator, settings: SimSettings) -> GenCompute:
-    """The network-independent part of generation (prefill + decode of every replica)."""
+    """The network-independent part of generation (prefill + decode of every replica), at
+    ``settings.engine``'s max_num_seqs (resolved by simulate_iteration)."""
     tp = w.rollout_tp
     gps = spec.gpus_per_server
     require(tp <= gps, "workload.rollout_tp", f"must be <= gpus_per_server ({gps}), got {tp}")
     per_server = gps // tp
     n_rep = len(gen_servers) * per_server
-    fin, toks = generation_compute(cm, lengths, n_rep, w.prompt_tokens, tp, settings.max_num_seqs, rng)
+    fin, toks = generation_compute(cm, lengths, n_rep, w.prompt_tokens, tp, settings.engine.max_num_seqs, rng)
     return GenCompute(fin, toks, per_server)
 
 
@@ -532,6 +517,8 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
     if fabric not in FABRICS:
         raise SpecError("fabric", f"must be one of {', '.join(FABRICS)}, got {fabric!r}")
     scn = scale_scenario(scn, gpus)
+    if settings.engine is None:
+        settings = dataclasses.replace(settings, engine=scenario_engine(scn))
     spec, layout, w = scn.fabric, scn.layout, scn.workload
     t_ocs_ms = settings.t_ocs_ms if settings.t_ocs_ms is not None else scn.controller.effective_delay_ms(spec)
     t_ocs = t_ocs_ms / 1e3

@@ -16,18 +16,19 @@ tiers. The others run once per scale.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
 from dataclasses import dataclass
 from typing import Sequence
 
+from emulation.files import write_json_atomic
 from emulation.scenario import Scenario
 from emulation.validation import SpecError, to_dict
 
 from .fabrics import FABRICS, OVERSUB
-from .sim import SimSettings, scale_scenario, simulate_iteration
+from .limits import scale_scenario
+from .sim import SimSettings, simulate_iteration
 
 log = logging.getLogger(__name__)
 
@@ -281,8 +282,7 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
     doc = {"meta": meta or {}, "results": list(results), "summary": summarise(results),
            "infeasible": [{k: r.get(k) for k in ("fabric", "gpus", "uplinks_per_tor", "ocs_count", "error")}
                           for r in results if not r.get("iteration_s")]}
-    with open(os.path.join(out_dir, "sweep.json"), "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1, default=to_dict)
+    write_json_atomic(os.path.join(out_dir, "sweep.json"), doc, indent=1, fsync=False, default=to_dict)
     files = {"json": os.path.join(out_dir, "sweep.json")}
     fabrics = [f for f in FABRICS if any(r["fabric"] == f for r in ok)]
     scales = sorted({r["gpus"] for r in ok})

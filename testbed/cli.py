@@ -1,7 +1,9 @@
 """`orchestrrl` command line: one entry point, one module per command group.
 
-Each module in COMMAND_MODULES exposes ``register(subparsers)`` which adds its parser(s) and sets
-``func`` (``func(args) -> int``, the exit code). Exit codes: 0 ok, 1 failure/not ready, 2 bad input.
+It only dispatches: each module in COMMAND_MODULES exposes ``register(subparsers)`` which adds its parser(s) and sets
+``func`` (``func(args) -> int``, the exit code). Exit codes: 0 ok, 1 failure/not ready, 2 bad input
+(``testbed.commands.common.UsageError`` or ``SpecError``). What the commands share lives in
+``testbed.commands.common``, never here: a command never imports this module.
 """
 from __future__ import annotations
 
@@ -9,28 +11,16 @@ import argparse
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy here does small vector work: a BLAS thread pool only fights the agents and OVS for 2 cores (fits 0.05-0.1 s instead of 0.2-10 s, docs/forecast.md)
-import importlib
 import logging
 import sys
 
 from emulation.registry import NameInUse
 from emulation.signals import exit_code, teardown_on_signals
 from emulation.validation import SpecError
+from testbed.commands import bench, clean, controller, demo, doctor, fabric, run, sim
+from testbed.commands.common import UsageError
 
-COMMAND_MODULES = (
-    "testbed.commands.doctor",
-    "testbed.commands.clean",
-    "testbed.commands.controller",
-    "testbed.commands.fabric",
-    "testbed.commands.bench",
-    "testbed.commands.sim",
-    "testbed.commands.demo",
-    "testbed.commands.run",
-)
-
-
-class UsageError(Exception):
-    """Bad command-line input detected after parsing (exit code 2)."""
+COMMAND_MODULES = (doctor, clean, controller, fabric, bench, sim, demo, run)  # the order of `orchestrrl -h`
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for module in COMMAND_MODULES:
+        module.register(sub)
     return parser
 
 

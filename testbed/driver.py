@@ -28,7 +28,7 @@ from agents.costmodel import CostModel
 from agents.engine import Layout
 from emulation.workload import LengthSchedule, step_stats
 from testbed.backends.base import Backend, PhaseResult, StepRequests, deal, step_requests
-from testbed.backends.phases import PhaseModel
+from testbed.backends.phase_model import PhaseModel
 from testbed.orchestrator.balancer import Balancer, freeness
 from testbed.orchestrator.estimate import Estimator, ServerLoad
 from testbed.orchestrator.forecast import (ForecastErrors, ForecastService, LengthForecast, forecast_next,
@@ -49,7 +49,7 @@ class Timeline:
     failures) and per-tick samples (per replica running/waiting counts, per server load index).
 
     ``observers`` see each event and sample as it is recorded (``on_event(e)``, ``on_sample(s)``): the live
-    metrics (testbed/metrics.py) subscribe here, so no metric call sits in the planning logic. An observer
+    metrics (testbed/runs/metrics.py) subscribe here, so no metric call sits in the planning logic. An observer
     that raises is logged and left out of that one call; the run goes on."""
 
     events: list[dict] = field(default_factory=list)
@@ -764,7 +764,7 @@ def _after_moves(views: dict, rids: dict, moves: list) -> dict:
 def settle_heap() -> None:
     """Collect once and freeze what survives (the imports, the cluster, the scenario) before the decision
     path starts: the process's first full collection otherwise lands in some planning tick (~12 ms for ~45k
-    objects on the 2-core machine; testbed/bench_orchestrator.py measures the path after the same call)."""
+    objects on the 2-core machine; testbed/benchmarks/bench_orchestrator.py measures the path after the same call)."""
     import gc
 
     gc.collect()

@@ -49,11 +49,9 @@ def step_requests(step: int, lengths: np.ndarray, prompt_ids: np.ndarray, prompt
                         np.asarray(lengths, np.int64), np.asarray(prompt_ids, np.int64), np.asarray(dest, np.int64))
 
 
-DISPATCH = ("contiguous", "random")
-
-
 def deal(n: int, servers: list[int], rng: np.random.Generator, mode: str = "contiguous") -> dict[int, np.ndarray]:
-    """A step's requests dealt to the generator servers, evenly: server -> request indices.
+    """A step's requests dealt to the generator servers, evenly: server -> request indices (``mode``: one of
+    ``orchestrator.settings.DISPATCH``).
 
     ``contiguous``: veRL's dispatch: the batch (prompt by prompt, each prompt's samples together) is cut in
     equal consecutive chunks, one per worker, so a worker gets whole prompt groups; ``random``: every request

@@ -27,12 +27,13 @@ from agents.engine import EngineSettings, Layout
 from agents.protocol import unpack_array
 from controller.ocs import Matching
 from controller.phases import SyncChain, stripe_plan, sync_chains
+from controller.reconfig import MAX_WINDOW_MS
 from controller.traffic import train_bytes, train_traffic
 from emulation.capacity import load_capacity
 from emulation.validation import to_dict
 
 from .base import Backend, PhaseResult, ServerState, StepRequests
-from .phases import PhaseModel
+from .phase_model import PhaseModel
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class EmulatedBackend(Backend):
     def __init__(self, scenario, layouts: dict[int, Layout], engine: EngineSettings = EngineSettings(),
                  bucket_mb: float = 512.0, cluster=None):
         super().__init__(scenario)
-        from testbed.cluster import running_cluster
+        from testbed.cluster.agent_pool import running_cluster
 
         self.tdf = scenario.fabric.time_dilation
         self.engine_settings = engine  # what prepare() gives the agents' engines (a shared cluster's too)
@@ -169,8 +170,9 @@ class EmulatedBackend(Backend):
             d = self.model.decide(phase, phase, window_ms, gain_ms)
             return {**d, "overhead_ms": None, "took_ms": 0.0}
         # the controller works in wall time: windows and gains are stretched by the time dilation
-        gain = None if gain_ms is None else (3.6e6 if math.isinf(gain_ms) else max(-3.6e6, min(3.6e6, gain_ms * self.tdf)))
-        window = None if window_ms is None else min(3.6e6, window_ms * self.tdf)
+        cap = MAX_WINDOW_MS  # the REST body's bound (controller.reconfig)
+        gain = None if gain_ms is None else (cap if math.isinf(gain_ms) else max(-cap, min(cap, gain_ms * self.tdf)))
+        window = None if window_ms is None else min(cap, window_ms * self.tdf)
         t0 = self.now()
         rec = self.tb.client.set_phase(phase, window_ms=window, gain_ms=gain)
         ov = rec.get("overhead_ms")

@@ -33,7 +33,7 @@ from agents.protocol import MigrateParams
 from emulation.validation import SpecError
 
 from .base import Backend, Job, PhaseResult, ServerState, StepRequests
-from .phases import PhaseModel
+from .phase_model import PhaseModel
 
 MIGRATION = {f.name: f.default for f in dataclasses.fields(MigrateParams)}  # the agents' protocol defaults
 

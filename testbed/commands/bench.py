@@ -3,31 +3,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
 from tqdm import tqdm
 
 from controller.datapath import FLUSH_MODES
-from testbed.cli import UsageError
-
-
-def _positive(name: str, v: float, allow_zero: bool = False) -> None:
-    if not math.isfinite(v):
-        raise UsageError(f"--{name} must be a finite number, got {v}")
-    if v < 0 or (v == 0 and not allow_zero):
-        raise UsageError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {v:g}")
+from testbed.commands.common import UsageError, positive
 
 
 def _reconfig(args: argparse.Namespace) -> int:
-    from testbed.benchmarks import CASES, bench_reconfig
+    from testbed.benchmarks.bench_fabric import CASES, bench_reconfig
 
-    _positive("delay-ms", args.delay_ms, allow_zero=True)
+    positive("delay-ms", args.delay_ms, allow_zero=True)
     if args.delay_ms > 1000:
         raise UsageError(f"--delay-ms must be <= 1000 for this benchmark, got {args.delay_ms:g}")
     if args.samples < 1:
         raise UsageError(f"--samples must be >= 1, got {args.samples}")
-    _positive("pps", args.pps)
+    positive("pps", args.pps)
     with tqdm(total=len(CASES) * args.samples, desc=f"reconfig D={args.delay_ms:g} ms", file=sys.stderr,
               disable=args.quiet) as bar:
         res = bench_reconfig(args.delay_ms, samples=args.samples, pps=args.pps,
@@ -38,10 +30,10 @@ def _reconfig(args: argparse.Namespace) -> int:
 
 
 def _fabric(args: argparse.Namespace) -> int:
-    from testbed.benchmarks import bench_fabric
+    from testbed.benchmarks.bench_fabric import bench_fabric
 
-    _positive("rate-mbps", args.rate_mbps)
-    _positive("seconds", args.seconds)
+    positive("rate-mbps", args.rate_mbps)
+    positive("seconds", args.seconds)
     with tqdm(total=3, desc="fabric", file=sys.stderr, disable=args.quiet) as bar:
         res = bench_fabric(rate_mbps=args.rate_mbps, seconds=args.seconds, save=not args.no_save,
                            progress=lambda n: bar.update(n - bar.n))
@@ -53,7 +45,7 @@ def _faults(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from testbed.bench_faults import KILL_MODES, bench_faults
+    from testbed.benchmarks.bench_faults import KILL_MODES, bench_faults
 
     modes = [m.strip() for m in args.kill.split(",") if m.strip()]
     bad = [m for m in modes if m not in KILL_MODES]
@@ -106,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     k.add_argument("scenario", nargs="?", default="scenarios/default.yaml", help="scenario YAML")
     k.add_argument("--kill", default="generation,migration,layout_switch,weight_sync",
                    help="comma-separated kill modes (a fresh cluster for each)")
-    from testbed.bench_faults import KILL_AFTER_TOKENS
+    from testbed.benchmarks.bench_faults import KILL_AFTER_TOKENS
 
     k.add_argument("--after-tokens", type=int, default=KILL_AFTER_TOKENS,
                    help=f"generation kill: once the victim has produced this many tokens (default {KILL_AFTER_TOKENS})")
@@ -128,10 +120,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _collectives(args: argparse.Namespace) -> int:
-    from testbed.bench_agents import bench_collectives
+    from testbed.benchmarks.bench_agents import bench_collectives
 
-    _positive("rate-mbps", args.rate_mbps)
-    _positive("bucket-mib", args.bucket_mib)
+    positive("rate-mbps", args.rate_mbps)
+    positive("bucket-mib", args.bucket_mib)
     if not args.sizes_mib or any(not (0 < s <= 1024) for s in args.sizes_mib):
         raise UsageError(f"--sizes-mib must be sizes in (0, 1024], got {args.sizes_mib}")
     with tqdm(total=len(args.sizes_mib), desc="collectives", file=sys.stderr, disable=args.quiet) as bar:
@@ -142,10 +134,10 @@ def _collectives(args: argparse.Namespace) -> int:
 
 
 def _generation(args: argparse.Namespace) -> int:
-    from testbed.bench_agents import bench_generation
+    from testbed.benchmarks.bench_agents import bench_generation
 
-    _positive("rate-mbps", args.rate_mbps)
-    _positive("seconds", args.seconds)
+    positive("rate-mbps", args.rate_mbps)
+    positive("seconds", args.seconds)
     if not 1 <= args.batch <= 1024:
         raise UsageError(f"--batch must be in 1..1024, got {args.batch}")
     with tqdm(total=5, desc="generation", file=sys.stderr, disable=args.quiet) as bar:
@@ -182,7 +174,7 @@ def register_agents(bsub) -> None:
 
 def _planner(args: argparse.Namespace) -> int:
     from emulation.scenario import load_scenario
-    from testbed.bench_orchestrator import bench_planner
+    from testbed.benchmarks.bench_orchestrator import bench_planner
 
     scn = load_scenario(args.scenario)
     if not 1 <= args.requests <= 1_000_000:

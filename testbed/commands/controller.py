@@ -41,7 +41,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from controller.config import check_config, options_from_args, with_token
-    from testbed.cli import UsageError
+    from testbed.commands.common import UsageError
 
     if not Path(args.scenario).is_file():
         raise UsageError(f"scenario: no such file {args.scenario!r}")

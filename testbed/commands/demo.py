@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output folder (default runs/demo-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--no-cache", action="store_true", help="tune the static baseline and the oracle afresh")
-    from testbed.metrics import add_flags
+    from testbed.runs.metrics import add_flags
 
     add_flags(p)
     p.set_defaults(func=_run)

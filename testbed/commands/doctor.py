@@ -17,6 +17,9 @@ from typing import Callable
 PROVISION = "sudo scripts/provision.sh"
 PROJECT_PACKAGES = ("emulation", "controller", "agents", "rlsim", "testbed")
 SEPARATE = ("mininet",)  # Debian's, checked on its own (and linked into .venv by provision.sh)
+# compared against by a benchmark (bench_costmodel.py llm-analysis), loaded from the folder its
+# --llm-analysis-path names: no dependency of the testbed, so neither declared nor checked
+REFERENCE_ONLY = ("llm_analysis",)
 TEST_BRIDGE = "orl-doctor-test"
 TEST_VETH = ("orldoc0", "orldoc1")
 TEST_NETNS = "orldoctest"
@@ -138,7 +141,7 @@ def code_imports(root: Path | None = None) -> dict[str, dict]:
 
     ``{top-level module: {"optional": bool, "files": [...]}}``; optional when the code imports it inside a
     ``try`` that catches ImportError somewhere (it checks for it and runs without it, like Ray in the sweep).
-    Standard-library and project modules are left out.
+    Standard-library and project modules are left out, and :data:`REFERENCE_ONLY`.
     """
     root = root or Path(__file__).resolve().parents[2]
     found: dict[str, dict] = {}
@@ -158,7 +161,8 @@ def code_imports(root: Path | None = None) -> dict[str, dict]:
                     continue
                 for name in names:
                     top = name.split(".")[0]
-                    if top in sys.stdlib_module_names or top in PROJECT_PACKAGES or top == "__future__":
+                    if (top in sys.stdlib_module_names or top in PROJECT_PACKAGES or top == "__future__"
+                            or top in REFERENCE_ONLY):
                         continue
                     rec = found.setdefault(top, {"optional": False, "files": []})
                     rec["optional"] = rec["optional"] or id(node) in guarded

@@ -28,8 +28,8 @@ def check_info_file(path: str) -> Path:
 def _up(args: argparse.Namespace) -> int:
     from emulation.files import write_json_atomic
     from emulation.scenario import load_scenario
-    from testbed.harness import running_testbed
-    from testbed.metrics import apply_flags, pin_controller_port
+    from testbed.cluster.fabric import running_testbed
+    from testbed.runs.metrics import apply_flags, pin_controller_port
 
     scn = apply_flags(load_scenario(args.scenario), args)
     spec, layout = scn.fabric, scn.layout
@@ -114,7 +114,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     up = fsub.add_parser("up", help="fabric + controller for SCENARIO, held until Ctrl-C")
     up.add_argument("scenario", help="scenario YAML file")
     up.add_argument("--info-file", help="write hosts, REST address, token file and metrics URL here (JSON) once up")
-    from testbed.metrics import add_flags
+    from testbed.runs.metrics import add_flags
 
     add_flags(up, driver=False)
     up.set_defaults(func=_up)

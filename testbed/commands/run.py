@@ -15,7 +15,7 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from testbed.cli import UsageError
+from testbed.commands.common import UsageError
 
 BACKENDS = ("emulated", "simulated")
 
@@ -27,9 +27,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="RL steps (default: the scenario's)")
     p.add_argument("--out", default=None, help="output folder (default runs/<command>-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--no-cache", action="store_true", help="tune the static baseline afresh (testbed/tuning.py "
+    p.add_argument("--no-cache", action="store_true", help="tune the static baseline afresh (testbed/runs/tuning.py "
                                                            "caches the grid by the scenario's content)")
-    from testbed.metrics import add_flags
+    from testbed.runs.metrics import add_flags
 
     add_flags(p)
 
@@ -52,7 +52,7 @@ def register(sub) -> None:
     m.add_argument("scenario", help="scenario YAML (the map's centre)")
     m.add_argument("--out", default=None, help="output folder (default runs/map-<time>)")
     m.add_argument("--panels", default=None, help="knob pairs, e.g. median:requests_per_gpu,sigma:cap_fraction "
-                                                  "(default: four panels; testbed/policymap.py KNOBS)")
+                                                  "(default: four panels; testbed/runs/policymap.py KNOBS)")
     m.add_argument("--values", action="append", default=[], metavar="KNOB=V1,V2",
                    help="the values of one knob (repeatable; default: KNOBS' values)")
     m.add_argument("--steps", type=int, default=1, help="RL steps per point (default 1)")
@@ -82,7 +82,7 @@ def _with_fabric_options(args, scn):
     kinds = [k.strip() for k in (getattr(args, "fabric", None) or "").split(",") if k.strip()]
     args.kinds = kinds
     if kinds:
-        from testbed.fabric_compare import check_kinds, with_kind
+        from testbed.runs.fabric_compare import check_kinds, with_kind
 
         check_kinds(kinds, args.backend)
         if len(kinds) > 1 and args.func is _run:
@@ -95,11 +95,11 @@ def _with_fabric_options(args, scn):
 
 def _prepare(args):
     from emulation.scenario import load_scenario
-    from testbed.experiment import Experiment
+    from testbed.runs.experiment import Experiment
 
     from rlsim.limits import check_simulatable
 
-    from testbed.metrics import apply_flags
+    from testbed.runs.metrics import apply_flags
 
     scn = apply_flags(load_scenario(args.scenario), args)
     scn = _with_fabric_options(args, scn)
@@ -114,7 +114,7 @@ def _prepare(args):
 
         if os.geteuid() != 0:
             raise UsageError("--backend emulated builds a fabric and needs root (or use --backend simulated)")
-        from testbed.metrics import pin_controller_port
+        from testbed.runs.metrics import pin_controller_port
 
         scn = pin_controller_port(scn)  # the URL is printed before the cluster starts; a taken port: exit 2
     return Experiment(scn, args.backend, steps=steps, use_cache=not args.no_cache), steps
@@ -125,7 +125,7 @@ def _metrics(exp) -> Iterator[None]:
     """The run's Prometheus endpoints: this process's (the orchestrator and the engines) and, emulated, the
     controller's, their URLs printed before anything starts; the driver's stops when the command ends."""
     from emulation.metrics import url
-    from testbed.metrics import DriverMetrics
+    from testbed.runs.metrics import DriverMetrics
 
     ms = exp.scn.metrics
     with DriverMetrics().serve(ms.host, ms.driver_port) as dm:
@@ -181,7 +181,7 @@ def _run(args) -> int:
 
 
 def _compare(args) -> int:
-    if len([k for k in (getattr(args, "fabric", None) or "").split(",") if k.strip()]) > 1:  # several fabrics: testbed/fabric_compare.py
+    if len([k for k in (getattr(args, "fabric", None) or "").split(",") if k.strip()]) > 1:  # several fabrics: testbed/runs/fabric_compare.py
         return _compare_fabrics(args)
     exp, steps = _prepare(args)
     from testbed.orchestrator.settings import make_policy
@@ -191,7 +191,7 @@ def _compare(args) -> int:
         make_policy(n, exp.layouts, exp.gpus, tuned=make_policy("static-low", exp.layouts, exp.gpus))
     _tune(args, exp)
     policies = list({p.name: p for p in (exp.policy(n) for n in (names or exp.default_policies()))}.values())
-    if steps == exp.steps:  # the oracle bounds (testbed/oracle.py; cached like the grid)
+    if steps == exp.steps:  # the oracle bounds (testbed/runs/oracle.py; cached like the grid)
         with tqdm(total=steps, desc="oracle bounds", file=sys.stderr, disable=args.quiet, unit="step") as bar:
             exp.oracle(progress=lambda msg: bar.update(1))
             bar.update(bar.total - bar.n)
@@ -228,8 +228,8 @@ def _map(args) -> int:
 
     from emulation.scenario import load_scenario
     from emulation.validation import SpecError
-    from testbed import policymap
-    from testbed.report import write_json
+    from testbed.runs import policymap
+    from testbed.runs.report import write_json
 
     scn = load_scenario(args.scenario)
     if args.steps < 1:
@@ -271,7 +271,7 @@ def _map(args) -> int:
 
 
 def _compare_fabrics(args) -> int:
-    from testbed.fabric_compare import compare_fabrics, format_fabrics
+    from testbed.runs.fabric_compare import compare_fabrics, format_fabrics
 
     exp, steps = _prepare(args)
     names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else exp.default_policies()
@@ -316,7 +316,7 @@ def format_table(report: dict) -> str:
                 f"configurations on the simulated backend; {report['backend']} backend, scenario {report['scenario']})")
     orc = report.get("oracle")
     if orc:
-        rows.append("oracle bounds (every length known; testbed/oracle.py): " + ", ".join(
+        rows.append("oracle bounds (every length known; testbed/runs/oracle.py): " + ", ".join(
             f"{k} {v['speedup']:.3f}x" for k, v in orc["kinds"].items()) + f", floor {orc['floor_speedup']:.3f}x; "
             "the 'oracle' column is each policy's speedup as a share of its kind's (planner: switch, balancer: "
             "placement, orchestrrl: both)")

@@ -65,7 +65,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from testbed.cli import UsageError
+    from testbed.commands.common import UsageError
 
     if args.target == "sweep":
         if not args.scenario:
@@ -106,7 +106,7 @@ def _sweep(args) -> int:
 
     scn = load_scenario(args.scenario)
     fabrics = args.fabrics or list(FABRICS)
-    from rlsim.sim import pod_gpus
+    from rlsim.limits import pod_gpus
 
     from rlsim.limits import check_simulatable
 

@@ -32,7 +32,7 @@ response length ``E[min(L, cap)]`` against the realised mean length of that step
 the MAPE over the steps recorded.
 
 **Off the decision path.** statsmodels imports in ~1.5 s and an ARIMA fit takes tens of ms, seconds on a busy
-machine when OpenBLAS runs its default threads (PLATFORM.md; tests/bench/bench_forecast.py):
+machine when OpenBLAS runs its default threads (PLATFORM.md; testbed/benchmarks/bench_forecast.py):
 :class:`ForecastService` fits in one background thread (``submit(history)``) while the planner reads
 ``latest()``, the newest finished forecast, and never waits.
 """
@@ -69,7 +69,7 @@ class ForecastSettings:
       step-to-step changes carries the recent growth forward and lets it fade, as DAPO's and R1's growth
       slows. With a drift (``t``) it extrapolated the window's average slope past a slowing growth: walk-forward
       MAPE 3.95% against 3.61% (``n``) on the dapo-drift case, 5.33% against 5.07% on a stationary one
-      (tests/bench/bench_forecast.py cases, seeds 100-103; the benchmark's own seeds are 0-4). ``c`` / ``ct``
+      (testbed/benchmarks/bench_forecast.py cases, seeds 100-103; the benchmark's own seeds are 0-4). ``c`` / ``ct``
       suit only d = 0 (statsmodels allows trend terms of degree >= d only).
     history_steps: the fit uses at most the last 32 steps: a fit stays at tens of ms (PLATFORM.md: 20
       points, 30-40 ms) and follows a drift whose slope changes (DAPO's growth stalls and falls).

@@ -19,6 +19,7 @@ from .forecast import ForecastSettings
 from .planner import PlannerSettings
 
 STEP_MODES = ("sync", "async")
+DISPATCH = ("contiguous", "random")  # how a step's batch is dealt to the servers (backends.base.deal)
 POLICIES = ("static-low", "static-high", "planner", "balancer", "orchestrrl")
 
 
@@ -34,13 +35,13 @@ class OrchestratorSettings:
     """
 
     planning_interval_s: float = 1.0
-    step_mode: Literal["sync", "async"] = "sync"
+    step_mode: Literal[STEP_MODES] = "sync"
     engine: EngineSettings = field(default_factory=EngineSettings)
     planner: PlannerSettings = field(default_factory=PlannerSettings)
     balancer: BalancerSettings = field(default_factory=BalancerSettings)
     forecast: ForecastSettings = field(default_factory=ForecastSettings)
     sync_bucket_mb: float = 512.0  # veRL's update_weights_bucket_megabytes (real MB; scaled on the fabric)
-    dispatch: Literal["contiguous", "random"] = "contiguous"  # how a step's batch is dealt to the servers
+    dispatch: Literal[DISPATCH] = "contiguous"  # how a step's batch is dealt to the servers
 
     def __post_init__(self) -> None:
         require(math.isfinite(self.planning_interval_s) and 0.01 <= self.planning_interval_s <= 600,
@@ -93,7 +94,7 @@ MAX_NUM_SEQS_LIMIT = 65536  # a static configuration's max_num_seqs (engines all
 def make_policy(name: str, layouts: list[Layout], gpus: int, tuned: Policy | None = None) -> Policy:
     """``static-low`` (the smallest TP that fits: many replicas, veRL's throughput set-up), ``static-high``
     (the largest TP: the latency set-up), ``static-TP<t>x<r>`` (any layout) and ``static-TP<t>x<r>@<n>`` (with
-    ``max_num_seqs`` n), ``static-tuned`` (``tuned``: the best of the tuning grid, testbed.tuning),
+    ``max_num_seqs`` n), ``static-tuned`` (``tuned``: the best of the tuning grid, testbed.runs.tuning),
     ``planner``, ``balancer`` (migrations on the tuned static configuration, or static-low's layout when
     there is none), ``orchestrrl`` (both)."""
     if not layouts:

@@ -13,7 +13,7 @@ import pytest
 from emulation.scenario import ControllerSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.workload import WorkloadSpec
-from testbed.cluster import running_cluster
+from testbed.cluster.agent_pool import running_cluster
 
 pytestmark = pytest.mark.system
 

@@ -24,7 +24,7 @@ import pytest
 
 from emulation.scenario import load_scenario
 from testbed.backends.emulated import LINK_EFFICIENCY_MIN
-from testbed.experiment import Experiment
+from testbed.runs.experiment import Experiment
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,9 +16,9 @@ import pytest
 
 from controller import phases, routing
 from emulation.spec import FabricSpec, JobLayout
-from testbed.benchmarks import bench_reconfig
-from testbed.harness import running_testbed
-from testbed.traffic import ProbeStream
+from testbed.benchmarks.bench_fabric import bench_reconfig
+from testbed.cluster.fabric import running_testbed
+from testbed.cluster.probes import ProbeStream
 
 pytestmark = pytest.mark.system
 

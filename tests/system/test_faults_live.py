@@ -5,7 +5,7 @@ scenario: the failure is acted on within 2 planning intervals of the kill, no pl
 accounted for (``tokens_unique == tokens_target``, duplicates reported, the victim's tokens up to its death),
 and the step's generation takes no longer than the simulated backend's run of the same step with the same
 server killed at the same time, at the pace this cluster ran the step without a kill, x (1 + BOUND_REL) + 2
-intervals (testbed/bench_faults.py: the same runs as `orchestrrl bench faults`, which reports them on the
+intervals (testbed/benchmarks/bench_faults.py: the same runs as `orchestrrl bench faults`, which reports them on the
 default scenario).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from emulation.scenario import ControllerSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.workload import WorkloadSpec
-from testbed.bench_faults import fault_run
+from testbed.benchmarks.bench_faults import fault_run
 
 pytestmark = pytest.mark.system
 
@@ -79,7 +79,7 @@ def test_a_call_to_a_failed_agent_fails_at_once(tmp_path):
     import os
     import signal
 
-    from testbed.cluster import AgentFailed, running_cluster
+    from testbed.cluster.agent_pool import AgentFailed, running_cluster
 
     with running_cluster(SCN) as (tb, pool):
         os.killpg(pool.procs[3].pid, signal.SIGKILL)
@@ -100,7 +100,7 @@ def test_a_late_agent_is_left_out_and_a_silent_one_failed():
     import os
     import signal
 
-    from testbed.cluster import running_cluster
+    from testbed.cluster.agent_pool import running_cluster
 
     with running_cluster(SCN) as (tb, pool):
         pid = pool.procs[2].pid

@@ -22,8 +22,8 @@ from emulation import registry
 from emulation.scenario import ControllerSettings, MetricsSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.workload import WorkloadSpec
-from testbed.experiment import Experiment
-from testbed.metrics import DriverMetrics
+from testbed.runs.experiment import Experiment
+from testbed.runs.metrics import DriverMetrics
 
 pytestmark = pytest.mark.system
 

@@ -12,7 +12,7 @@ from agents.engine import Layout
 from controller.traffic import train_bytes, train_traffic
 from emulation.scenario import load_scenario
 from testbed.backends.emulated import EmulatedBackend
-from testbed.cluster import running_cluster
+from testbed.cluster.agent_pool import running_cluster
 
 pytestmark = pytest.mark.system
 

@@ -19,7 +19,7 @@ from controller.rest import READ_TIMEOUT_S
 from emulation.builder import EmulatedFabric
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError
-from testbed.harness import running_testbed
+from testbed.cluster.fabric import running_testbed
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from emulation.scenario import load_scenario
-from testbed.cluster import running_cluster
+from testbed.cluster.agent_pool import running_cluster
 
 pytestmark = pytest.mark.system
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from emulation.scenario import load_scenario
-from testbed.experiment import Experiment
+from testbed.runs.experiment import Experiment
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]

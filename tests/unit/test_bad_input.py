@@ -20,16 +20,16 @@ DEFAULT = os.path.join(ROOT, "scenarios", "default.yaml")
 def nothing_starts(monkeypatch):
     """Fail the test if a fabric, a controller, RLSim or the demo is started."""
     import rlsim.sim
-    import testbed.cluster
-    import testbed.harness
+    import testbed.cluster.agent_pool
+    import testbed.cluster.fabric
     from controller import app as ctl_app
 
     def boom(*a, **k):
         raise AssertionError("started something on bad input")
 
-    monkeypatch.setattr(testbed.harness, "running_testbed", boom)
+    monkeypatch.setattr(testbed.cluster.fabric, "running_testbed", boom)
     monkeypatch.setattr(rlsim.sim, "simulate_iteration", boom)
-    monkeypatch.setattr(testbed.cluster, "running_cluster", boom)
+    monkeypatch.setattr(testbed.cluster.agent_pool, "running_cluster", boom)
     monkeypatch.setattr(ctl_app, "run_controller", boom)
 
 
@@ -141,7 +141,7 @@ def _fake_testbed(on_running=None):
 
 
 def test_start_failure_keeps_an_existing_info_file(tmp_path, monkeypatch, capsys):
-    import testbed.harness
+    import testbed.cluster.fabric
 
     info = tmp_path / "info.json"
     info.write_text("mine\n")
@@ -151,7 +151,7 @@ def test_start_failure_keeps_an_existing_info_file(tmp_path, monkeypatch, capsys
         raise RuntimeError("fabric start failed")
         yield  # pragma: no cover
 
-    monkeypatch.setattr(testbed.harness, "running_testbed", failing)
+    monkeypatch.setattr(testbed.cluster.fabric, "running_testbed", failing)
     with pytest.raises(RuntimeError, match="fabric start failed"):
         cli.main(["fabric", "up", DEFAULT, "--info-file", str(info)])
     assert info.read_text() == "mine\n"  # the run did not write it: it stays
@@ -161,11 +161,11 @@ def test_start_failure_keeps_an_existing_info_file(tmp_path, monkeypatch, capsys
 def test_info_file_written_once_up_and_removed_on_teardown(tmp_path, monkeypatch, capsys):
     import json
 
-    import testbed.harness
+    import testbed.cluster.fabric
 
     info = tmp_path / "info.json"
     seen = []
-    monkeypatch.setattr(testbed.harness, "running_testbed",
+    monkeypatch.setattr(testbed.cluster.fabric, "running_testbed",
                         _fake_testbed(on_running=lambda: seen.append(json.loads(info.read_text()))))
     assert cli.main(["fabric", "up", DEFAULT, "--info-file", str(info)]) == 1  # the fake controller 'exited'
     assert seen and len(seen[0]["hosts"]) == 8 and seen[0]["phase"] == "train"
@@ -178,7 +178,7 @@ def test_info_file_written_once_up_and_removed_on_teardown(tmp_path, monkeypatch
 
 
 def test_info_file_replaced_by_someone_else_is_not_removed(tmp_path, monkeypatch, capsys):
-    import testbed.harness
+    import testbed.cluster.fabric
 
     info = tmp_path / "info.json"
 
@@ -186,6 +186,6 @@ def test_info_file_replaced_by_someone_else_is_not_removed(tmp_path, monkeypatch
         os.unlink(info)
         info.write_text("someone else's\n")
 
-    monkeypatch.setattr(testbed.harness, "running_testbed", _fake_testbed(on_running=other_writer))
+    monkeypatch.setattr(testbed.cluster.fabric, "running_testbed", _fake_testbed(on_running=other_writer))
     assert cli.main(["fabric", "up", DEFAULT, "--info-file", str(info)]) == 1
     assert info.read_text() == "someone else's\n"

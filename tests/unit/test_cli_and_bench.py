@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.benchmarks import CASES, CHANGED, RECONFIG_SPEC, UNCHANGED, blackout_in_window
+from testbed.benchmarks.bench_fabric import CASES, CHANGED, RECONFIG_SPEC, UNCHANGED, blackout_in_window
 from controller.ocs import Matching, diff
 
 
@@ -70,3 +70,22 @@ def test_blackout_attribution_uses_the_window_and_subtracts_one_interval():
     assert blackout_in_window(gaps, records, 10.040, 10.060, 0.001) == 0.0
     # truncated runs (stream edge) are never counted
     assert blackout_in_window(gaps, records, 10.090, 10.1, 0.001) == 0.0
+
+
+def test_no_command_imports_the_cli_back():
+    """testbed.cli only dispatches: the commands take UsageError and the shared checks from
+    testbed.commands.common, so the CLI and its commands form no import loop (static or lazy)."""
+    import ast
+    from pathlib import Path
+
+    import testbed.commands
+
+    back = []
+    for path in sorted(Path(testbed.commands.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "testbed.cli" or n.startswith("testbed.cli.") for n in names):
+                back.append(f"{path.name}:{node.lineno}")
+    assert back == [], f"commands importing testbed.cli: {back}"

@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_costmodel", os.path.join(ROOT, "tests", "bench", "bench_costmodel.py"))
+    spec = importlib.util.spec_from_file_location("bench_costmodel", os.path.join(ROOT, "testbed", "benchmarks", "bench_costmodel.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

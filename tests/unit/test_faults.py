@@ -94,7 +94,7 @@ def test_a_request_with_a_gap_is_finished_but_not_complete():
 
 
 def test_stranded_requests_are_the_gapped_ones_a_failed_agent_served():
-    from testbed.cluster import AgentPool, Collected
+    from testbed.cluster.agent_pool import AgentPool, Collected
 
     col = Collected(rid=np.array([1, 2, 3, 4]), count=np.array([6, 4, 3, 2]), contiguous=np.array([6, 2, 1, 2]),
                     dups=np.zeros(4, np.int64), final_len=np.array([6, 6, 5, -1]), summary={})
@@ -111,7 +111,7 @@ def default_exp():
     """The default scenario with a quarter of its responses (512 a step): seconds, not tens."""
     import dataclasses
 
-    from testbed.experiment import Experiment
+    from testbed.runs.experiment import Experiment
 
     scn = load_scenario(ROOT / "scenarios" / "default.yaml")
     scn = dataclasses.replace(scn, workload=dataclasses.replace(scn.workload, prompts_per_step=64))

@@ -1,4 +1,4 @@
-"""Live metrics (controller/metrics.py, testbed/metrics.py, emulation/metrics.py): README's table is what the
+"""Live metrics (controller/metrics.py, testbed/runs/metrics.py, emulation/metrics.py): README's table is what the
 registries hold; a reconfiguration moves its counters by exactly one; the driver's observer turns a run's
 timeline into the engines' and the orchestrator's metrics; the endpoint's port rule and bad input."""
 from __future__ import annotations
@@ -26,7 +26,7 @@ from emulation.validation import SpecError, from_dict
 from emulation.workload import WorkloadSpec
 from testbed import cli
 from testbed.driver import Timeline
-from testbed.metrics import DRIVER_METRICS, DriverMetrics, markdown_table
+from testbed.runs.metrics import DRIVER_METRICS, DriverMetrics, markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = FabricSpec()
@@ -52,7 +52,7 @@ def readme_rows() -> dict[str, tuple[str, str, tuple[str, ...]]]:
     text = (ROOT / "README.md").read_text()
     m = re.search(r"<!-- metrics-table:start -->\n(.*?)\n<!-- metrics-table:end -->", text, re.S)
     assert m, "README.md has no metrics table between its markers"
-    assert m.group(1) == markdown_table(), "README's metric table drifted: paste `python -m testbed.metrics`"
+    assert m.group(1) == markdown_table(), "README's metric table drifted: paste `python -m testbed.runs.metrics`"
     rows = {}
     for line in m.group(1).splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
@@ -234,7 +234,7 @@ SMALL = Scenario(
 
 
 def test_a_simulated_run_exports_what_its_run_json_says(tmp_path):
-    from testbed.experiment import Experiment
+    from testbed.runs.experiment import Experiment
 
     dm = DriverMetrics()
     exp = Experiment(SMALL, "simulated", metrics=dm)
@@ -387,10 +387,10 @@ def test_a_bad_metrics_flag_exits_2_naming_it(capsys):
 
 def test_run_prints_its_endpoint_and_serves_it_while_it_runs(tmp_path, capsys, monkeypatch):
     """`orchestrrl run` prints the URL before it starts; the endpoint answers while the run goes on."""
-    import testbed.experiment
+    import testbed.runs.experiment
 
     seen = {}
-    real_run = testbed.experiment.Experiment.run
+    real_run = testbed.runs.experiment.Experiment.run
 
     def run_and_scrape(self, policy, steps, out, progress=None):
         res = real_run(self, policy, steps, out, progress)
@@ -398,7 +398,7 @@ def test_run_prints_its_endpoint_and_serves_it_while_it_runs(tmp_path, capsys, m
             seen["body"] = urllib.request.urlopen(self.metrics.url, timeout=5).read().decode()
         return res
 
-    monkeypatch.setattr(testbed.experiment.Experiment, "run", run_and_scrape)
+    monkeypatch.setattr(testbed.runs.experiment.Experiment, "run", run_and_scrape)
     scn = tmp_path / "small.yaml"
     scn.write_text("workload: {prompts_per_step: 4, samples_per_prompt: 4, response_median_tokens: 60, "
                    "max_response_tokens: 200, steps: 1}\n")

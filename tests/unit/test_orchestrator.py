@@ -156,6 +156,7 @@ def test_balancer_does_nothing_below_the_threshold():
     ({"planner": {"min_gain_s": -1}}, "orchestrator.planner.min_gain_s"),
     ({"balancer": {"mode": "teleport"}}, "orchestrator.balancer.mode"),
     ({"step_mode": "sometimes"}, "orchestrator.step_mode"),
+    ({"dispatch": "round-robin"}, "orchestrator.dispatch"),
     ({"planning_interval_s": 0}, "orchestrator.planning_interval_s"),
     ({"engine": {"max_num_seqs": 0}}, "orchestrator.engine.max_num_seqs"),
     ({"forecast": {"order": [1, 1]}}, "orchestrator.forecast.order"),
@@ -189,7 +190,7 @@ def small_scenario(mode="sync"):
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_driver_on_the_simulated_backend_completes_every_response_once(mode, tmp_path):
-    from testbed.experiment import Experiment
+    from testbed.runs.experiment import Experiment
 
     exp = Experiment(small_scenario(mode), "simulated")
     with exp:

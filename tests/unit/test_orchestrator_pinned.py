@@ -47,12 +47,82 @@ with open(PINNED) as f:
     WANT = json.load(f)
 
 
+def _ticks(case: dict):
+    """Every planning tick's record of a case (a case holds one, or ``tick0``, ``tick1``, ...)."""
+    if "decisions" in case:
+        yield case
+    else:
+        for v in case.values():
+            yield from _ticks(v)
+
+
+def _violations(name: str, case: dict) -> list[str]:
+    """What no correct decision path may give, whatever its implementation (the pinned figures check only
+    that it did not change): a switch the estimator's predictions do not pay for, or a migration that does
+    not narrow the gap between its two servers' predicted finish times."""
+    from testbed.orchestrator.planner import PlannerSettings
+
+    min_gain = PlannerSettings().min_gain_s  # orchestrator_cases.py runs the planner at the defaults
+    bad = []
+    for k, tick in enumerate(_ticks(case)):
+        for s, d in tick["decisions"].items():
+            if not d["switch"]:
+                continue
+            where = f"{name} tick {k} server {s}"
+            pred = d["predicted_s"]  # remaining makespan per layout, each with its switch cost
+            if d["best"] == d["current"]:
+                bad.append(f"{where}: a switch to the current layout {d['current']}")
+            elif not math.isclose(d["gain_s"], pred[d["current"]] - pred[d["best"]], rel_tol=1e-9, abs_tol=1e-12):
+                bad.append(f"{where}: gain {d['gain_s']} is not the predicted {pred[d['current']]} - {pred[d['best']]}")
+            if not d["gain_s"] >= min_gain:  # predicted_s[best] holds the switch cost: the gain is net of it
+                bad.append(f"{where}: switch gains {d['gain_s']} s beyond its cost {d['switch_cost_s']} s, "
+                           f"below min_gain_s {min_gain}")
+        moves, loads = tick["balancer"]["moves"], tick["balancer"]["loads"]
+        for i, m in enumerate(moves):
+            if not max(m["after"]) < max(m["before"]):
+                bad.append(f"{name} tick {k} move {i} (rid {m['rid']}): the slower side {max(m['before'])} s "
+                           f"does not get faster ({m['after']})")
+        if moves and moves[0]["src"] != moves[0]["dst"]:  # the first move starts from the balancer's own indices
+            m = moves[0]
+            want = [loads[str(m["src"])], loads[str(m["dst"])]]
+            if not all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(m["before"], want)):
+                bad.append(f"{name} tick {k}: the first move's before-times {m['before']} are not the load "
+                           f"indices {want} (two estimators?)")
+    return bad
+
+
 @pytest.mark.parametrize("name, go", cases(), ids=[n for n, _ in cases()])
 def test_decision_path_matches_the_pinned_results(name, go):
     got = json.loads(json.dumps(go()))  # the same JSON types as the pinned file
+    assert _violations(name, got) == []  # what any correct implementation gives, before "what it gave"
     diffs = []
     _same(got, WANT[name], name, diffs)
     assert not diffs, f"{len(diffs)} differences, first: " + "; ".join(diffs[:5])
+
+
+@pytest.mark.parametrize("name", sorted(WANT))
+def test_the_pinned_results_are_decisions_a_correct_path_may_make(name):
+    """The recorded cases themselves (whoever re-writes the file): every switch paid for by its predicted gain
+    beyond its cost, every migration narrowing its gap, by the estimator's own figures."""
+    assert _violations(name, WANT[name]) == []
+
+
+def test_the_properties_catch_a_bad_decision():
+    """The checks above can fail: a recorded tick altered into an unpaid switch and a widening move is refused."""
+    import copy
+
+    name = next(n for n in sorted(WANT) if any(t["balancer"]["moves"] for t in _ticks(WANT[n]))
+                and any(d["switch"] for t in _ticks(WANT[n]) for d in t["decisions"].values()))
+    case = copy.deepcopy(WANT[name])
+    for tick in _ticks(case):
+        for d in tick["decisions"].values():
+            if d["switch"]:
+                d["predicted_s"][d["best"]] = d["predicted_s"][d["current"]]  # predicted no faster
+                d["gain_s"] = 0.0
+        for m in tick["balancer"]["moves"]:
+            m["after"] = [max(m["before"]) + 1.0, 0.0]
+    found = _violations(name, case)
+    assert any("below min_gain_s" in v for v in found) and any("does not get faster" in v for v in found)
 
 
 def test_every_pinned_case_is_run():

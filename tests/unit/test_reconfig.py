@@ -76,8 +76,13 @@ def test_rule_refuses_a_slower_topology_inside_a_long_window():
     assert decide_switch(8500.0, 10.0, -LOSS_TOLERANCE_MS - 1e-6).action == "deferred"
 
 
-def test_switch_actions_are_the_three_answers():
-    assert SWITCH_ACTIONS == ("switched", "stalled", "deferred")
+def test_switch_actions_are_exactly_what_the_rule_answers():
+    """SWITCH_ACTIONS (what the metrics pre-create and the REST history reports) is the set of answers
+    decide_switch gives over every kind of input: none missing, none never given, no duplicates."""
+    windows = (None, -3.0, 0.0, 4.0, 10.0, 40.0, 8500.0)
+    gains = (None, float("-inf"), -5.0, -0.5, 0.0, 6.0, 6.5, 11.0, float("inf"))
+    seen = {decide_switch(w, delay, g).action for w in windows for delay in (0.0, 10.0) for g in gains}
+    assert seen == set(SWITCH_ACTIONS) and len(SWITCH_ACTIONS) == len(set(SWITCH_ACTIONS))
 
 
 # ---- requests --------------------------------------------------------------------------------------------

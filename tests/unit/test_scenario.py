@@ -27,8 +27,18 @@ def test_default_scenario_is_emulatable():
 
 @pytest.mark.parametrize("name", sorted(n for n in os.listdir(SCEN) if n.endswith(".yaml")))
 def test_every_shipped_scenario_loads(name):
+    """A shipped scenario is runnable as shipped: its orchestrator section builds the typed settings, RLSim can
+    size it, its layout splits every server into trainers and generators, and loading it twice gives one
+    scenario."""
+    from rlsim.limits import check_simulatable
+    from testbed.orchestrator.settings import orchestrator_settings
+
     s = load_scenario(os.path.join(SCEN, name))
-    assert isinstance(s, Scenario)
+    orchestrator_settings(s.orchestrator)  # SpecError naming the field otherwise
+    check_simulatable(s)
+    train, gen = s.layout.train_servers(s.fabric), s.layout.gen_servers(s.fabric)
+    assert train and gen and not set(train) & set(gen) and len(train) + len(gen) == s.fabric.n_servers
+    assert load_scenario(os.path.join(SCEN, name)) == s  # loading is deterministic (a seed reproduces a run)
 
 
 def test_empty_mapping_gives_defaults(tmp_path):

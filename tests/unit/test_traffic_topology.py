@@ -203,7 +203,7 @@ def test_stripe_plan_deals_chains_and_stripes_round_robin():
 
 # ---- the same RL steps on several fabrics ---------------------------------------------------------------
 def test_compare_fabrics_side_by_side_on_the_simulated_backend(tmp_path):
-    from testbed.fabric_compare import compare_fabrics, format_fabrics, network_times
+    from testbed.runs.fabric_compare import compare_fabrics, format_fabrics, network_times
 
     base = load_scenario("scenarios/short-7b.yaml")
     w = dataclasses.replace(base.workload, prompts_per_step=16, samples_per_prompt=4, max_response_tokens=512)

@@ -11,7 +11,7 @@ from emulation.workload import WorkloadSpec
 from orchestrator_cases import _bench_state, _setup
 from testbed.orchestrator.balancer import Balancer, BalancerSettings
 from testbed.orchestrator.planner import ServerView
-from testbed import tuning
+from testbed.runs import tuning
 
 
 def _consistent_after(est, bal, views, rids, moves, moved_at_mean=True):
@@ -163,7 +163,7 @@ def test_the_tuning_grid_picks_the_best_and_skips_only_identical_runs(tmp_path, 
 
 def test_the_tuning_grid_on_the_simulated_backend_and_the_oracle_bounds_it(tmp_path, monkeypatch):
     monkeypatch.setenv("ORCHESTRRL_CACHE_DIR", str(tmp_path))
-    from testbed.experiment import Experiment
+    from testbed.runs.experiment import Experiment
 
     exp = Experiment(_tiny(prompt_sigma=0.3), "simulated", grid=(64, 256))
     grid = exp.tuning_grid()

@@ -1,6 +1,6 @@
 """Live htb rate change: a spawned ``tc`` against netlink in-process (pyroute2), side by side.
 
-    flock /tmp/orchestrrl-ovs.lock .venv/bin/python tests/bench/bench_rate_change.py [--changes 50]
+    flock /tmp/orchestrrl-ovs.lock .venv/bin/python testbed/benchmarks/bench_rate_change.py [--changes 50]
 
 Needs root. Makes one veth pair in the root namespace (``orlbr0``/``orlbr1``, recorded in the registry, removed
 at the end) and one inside a private network namespace (a process started with ``unshare -n``, so the pair

@@ -16,8 +16,8 @@ import numpy as np
 
 from emulation import capacity
 from emulation.spec import FabricSpec, JobLayout
-from testbed.harness import running_testbed
-from testbed.traffic import ProbeStream, iperf3, iperf3_result
+from testbed.cluster.fabric import running_testbed
+from testbed.cluster.probes import ProbeStream, iperf3, iperf3_result
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ ran during the ticks (their time is in the figures).
 
 ``metrics``: the tick also records what the driver's timeline records at a tick (the planner's ``plan`` event,
 inside the decision time as in the driver; the tick's sample of every replica, timed apart as ``sample_ms``),
-and with ``metrics`` on, the run's metrics observer (testbed/metrics.py) turns them into metrics while an
+and with ``metrics`` on, the run's metrics observer (testbed/runs/metrics.py) turns them into metrics while an
 endpoint serves them to a scraper every ``scrape_interval_s`` (Prometheus' load). Off, the same events and
 samples are recorded with no observer: the difference is what metrics cost the decision path.
 """
@@ -28,7 +28,7 @@ from agents.engine import Layout, ModelledCost
 from emulation.scenario import Scenario
 from emulation.metrics import Scraper, serve_free
 from testbed.driver import Timeline, settle_heap
-from testbed.metrics import DriverMetrics
+from testbed.runs.metrics import DriverMetrics
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator
 from testbed.orchestrator.forecast import LengthForecast

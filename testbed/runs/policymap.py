@@ -2,8 +2,8 @@
 room (`orchestrrl map SCENARIO --out DIR`).
 
 Every point of the map is the scenario with two knobs changed (one heatmap per pair of knobs, the others at
-the scenario's values): its tuned static baseline (testbed.tuning: every layout x max_num_seqs), its oracle
-bounds (testbed.oracle: layout switches, placement, both; every length known) and the planner's, the
+the scenario's values): its tuned static baseline (testbed.runs.tuning: every layout x max_num_seqs), its oracle
+bounds (testbed.runs.oracle: layout switches, placement, both; every length known) and the planner's, the
 balancer's and orchestrrl's speedups over that baseline, all on the simulated backend (the engine in virtual
 time). The knobs (:data:`KNOBS`): the model, the requests per generator GPU, the response-length median,
 spread (log-sigma), cap and share at the cap, the prompt-group correlation (prompt_sigma: the share of the
@@ -73,7 +73,7 @@ def point(scenario, steps: int = 1, use_cache: bool = True) -> dict:
     """One point of the map: the oracle bounds and every adaptive policy's speedup over the tuned baseline."""
     import tempfile
 
-    from testbed.experiment import ADAPTIVE, Experiment
+    from testbed.runs.experiment import ADAPTIVE, Experiment
 
     exp = Experiment(scenario, "simulated", steps=steps, use_cache=use_cache)
     with exp, tempfile.TemporaryDirectory(prefix="orl-map-") as tmp:

@@ -1,10 +1,10 @@
 """GPU cost model: calibration against Vidur's H100 profiles, side by side with llm-analysis, capacity, switches.
 
-    .venv/bin/python tests/bench/bench_costmodel.py profiles [--profiles DIR]   # error vs measured, per model/TP
-    .venv/bin/python tests/bench/bench_costmodel.py derive [--profiles DIR]     # the figures calibration.yaml holds
-    .venv/bin/python tests/bench/bench_costmodel.py llm-analysis [--llm-analysis-path DIR]
-    .venv/bin/python tests/bench/bench_costmodel.py capacity | switch | speed
-    .venv/bin/python tests/bench/bench_costmodel.py extract --source DIR --dest agents/data/vidur-h100
+    .venv/bin/python testbed/benchmarks/bench_costmodel.py profiles [--profiles DIR]   # error vs measured, per model/TP
+    .venv/bin/python testbed/benchmarks/bench_costmodel.py derive [--profiles DIR]     # the figures calibration.yaml holds
+    .venv/bin/python testbed/benchmarks/bench_costmodel.py llm-analysis [--llm-analysis-path DIR]
+    .venv/bin/python testbed/benchmarks/bench_costmodel.py capacity | switch | speed
+    .venv/bin/python testbed/benchmarks/bench_costmodel.py extract --source DIR --dest agents/data/vidur-h100
 
 Every subcommand prints one JSON document. ``--profiles`` defaults to the reduced copy in the repo
 (``agents/data/vidur-h100``); point it at the full profiles (``../shared/reference-data/vidur-h100``) for

@@ -44,7 +44,7 @@ from emulation.workload import LengthSchedule
 from testbed.backends.base import deal
 from testbed.orchestrator.estimate import Estimator, ServerLoad
 from testbed.orchestrator.settings import feasible_layouts, orchestrator_settings
-from testbed.tuning import GRID
+from testbed.runs.tuning import GRID
 
 SWITCH_STEP = 0.1
 SWITCH_FRACTIONS = tuple(np.round(np.arange(0.1, 0.95, SWITCH_STEP), 2))  # switch times, fractions of the static

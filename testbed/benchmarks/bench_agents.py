@@ -23,8 +23,8 @@ from agents.engine import EngineSettings
 from emulation.scenario import ControllerSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.workload import WorkloadSpec
-from testbed.cluster import running_cluster
-from testbed.traffic import iperf3, iperf3_result
+from testbed.cluster.agent_pool import running_cluster
+from testbed.cluster.probes import iperf3, iperf3_result
 
 log = logging.getLogger(__name__)
 

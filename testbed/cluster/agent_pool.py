@@ -1,4 +1,4 @@
-"""The emulated cluster: controller + fabric (testbed.harness) + one long-lived agent per server.
+"""The emulated cluster: controller + fabric (testbed.cluster.fabric) + one long-lived agent per server.
 
 :class:`AgentPool` starts an agent (``python -m agents.node``) inside every Mininet host once, waits until each
 answers on the management network, forms the torch.distributed world over the fabric, and keeps the
@@ -42,14 +42,14 @@ from emulation.registry import proc_start_time
 from emulation.scenario import Scenario
 from emulation.signals import shielded
 from emulation.validation import SpecError, to_dict
-from testbed.harness import Testbed, running_testbed
+from testbed.cluster.fabric import Testbed, running_testbed
 
 log = logging.getLogger(__name__)
 
 RPC_PORT = 7000
 COLLECTOR_PORT = 7100
 STORE_PORT_BASE = 29400
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class AgentFailed(AgentError):

@@ -18,7 +18,7 @@ import numpy as np
 
 from emulation.spec import EMULATED_FABRICS, FABRICS
 from emulation.validation import require
-from testbed.report import write_json
+from testbed.runs.report import write_json
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def fabric_costs(scn, kinds: list[str]) -> dict:
 
 def compare_fabrics(scn, kinds: list[str], backend: str, policies: list[str] | None, steps: int, out: Path,
                     progress=None, on_policy=None) -> tuple[dict, dict]:
-    from testbed.experiment import Experiment
+    from testbed.runs.experiment import Experiment
 
     check_kinds(kinds, backend)
     out = Path(out)

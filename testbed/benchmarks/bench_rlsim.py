@@ -1,6 +1,6 @@
 """RLSim benchmark: every figure of docs/rlsim.md's Results, as one JSON document (it asserts nothing).
 
-    PYTHONPATH=. .venv/bin/python tests/bench/bench_rlsim.py [--scenario scenarios/dapo-32b.yaml] [--runs 3]
+    PYTHONPATH=. .venv/bin/python testbed/benchmarks/bench_rlsim.py [--scenario scenarios/dapo-32b.yaml] [--runs 3]
         [--taper-scenario scenarios/dapo-32b-taper.yaml] [--sections scales,perf_cost,t_ocs,timing,sensitivity]
 
 Sections (T_ocs = 10 ms unless swept; the Fat-Tree's tier count is the default, radix-derived one):
@@ -43,7 +43,8 @@ import numpy as np  # noqa: E402
 from emulation.scenario import load_scenario  # noqa: E402
 from rlsim.cost import fabric_cost, load_prices  # noqa: E402
 from rlsim.fabrics import FabricOptions  # noqa: E402
-from rlsim.sim import SimSettings, scale_scenario, sync_phase, simulate_iteration  # noqa: E402
+from rlsim.limits import scale_scenario  # noqa: E402
+from rlsim.sim import SimSettings, sync_phase, simulate_iteration  # noqa: E402
 from rlsim.sweep import DEFAULT_T_OCS_MS, plan, run_sweep, summarise  # noqa: E402
 
 SECTIONS = ("scales", "perf_cost", "t_ocs", "timing", "sensitivity", "traffic")

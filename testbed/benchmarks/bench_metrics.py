@@ -1,10 +1,10 @@
 """What live metrics cost the decision path: `orchestrrl bench planner` and `orchestrrl bench reconfig` with
 metrics off and on, side by side, alternating (off, on, off, on, ...), medians and on/off ratios.
 
-    .venv/bin/python tests/bench/bench_metrics.py planner [--pairs 10] [--ticks 100]
-    flock /tmp/orchestrrl-ovs.lock .venv/bin/python tests/bench/bench_metrics.py reconfig [--pairs 3] [--samples 100]
+    .venv/bin/python testbed/benchmarks/bench_metrics.py planner [--pairs 10] [--ticks 100]
+    flock /tmp/orchestrrl-ovs.lock .venv/bin/python testbed/benchmarks/bench_metrics.py reconfig [--pairs 3] [--samples 100]
 
-``planner``: in one process, ``pairs`` x (off, on) of testbed.bench_orchestrator.bench_planner (with
+``planner``: in one process, ``pairs`` x (off, on) of testbed.benchmarks.bench_orchestrator.bench_planner (with
 metrics on, the run's observer sees every tick's sample and plan event and a scraper reads the endpoint
 every second). ``reconfig``: ``pairs`` x (off, on, served) of testbed.benchmarks.bench_reconfig (on: the
 controller serves its metrics and the benchmark scrapes them every second; served: it serves them and
@@ -64,7 +64,7 @@ def main() -> int:
     runs = []
     if a.bench == "planner":
         from emulation.scenario import load_scenario
-        from testbed.bench_orchestrator import bench_planner
+        from testbed.benchmarks.bench_orchestrator import bench_planner
 
         scn = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "default.yaml")
         for _ in range(a.pairs or 10):
@@ -72,7 +72,7 @@ def main() -> int:
                 runs.append((mode, bench_planner(scn, ticks=a.ticks, metrics=mode == "on")))
         keys = PLANNER
     else:
-        from testbed.benchmarks import bench_reconfig
+        from testbed.benchmarks.bench_fabric import bench_reconfig
 
         for _ in range(a.pairs or 3):
             for mode in ("off", "on", "served"):

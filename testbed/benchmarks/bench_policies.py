@@ -2,7 +2,7 @@
 backend, on other seeds, engine settings, length distributions and models, each against its own tuned static
 baseline and its own oracle bounds.
 
-    .venv/bin/python tests/bench/bench_policies.py [--cases a,b] [--seeds 1,2,3] [--steps 2] [--out DIR]
+    .venv/bin/python testbed/benchmarks/bench_policies.py [--cases a,b] [--seeds 1,2,3] [--steps 2] [--out DIR]
         [--set planner.gain_margin=0.1 ...]   (orchestrator settings to change, YAML values)
         [--reinit 0.1,1,5]                    (the layout switch's fixed part, engine.switch_reinit_s, seconds)
 
@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from emulation.scenario import load_scenario  # noqa: E402
 from emulation.workload import LengthComponent  # noqa: E402
-from testbed.experiment import ADAPTIVE, Experiment  # noqa: E402
+from testbed.runs.experiment import ADAPTIVE, Experiment  # noqa: E402
 
 # case -> (scenario file, workload changes, orchestrator settings changed)
 CASES = {

@@ -6,7 +6,7 @@ and each server is put in the next policy's starting layout without charge (as i
 loaded that way). Every policy sees the same response lengths and the same dealing of responses to servers
 (independent streams from the scenario's seed).
 
-The baseline is tuned as a user would tune it (testbed.tuning): every feasible layout x every
+The baseline is tuned as a user would tune it (testbed.runs.tuning): every feasible layout x every
 ``max_num_seqs`` of the grid, on the simulated backend, first; the best of them (``best_static``) then runs on
 the requested backend beside ``static-low`` and ``static-high`` (the two named set-ups at the scenario's
 engine settings) and the adaptive policies. ``speedup_vs_best_static`` = mean step makespan of the tuned
@@ -23,8 +23,8 @@ import numpy as np
 
 from agents.costmodel import CostModel
 from testbed.orchestrator.settings import (Policy, feasible_layouts, make_policy, orchestrator_settings)
-from testbed.report import plot_makespans, write_json, write_run
-from testbed.tuning import GRID, GridPoint, best, cache_key, cached, static_name, tune
+from testbed.runs.report import plot_makespans, write_json, write_run
+from testbed.runs.tuning import GRID, GridPoint, best, cache_key, cached, static_name, tune
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class Experiment:
                  grid: tuple[int, ...] = GRID, metrics=None):
         self.scn = scenario
         self.backend_name = backend
-        self.metrics = metrics  # testbed.metrics.DriverMetrics: every run's timeline feeds it (or None)
+        self.metrics = metrics  # testbed.runs.metrics.DriverMetrics: every run's timeline feeds it (or None)
         self.settings = orchestrator_settings(scenario.orchestrator)
         w = scenario.workload
         self.cm = CostModel.for_names(w.model, w.gpu)
@@ -52,16 +52,16 @@ class Experiment:
 
     # ---- the tuned baseline ----
     def tuning_grid(self, progress=None) -> list[GridPoint]:
-        """Every layout x max_num_seqs of the grid on the simulated backend (cached: testbed.tuning)."""
+        """Every layout x max_num_seqs of the grid on the simulated backend (cached: testbed.runs.tuning)."""
         if self._grid is None:
             self._grid = tune(self.scn, self.layouts, self.gpus, self.steps, self._simulate, self.grid_values,
                               self.use_cache, progress)
         return self._grid
 
     def oracle(self, progress=None) -> dict:
-        """The oracle bounds of this scenario against its tuned static configuration (testbed.oracle; cached
+        """The oracle bounds of this scenario against its tuned static configuration (testbed.runs.oracle; cached
         like the tuning grid)."""
-        from testbed.oracle import Oracle
+        from testbed.runs.oracle import Oracle
 
         pt = best(self.tuning_grid())
         key = cache_key(self.scn, self.steps, tuple(self.grid_values)) + f"-{pt.name}"
@@ -74,7 +74,7 @@ class Experiment:
 
     def _simulate(self, layout, max_num_seqs: int) -> tuple[dict, bool]:
         """One static configuration on the simulated backend (no files): the result, and whether max_num_seqs
-        ever kept a waiting request out (testbed.tuning)."""
+        ever kept a waiting request out (testbed.runs.tuning)."""
         from testbed.backends.simulated import SimulatedBackend
         from testbed.driver import Driver
 
@@ -110,7 +110,7 @@ class Experiment:
     # ---- life cycle ----
     def __enter__(self) -> "Experiment":
         if self.backend_name == "emulated":
-            from testbed.cluster import running_cluster
+            from testbed.cluster.agent_pool import running_cluster
 
             start = {s: self.layouts[0].name(self.gpus) for s in self.scn.layout.gen_servers(self.scn.fabric)}
             self.cluster = self._stack.enter_context(running_cluster(
@@ -152,7 +152,7 @@ class Experiment:
     def compare(self, policies: list[Policy], steps: int, out: Path, progress=None, on_policy=None,
                 oracle: bool = True) -> tuple[dict, dict]:
         """Every policy of ``policies`` (the tuned static configuration is added when missing) on the same seed;
-        ``oracle``: each adaptive policy's speedup also as a fraction of its oracle's (testbed.oracle)."""
+        ``oracle``: each adaptive policy's speedup also as a fraction of its oracle's (testbed.runs.oracle)."""
         out = Path(out)
         grid = self.tuning_grid()
         orc = self.oracle() if oracle and steps == self.steps else None
@@ -187,7 +187,7 @@ class Experiment:
                                      "tokens_by_agent", "ticks")}}
         report["aliases"] = self.aliases()
         if orc is not None:
-            from testbed.oracle import KIND_OF_POLICY
+            from testbed.runs.oracle import KIND_OF_POLICY
 
             report["oracle"] = {k: v for k, v in orc.items() if k != "kinds"}
             report["oracle"]["kinds"] = {k: {"speedup": v["speedup"], "gen_s": v["gen_s"]} for k, v in orc["kinds"].items()}

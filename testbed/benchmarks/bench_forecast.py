@@ -1,6 +1,6 @@
 """Forecast benchmark: ARIMA fit time, remaining-length call cost, and MAPE on drifting workloads.
 
-    .venv/bin/python tests/bench/bench_forecast.py [--fits 30] [--seeds 5] [--steps 40]
+    .venv/bin/python testbed/benchmarks/bench_forecast.py [--fits 30] [--seeds 5] [--steps 40]
 
 Prints one JSON document:
 

@@ -17,7 +17,7 @@ Every series carries ``policy`` (a comparison runs its policies one after the ot
 a run ends its live gauges (queues, KV, layouts, load) are removed, so they stop; counters and the last
 step's figures stay.
 
-``python -m testbed.metrics`` prints README's metric table (both processes), from these definitions.
+``python -m testbed.runs.metrics`` prints README's metric table (both processes), from these definitions.
 """
 from __future__ import annotations
 
@@ -387,7 +387,7 @@ def markdown_table() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m testbed.metrics", description="print README's metric table")
+    p = argparse.ArgumentParser(prog="python -m testbed.runs.metrics", description="print README's metric table")
     p.parse_args(argv)
     print(markdown_table())
     return 0

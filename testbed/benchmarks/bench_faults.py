@@ -169,7 +169,7 @@ def simulated_bound(scn, policy: str, victim: int, kill_after_s: float, interval
     (module doc; without a baseline the pace is taken as 1). The run is ``step + 1`` steps, in the scenario's
     step mode, with the settings Experiment.run gives the policy."""
     from testbed.driver import Driver
-    from testbed.experiment import Experiment
+    from testbed.runs.experiment import Experiment
 
     exp = Experiment(scn, "simulated")
     out = {}
@@ -189,7 +189,7 @@ def fault_run(scn, mode: str, out: Path, policy: str | None = None, victim: int 
               tokens: int = KILL_AFTER_TOKENS, baseline: bool = True) -> dict:
     """One emulated run with ``mode``'s kill, on a cluster of its own; figures. ``baseline``: first the same run
     without a kill on the same cluster (``emulated_no_kill_s``: the kill's step's generation time)."""
-    from testbed.experiment import Experiment
+    from testbed.runs.experiment import Experiment
 
     policy = policy or DEFAULT_POLICY[mode]
     load0 = os.getloadavg()[0]  # the machine's load: a shared 2-core machine slows the driver's ticks
