@@ -137,7 +137,8 @@ class AgentConfig:
     real_compute: Optional[RealComputeConfig] = None
     heartbeat_s: float = 0.5
     tick_s: float = 0.002  # the engine loop wakes at most this often (wall seconds): steps ending closer together
-                           # are completed (and their tokens streamed) together, on schedule (Agent.engine_loop)
+                           # are completed (and their tokens streamed) together, on schedule
+                           # (agents.node.runner.EngineRunner.loop)
     # the agent lowers its CPU priority by this much: the emulated GPUs' compute is modelled and late wakes only
     # delay tokens (the fidelity monitor bounds that), while the driver's decisions (bench planner: a few ms)
     # and the datapath must not wait behind eight agents on two cores
