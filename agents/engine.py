@@ -843,20 +843,7 @@ class Engine:
         self._base_seq_bound = self.seq_bound
         self._base_tokens += sum(r.tokens_total for r in self.replicas)
         self._build(sw.new)
-        # running requests keep their KV (relocated) on the replica with the least KV held that has room; what
-        # fits nowhere waits (and recomputes), queued on the replica with the fewest requests, as do the waiting
-        running.sort(key=lambda rec: rec.rid)
-        reps = self.replicas
-        for rec in running:
-            need = int(reps[0]._blocks_for(rec.prompt + rec.generated + 1))
-            room = [i for i, r in enumerate(reps) if r.n < self.settings.max_num_seqs and need <= r.kv_blocks - r.used_blocks]
-            if room:
-                reps[min(room, key=lambda i: (reps[i].used_blocks, i))]._admit(rec, rec.kv_tokens)  # mid-prefill: again
-            else:
-                rec.kv_tokens = 0
-                reps[min(range(len(reps)), key=lambda i: (reps[i].n + len(reps[i].waiting), i))].add_waiting(rec)
-        for rec in waiting:
-            reps[min(range(len(reps)), key=lambda i: (reps[i].n + len(reps[i].waiting), i))].add_waiting(rec)
+        _deal_after_switch(running, waiting, self.replicas, self.settings.max_num_seqs)
         sw.applied = True
         self.paused_until = sw.end
         self.switches.append({"from": sw.old.name(self.gpus), "to": sw.new.name(self.gpus), "requested": sw.requested,
@@ -870,44 +857,71 @@ class Engine:
 
     # ---- what the orchestrator sees ----
     def stats(self, now: float) -> dict:
-        """vLLM-named load statistics per replica and for the server."""
-        reps = []
-        for r in self.replicas:
-            reps.append({"replica": r.index, "num_requests_running": int(r.n),
-                         "num_requests_waiting": len(r.waiting),
-                         "kv_cache_usage_perc": r.used_blocks / r.kv_blocks,
-                         "kv_blocks_free": r.kv_blocks - r.used_blocks, "kv_blocks_total": r.kv_blocks,
-                         "decode_tokens_per_s": r.recent_rate(now)})
-        return {"layout": self.layout.name(self.gpus), "replicas": reps,
-                "num_requests_running": sum(x["num_requests_running"] for x in reps),
-                "num_requests_waiting": sum(x["num_requests_waiting"] for x in reps),
-                "kv_cache_usage_perc": sum(r.used_blocks for r in self.replicas) / sum(r.kv_blocks for r in self.replicas),
-                "num_preemptions_total": self._base_preemptions + sum(r.preemptions for r in self.replicas),
-                "generation_tokens_total": self._base_tokens + sum(r.tokens_total for r in self.replicas),
-                "decode_tokens_per_s": sum(x["decode_tokens_per_s"] for x in reps),
-                "num_requests_finished": self.finished_total,
-                "paused_until": self.paused_until if self.paused_until > -math.inf else None,
-                "switching": self.switch is not None and (not self.switch.applied or now < self.paused_until)}
+        """vLLM-named load statistics per replica and for the server (:func:`_server_stats`)."""
+        return _server_stats(self, now)
 
     def snapshot(self) -> dict[str, np.ndarray]:
         """Every request on this server: id, replica, tokens generated, prompt, running (1) or waiting (0).
         The target lengths stay hidden (the orchestrator must forecast them)."""
-        rid, rep, gen, prompt, run = [], [], [], [], []
-        for r in self.replicas:
-            n = r.n
-            rid.append(r.rid[:n]); gen.append(r.gen[:n]); prompt.append(r.prompt[:n])
-            rep.append(np.full(n, r.index)); run.append(np.ones(n, np.int8))
-            if r.waiting:
-                w = np.array([[x.rid, x.generated, x.prompt] for x in r.waiting], dtype=np.int64)
-                rid.append(w[:, 0]); gen.append(w[:, 1]); prompt.append(w[:, 2])
-                rep.append(np.full(len(w), r.index)); run.append(np.zeros(len(w), np.int8))
-        cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
-        return {"rid": cat(rid, np.int64), "replica": cat(rep, np.int64), "generated": cat(gen, np.int64),
-                "prompt": cat(prompt, np.int64), "running": cat(run, np.int8)}
+        return _server_snapshot(self.replicas)
 
     def idle(self) -> bool:
         return not any(r.has_work() or r.step is not None for r in self.replicas) and \
             (self.switch is None or self.switch.applied)
+
+
+def _deal_after_switch(running: list[Queued], waiting: list[Queued], reps: list[Replica], max_num_seqs: int) -> None:
+    """Where a server's requests go on its new replicas after a layout switch: running requests keep their KV
+    (relocated) on the replica with the least KV held that has room; what fits nowhere waits (and recomputes),
+    queued on the replica with the fewest requests, as do the waiting."""
+    running.sort(key=lambda rec: rec.rid)
+    for rec in running:
+        need = int(reps[0]._blocks_for(rec.prompt + rec.generated + 1))
+        room = [i for i, r in enumerate(reps) if r.n < max_num_seqs and need <= r.kv_blocks - r.used_blocks]
+        if room:
+            reps[min(room, key=lambda i: (reps[i].used_blocks, i))]._admit(rec, rec.kv_tokens)  # mid-prefill: again
+        else:
+            rec.kv_tokens = 0
+            reps[min(range(len(reps)), key=lambda i: (reps[i].n + len(reps[i].waiting), i))].add_waiting(rec)
+    for rec in waiting:
+        reps[min(range(len(reps)), key=lambda i: (reps[i].n + len(reps[i].waiting), i))].add_waiting(rec)
+
+
+def _server_stats(engine: Engine, now: float) -> dict:
+    """Engine.stats: vLLM-named load statistics per replica and for the server."""
+    reps = []
+    for r in engine.replicas:
+        reps.append({"replica": r.index, "num_requests_running": int(r.n),
+                     "num_requests_waiting": len(r.waiting),
+                     "kv_cache_usage_perc": r.used_blocks / r.kv_blocks,
+                     "kv_blocks_free": r.kv_blocks - r.used_blocks, "kv_blocks_total": r.kv_blocks,
+                     "decode_tokens_per_s": r.recent_rate(now)})
+    return {"layout": engine.layout.name(engine.gpus), "replicas": reps,
+            "num_requests_running": sum(x["num_requests_running"] for x in reps),
+            "num_requests_waiting": sum(x["num_requests_waiting"] for x in reps),
+            "kv_cache_usage_perc": sum(r.used_blocks for r in engine.replicas) / sum(r.kv_blocks for r in engine.replicas),
+            "num_preemptions_total": engine._base_preemptions + sum(r.preemptions for r in engine.replicas),
+            "generation_tokens_total": engine._base_tokens + sum(r.tokens_total for r in engine.replicas),
+            "decode_tokens_per_s": sum(x["decode_tokens_per_s"] for x in reps),
+            "num_requests_finished": engine.finished_total,
+            "paused_until": engine.paused_until if engine.paused_until > -math.inf else None,
+            "switching": engine.switch is not None and (not engine.switch.applied or now < engine.paused_until)}
+
+
+def _server_snapshot(replicas: Sequence[Replica]) -> dict[str, np.ndarray]:
+    """Engine.snapshot: every request's id, replica, tokens generated, prompt, running (1) or waiting (0)."""
+    rid, rep, gen, prompt, run = [], [], [], [], []
+    for r in replicas:
+        n = r.n
+        rid.append(r.rid[:n]); gen.append(r.gen[:n]); prompt.append(r.prompt[:n])
+        rep.append(np.full(n, r.index)); run.append(np.ones(n, np.int8))
+        if r.waiting:
+            w = np.array([[x.rid, x.generated, x.prompt] for x in r.waiting], dtype=np.int64)
+            rid.append(w[:, 0]); gen.append(w[:, 1]); prompt.append(w[:, 2])
+            rep.append(np.full(len(w), r.index)); run.append(np.zeros(len(w), np.int8))
+    cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
+    return {"rid": cat(rid, np.int64), "replica": cat(rep, np.int64), "generated": cat(gen, np.int64),
+            "prompt": cat(prompt, np.int64), "running": cat(run, np.int8)}
 
 
 # ---- the cost model as a step cost ------------------------------------------------------------------
