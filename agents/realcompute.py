@@ -55,7 +55,7 @@ class DecoderConfig:
 
     @classmethod
     def like(cls, model: ModelConfig, layers: int, max_seq_len: int = 4096, max_batch: int = 64) -> "DecoderConfig":
-        """The shape of a catalogue model (``agents/data/models.yaml``, dense) with ``layers`` layers."""
+        """The shape of a catalogue model (``emulation/data/models.yaml``, dense) with ``layers`` layers."""
         if model.is_moe:
             raise SpecError("model", f"real-compute mode builds dense decoders; {model.name} is MoE")
         return cls(layers=layers, hidden=model.hidden, ffn=model.ffn, q_heads=model.q_heads, kv_heads=model.kv_heads,

@@ -5,15 +5,15 @@
 
 One RL step of the scenario's workload (its response lengths, its prompt length, its model and GPU, its
 generator servers at ``workload.rollout_tp``, the engine's default settings) is dealt over one engine per
-generator server and run to the end in virtual time (``--requests N``: the step's first N responses only, for a shorter run),
-two ways: ``poll`` (``run_until`` every ``--poll-ms``
-of virtual time, as the simulated backend's planning ticks and an agent's wake-ups call it) and ``sink``
-(the same with a sink collecting every StepOutput, as an agent streaming its tokens does). Prints one JSON
-document: per way, the steps, the tokens, and the median over ``--reps`` runs of the wall time in total and
-per step (us). ``--baseline REF`` runs the engine of that git revision (``git show REF:agents/engine.py``)
-side by side, alternating with this tree's in every repetition, and reports the ratio (this / baseline) of
-the medians (and of the fastest runs): the comparison the CPU's noise allows. ``--out``: the JSON is also
-written to that file. A benchmark reports; it asserts nothing.
+generator server and run to the end in virtual time (``--requests N``: the step's first N responses only,
+for a shorter run), two ways: ``poll`` (``run_until`` every ``--poll-ms`` of virtual time, as the simulated
+backend's planning ticks and an agent's wake-ups call it) and ``sink`` (the same with a sink collecting
+every StepOutput, as an agent streaming its tokens does). Prints one JSON document: per way, the steps, the
+tokens, and the median over ``--reps`` runs of the wall time in total and per step (us). ``--baseline REF``
+runs the engine of that git revision (``git show REF:agents/engine.py``) side by side, alternating with
+this tree's in every repetition, and reports the ratio (this / baseline) of the medians and of the fastest
+runs: the comparison the CPU's noise allows. ``--out``: the JSON is also written to that file.
+A benchmark reports; it asserts nothing.
 """
 from __future__ import annotations
 

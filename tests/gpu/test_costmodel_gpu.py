@@ -34,7 +34,7 @@ def gpu_name_for_costmodel() -> tuple[str | None, str]:
     for name in load_gpus():
         if name.lower() in dev.lower():
             return name, ""
-    return None, f"no cost-model figures for {dev!r} (agents/data/gpus.yaml knows {', '.join(load_gpus())})"
+    return None, f"no cost-model figures for {dev!r} (emulation/data/gpus.yaml knows {', '.join(load_gpus())})"
 
 
 GPU, WHY = gpu_name_for_costmodel()
