@@ -80,6 +80,7 @@ class Agent:
         self.migrations = Migrations(cfg, self.ctx, self.runner, self.comm, cm)
         self.comm_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="comm")
         self.work_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="work")
+        self.owner_checks = 0  # periodic checks of the starter made so far (ping says: a test polls on it)
         self._reply_url = f"inproc://replies-{os.getpid()}"
         self._local = threading.local()
 
@@ -149,6 +150,7 @@ class Agent:
 
     def _owner_gone(self) -> bool:
         """Whether the process that started this agent exited (then this agent stops)."""
+        self.owner_checks += 1
         if self.cfg.owner_pid is None or process_alive(self.cfg.owner_pid, self.cfg.owner_start):
             return False
         log.warning("agent %d: the process that started it (PID %d) is gone: shutting down", self.cfg.index,
@@ -184,7 +186,7 @@ class Agent:
                 "uptime_s": time.monotonic() - self.started,
                 "layout": self.runner.engine.layout.name(self.cfg.gpus), "now": self.runner.now(),
                 "mono": time.monotonic(), "tdf": self.tdf, "backend": self.comm.backend,
-                "collector": self.collector is not None}
+                "collector": self.collector is not None, "owner_checks": self.owner_checks}
 
     def rpc_dist_init(self, p) -> dict:
         return self.comm.init_world(p)
