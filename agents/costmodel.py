@@ -36,7 +36,7 @@ import numpy as np
 import yaml
 
 from emulation.validation import SpecError, from_dict, require
-from emulation.workload import catalogue
+from emulation.workload import catalogue, read_catalogue
 
 # the calibration (the model and GPU catalogues: emulation/data)
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -260,16 +260,7 @@ class Calibration:
 def _load_table(filename: str, cls: type, path: str | None):
     """A catalogue (emulation.workload.catalogue: the files the workload's names come from) as ``cls``
     entries, or the same format from ``path``."""
-    if path is None:
-        raw = catalogue(filename)
-    else:
-        try:
-            with open(path, encoding="utf-8") as f:
-                raw = yaml.safe_load(f)
-        except FileNotFoundError:
-            raise SpecError(filename, f"no such file: {path}") from None
-        if not isinstance(raw, dict) or not raw:
-            raise SpecError(filename, f"{path} must map names to entries")
+    raw = catalogue(filename) if path is None else read_catalogue(path, filename)
     out = {}
     for name, entry in raw.items():
         if not isinstance(entry, dict):

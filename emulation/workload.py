@@ -40,9 +40,13 @@ CATALOGUE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 @functools.lru_cache(maxsize=None)
 def catalogue(filename: str) -> dict:
     """The raw entries of a catalogue file of :data:`CATALOGUE_DIR` (``models.yaml``, ``gpus.yaml``), by name."""
+    return read_catalogue(os.path.join(CATALOGUE_DIR, filename), filename)
+
+
+def read_catalogue(p: str, filename: str) -> dict:
+    """The raw entries of the catalogue file at ``p`` (the format of ``filename``), by name."""
     import yaml
 
-    p = os.path.join(CATALOGUE_DIR, filename)
     try:
         with open(p, encoding="utf-8") as f:
             raw = yaml.safe_load(f)
