@@ -52,6 +52,38 @@ COMM_METHODS = ("dist_init", "form_group", "all_reduce", "all_to_all", "broadcas
 WORKER_METHODS = ("migrate", "migrate_commit", "kv_wait", "compute")  # slow: answered by a worker when done
 
 
+class WorkerReplies:
+    """Slow methods run on worker threads; each answer goes back to the RPC loop over an in-process socket
+    (one per worker thread: ZeroMQ sockets are not thread-safe), and the loop sends it to the caller."""
+
+    def __init__(self, ctx: zmq.Context):
+        self.ctx = ctx
+        self.url = f"inproc://replies-{os.getpid()}"
+        self._local = threading.local()
+
+    def _sock(self) -> zmq.Socket:
+        s = getattr(self._local, "reply", None)
+        if s is None:
+            s = self.ctx.socket(zmq.PUSH)
+            s.connect(self.url)
+            self._local.reply = s
+        return s
+
+    def run(self, pool: ThreadPoolExecutor, ident: bytes, req_id: int, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on ``pool``; its result (or its error, naming the field) answers request ``req_id``."""
+        def run() -> None:
+            try:
+                out = encode_ok(req_id, fn())
+            except SpecError as e:
+                out = encode_error(req_id, str(e), e.field)
+            except Exception as e:  # noqa: BLE001 - an operation's failure is the caller's answer
+                log.exception("%s failed", getattr(fn, "__name__", "operation"))
+                out = encode_error(req_id, f"{type(e).__name__}: {e}", None)
+            self._sock().send_multipart([ident, out])
+
+        pool.submit(run)
+
+
 class Agent:
     """The RPC server of one agent: validates every message, answers quick methods inline and slow ones on
     workers; the engine runner, the collectives, the collector and the migrations do the work."""
@@ -81,34 +113,11 @@ class Agent:
         self.comm_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="comm")
         self.work_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="work")
         self.owner_checks = 0  # periodic checks of the starter made so far (ping says: a test polls on it)
-        self._reply_url = f"inproc://replies-{os.getpid()}"
-        self._local = threading.local()
+        self.replies = WorkerReplies(self.ctx)
 
     def stop(self) -> None:
         self.stopping.set()
         self.runner.wake.set()
-
-    # ---- replies from workers ----
-    def _reply_sock(self) -> zmq.Socket:
-        s = getattr(self._local, "reply", None)
-        if s is None:
-            s = self.ctx.socket(zmq.PUSH)
-            s.connect(self._reply_url)
-            self._local.reply = s
-        return s
-
-    def _async(self, pool: ThreadPoolExecutor, ident: bytes, req_id: int, fn: Callable[[], Any]) -> None:
-        def run() -> None:
-            try:
-                out = encode_ok(req_id, fn())
-            except SpecError as e:
-                out = encode_error(req_id, str(e), e.field)
-            except Exception as e:  # noqa: BLE001 - an operation's failure is the caller's answer
-                log.exception("%s failed", getattr(fn, "__name__", "operation"))
-                out = encode_error(req_id, f"{type(e).__name__}: {e}", None)
-            self._reply_sock().send_multipart([ident, out])
-
-        pool.submit(run)
 
     # ---- RPC ----
     def serve(self) -> int:
@@ -117,7 +126,7 @@ class Agent:
         router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         router.bind(self.cfg.rpc.url)
         replies = self.ctx.socket(zmq.PULL)
-        replies.bind(self._reply_url)
+        replies.bind(self.replies.url)
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         poller.register(replies, zmq.POLLIN)
@@ -166,10 +175,10 @@ class Agent:
             req_id = req.id
             fn = getattr(self, f"rpc_{req.method}")
             if req.method in COMM_METHODS:
-                self._async(self.comm_pool, ident, req.id, lambda: fn(req.params))
+                self.replies.run(self.comm_pool, ident, req.id, lambda: fn(req.params))
                 return None
             if req.method in WORKER_METHODS:
-                self._async(self.work_pool, ident, req.id, lambda: fn(req.params))
+                self.replies.run(self.work_pool, ident, req.id, lambda: fn(req.params))
                 return None
             return encode_ok(req.id, fn(req.params))
         except ProtocolError as e:

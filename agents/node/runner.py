@@ -151,9 +151,10 @@ class EngineRunner:
         """Stop ``rid`` here (at the end of its step in flight); (state, stop time), or None if it finished."""
         deadline = time.monotonic() + timeout_s
         with self.lock:
+            now = self.at_now()  # first: a request that finished by now is not held any more
             if not self.engine.holds(rid):
                 return None
-            st = self.engine.detach(rid, self.at_now())
+            st = self.engine.detach(rid, now)
             while st is None:
                 st = self.engine.detached.get(rid)
                 if st is not None:
