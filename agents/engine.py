@@ -818,7 +818,8 @@ class Engine:
         new_blocks = int(self.cost.kv_capacity_tokens(layout, self.settings.gpu_memory_utilization)) \
             // self.settings.block_size
         for rep in self.replicas:
-            recs = [(int(rep.prompt[i]), int(rep.target[i])) for i in range(rep.n)] + [(w.prompt, w.target) for w in rep.waiting]
+            recs = [(int(rep.prompt[i]), int(rep.target[i])) for i in range(rep.n)]
+            recs += [(w.prompt, w.target) for w in rep.waiting]
             for prompt, target in recs:
                 self._check_fits(prompt, target, new_blocks, layout)
         ends = [r.busy_until for r in self.replicas if r.busy_until is not None]

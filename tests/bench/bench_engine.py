@@ -9,7 +9,8 @@ generator server and run to the end in virtual time (``--requests N``: the step'
 for a shorter run), two ways: ``poll`` (``run_until`` every ``--poll-ms`` of virtual time, as the simulated
 backend's planning ticks and an agent's wake-ups call it) and ``sink`` (the same with a sink collecting
 every StepOutput, as an agent streaming its tokens does). Prints one JSON document: per way, the steps, the
-tokens, and the median over ``--reps`` runs of the wall time in total and per step (us). ``--baseline REF``
+tokens, and the median over ``--reps`` runs of the wall time and of this process's CPU time (less
+sensitive to other work on the machine), in total and per step (us). ``--baseline REF``
 runs the engine of that git revision (``git show REF:agents/engine.py``) side by side, alternating with
 this tree's in every repetition, and reports the ratio (this / baseline) of the medians and of the fastest
 runs: the comparison the CPU's noise allows. ``--out``: the JSON is also written to that file.
@@ -52,14 +53,14 @@ def load_engine_at(ref: str):
     return mod
 
 
-def one_run(mod, sc, lengths: np.ndarray, poll_s: float, sink: bool) -> tuple[float, int, int]:
+def one_run(mod, sc, lengths: np.ndarray, poll_s: float, sink: bool) -> tuple[float, float, int, int]:
     w = sc.workload
     gpus = sc.fabric.gpus_per_server
     servers = len(sc.layout.gen_servers(sc.fabric))
     cost = mod.ModelledCost(CostModel.for_names(w.model, w.gpu), gpus)
     layout = mod.Layout(tp=w.rollout_tp)
     engines = [mod.Engine(cost, gpus, layout, mod.EngineSettings()) for _ in range(servers)]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for k, e in enumerate(engines):
         share = range(k, len(lengths), servers)
         e.add([mod.NewRequest(rid=i, prompt=w.prompt_tokens, target=int(lengths[i])) for i in share], 0.0)
@@ -74,7 +75,7 @@ def one_run(mod, sc, lengths: np.ndarray, poll_s: float, sink: bool) -> tuple[fl
             tokens += n
         if out is not None:
             out.clear()
-    return time.perf_counter() - t0, steps, tokens
+    return time.perf_counter() - t0, time.process_time() - c0, steps, tokens
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,22 +102,27 @@ def main(argv: list[str] | None = None) -> int:
                  "poll_ms": a.poll_ms, "baseline": a.baseline, "ways": {}}
     for way in ("poll", "sink"):
         walls: dict[str, list[float]] = {k: [] for k in impls}
+        cpus: dict[str, list[float]] = {k: [] for k in impls}
         counts = {}
         for _ in range(a.reps):
             for name, mod in impls.items():  # alternate: both see the same load
-                wall, steps, tokens = one_run(mod, sc, lengths, a.poll_ms / 1e3, way == "sink")
+                wall, cpu, steps, tokens = one_run(mod, sc, lengths, a.poll_ms / 1e3, way == "sink")
                 walls[name].append(wall)
+                cpus[name].append(cpu)
                 counts[name] = (steps, tokens)
         entry = {}
         for name in impls:
             steps, tokens = counts[name]
             med = statistics.median(walls[name])
+            cpu = statistics.median(cpus[name])
             entry[name] = {"steps": steps, "tokens": tokens, "wall_s_median": med,
-                           "us_per_step_median": med / max(1, steps) * 1e6,
-                           "wall_s": [round(x, 4) for x in walls[name]]}
+                           "us_per_step_median": med / max(1, steps) * 1e6, "cpu_s_median": cpu,
+                           "cpu_us_per_step_median": cpu / max(1, steps) * 1e6,
+                           "wall_s": [round(x, 4) for x in walls[name]], "cpu_s": [round(x, 4) for x in cpus[name]]}
         if "baseline" in entry:
             entry["ratio_this_over_baseline"] = entry["this"]["wall_s_median"] / entry["baseline"]["wall_s_median"]
             entry["ratio_fastest"] = min(walls["this"]) / min(walls["baseline"])
+            entry["cpu_ratio_this_over_baseline"] = entry["this"]["cpu_s_median"] / entry["baseline"]["cpu_s_median"]
             entry["same_schedule"] = counts["this"] == counts["baseline"]
         res["ways"][way] = entry
     text = json.dumps(res, indent=2)
