@@ -19,7 +19,7 @@ derivation and error tables in ``docs/costmodel.md``):
   NVLink with a latency floor.
 
 Training stays a roofline (``6 N D`` at ``Efficiency.train_mfu``, end to end). Model shapes come from
-``agents/data/models.yaml`` and GPU figures from ``agents/data/gpus.yaml`` (REFERENCE.md). KV capacity
+``emulation/data/models.yaml`` and GPU figures from ``emulation/data/gpus.yaml`` (REFERENCE.md). KV capacity
 follows the layout (weights per GPU, KV heads split or replicated across TP ranks, a reserve like vLLM's
 ``gpu_memory_utilization``); a layout switch costs the weight reshard and KV relocation over NVLink plus a
 fixed part. Everything is in bytes, FLOPs and seconds; weights and KV cache in bf16 unless told otherwise.
@@ -36,7 +36,9 @@ import numpy as np
 import yaml
 
 from emulation.validation import SpecError, from_dict, require
+from emulation.workload import catalogue, read_catalogue
 
+# the calibration (the model and GPU catalogues: emulation/data)
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 BF16 = 2
 
@@ -256,14 +258,9 @@ class Calibration:
 
 
 def _load_table(filename: str, cls: type, path: str | None):
-    p = path or os.path.join(DATA_DIR, filename)
-    try:
-        with open(p, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise SpecError(filename, f"no such file: {p}") from None
-    if not isinstance(raw, dict) or not raw:
-        raise SpecError(filename, f"{p} must map names to entries")
+    """A catalogue (emulation.workload.catalogue: the files the workload's names come from) as ``cls``
+    entries, or the same format from ``path``."""
+    raw = catalogue(filename) if path is None else read_catalogue(path, filename)
     out = {}
     for name, entry in raw.items():
         if not isinstance(entry, dict):

@@ -189,6 +189,39 @@ class StepOutput:
     detached: tuple[int, ...] = ()  # requests handed over (see Engine.detach) at the end of this step
 
 
+@dataclass(slots=True)
+class Queued:
+    """A request outside the running batch (waiting, or just taken out of its slot), with what it carries."""
+
+    rid: int
+    prompt: int
+    generated: int
+    target: int
+    dest: int
+    kv_tokens: int  # KV it holds: > 0 means no recompute when it is admitted (0: it recomputes)
+    preemptions: int
+
+    @classmethod
+    def of(cls, r: NewRequest) -> "Queued":
+        return cls(r.rid, r.prompt, r.generated, r.target, r.dest, r.kv_tokens, r.preemptions)
+
+    def request(self) -> NewRequest:
+        return NewRequest(rid=self.rid, prompt=self.prompt, target=self.target, dest=self.dest,
+                          generated=self.generated, kv_tokens=self.kv_tokens, preemptions=self.preemptions)
+
+
+@dataclass(slots=True)
+class Step:
+    """A replica's step in flight: it runs from ``t0`` to ``t1`` (``dur`` seconds, the cost's)."""
+
+    t0: float
+    t1: float
+    dur: float
+    chunk: np.ndarray | None = None  # prefill tokens each slot computes in this step (None: no prefill)
+    emit: np.ndarray | None = None  # slots that emit a token at its end (None: every running request)
+    preempted: tuple[int, ...] = ()  # requests preempted when it was planned
+
+
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
@@ -202,15 +235,13 @@ def _ff_output(replica: int, before: tuple, ff: tuple) -> "StepOutput":
                       np.tile(dest, k), _EMPTY)
 
 
-class Replica:
-    """One replica's scheduler state. Running requests live in fixed-size numpy arrays (slot order is
-    arbitrary; ``order`` keeps admission order for preemption); waiting requests in a deque."""
+class ReplicaRequests:
+    """The requests of one replica. Running requests live in fixed-size numpy arrays, one per field, indexed by
+    slot (slot order is arbitrary; ``order`` keeps admission order for preemption); waiting requests are
+    :class:`Queued` records in a deque."""
 
-    def __init__(self, index: int, layout: Layout, settings: EngineSettings, cost: StepCost, kv_blocks: int):
-        self.index = index
-        self.layout = layout
-        self.s = settings
-        self.cost = cost
+    def __init__(self, settings: EngineSettings, kv_blocks: int):
+        self.settings = settings
         self.kv_blocks = int(kv_blocks)
         cap = settings.max_num_seqs
         self.rid = np.zeros(cap, np.int64)
@@ -218,30 +249,20 @@ class Replica:
         self.gen = np.zeros(cap, np.int64)
         self.target = np.zeros(cap, np.int64)
         self.dest = np.zeros(cap, np.int64)
-        self.pre = np.zeros(cap, np.int64)  # prefill tokens still to compute (0: decoding)
+        self.prefill_left = np.zeros(cap, np.int64)  # prefill tokens still to compute (0: decoding)
         self.blocks = np.zeros(cap, np.int64)
         self.order = np.zeros(cap, np.int64)
-        self.npre = np.zeros(cap, np.int64)  # preemptions so far
+        self.times_preempted = np.zeros(cap, np.int64)  # preemptions of each running request so far
         self.n = 0
-        self.waiting: deque[list[int]] = deque()  # [rid, prompt, gen, target, dest, kv_tokens, preemptions]
+        self.waiting: deque[Queued] = deque()
         self._seq = 0
-        self.step: dict | None = None  # the step in flight
-        self.busy_until: float | None = None
-        self.preemptions = 0
-        self.seq_bound = False  # max_num_seqs ever kept a waiting request out (else any larger value runs the same)
-        self.tokens_total = 0
-        self.recent: deque[tuple[float, int]] = deque()
-        self.detach_wanted: set[int] = set()
-        self._ahead: tuple[int, float, np.ndarray] | None = None  # (batch, first total context, step times)
-        self._ff_stuck: dict | None = None  # the step in flight fast_forward already found it cannot skip past
 
-    # ---- bookkeeping ----
     @property
     def used_blocks(self) -> int:
         return int(self.blocks[: self.n].sum())
 
     def _blocks_for(self, tokens: np.ndarray | int):
-        return -(-np.asarray(tokens) // self.s.block_size)
+        return -(-np.asarray(tokens) // self.settings.block_size)
 
     def has_work(self) -> bool:
         return self.n > 0 or bool(self.waiting)
@@ -250,33 +271,89 @@ class Replica:
         hits = np.nonzero(self.rid[: self.n] == rid)[0]
         return int(hits[0]) if len(hits) else None
 
-    def _remove_slot(self, i: int) -> list[int]:
+    def _remove_slot(self, i: int) -> Queued:
         """Remove running slot ``i`` (swap with the last); return its record (KV kept in the record)."""
-        rec = [int(self.rid[i]), int(self.prompt[i]), int(self.gen[i]), int(self.target[i]), int(self.dest[i]),
-               int(self.prompt[i] + self.gen[i]) if self.pre[i] == 0 else 0, int(self.npre[i])]
+        rec = Queued(int(self.rid[i]), int(self.prompt[i]), int(self.gen[i]), int(self.target[i]), int(self.dest[i]),
+                     int(self.prompt[i] + self.gen[i]) if self.prefill_left[i] == 0 else 0,
+                     int(self.times_preempted[i]))
         last = self.n - 1
         if i != last:
-            for a in (self.rid, self.prompt, self.gen, self.target, self.dest, self.pre, self.blocks, self.order,
-                      self.npre):
+            for a in (self.rid, self.prompt, self.gen, self.target, self.dest, self.prefill_left, self.blocks,
+                      self.order, self.times_preempted):
                 a[i] = a[last]
         self.n -= 1
         return rec
 
-    def add_waiting(self, rec: list[int], front: bool = False) -> None:
+    def add_waiting(self, rec: Queued, front: bool = False) -> None:
         (self.waiting.appendleft if front else self.waiting.append)(rec)
 
-    def _admit(self, rec: list[int], kv_tokens: int) -> int:
+    def _admit(self, rec: Queued, kv_tokens: int) -> int:
         i = self.n
-        rid, prompt, gen, target, dest, _, npre = rec
-        self.rid[i], self.prompt[i], self.gen[i], self.target[i], self.dest[i] = rid, prompt, gen, target, dest
-        ctx = prompt + gen
-        self.pre[i] = 0 if kv_tokens else ctx
+        self.rid[i], self.prompt[i], self.gen[i] = rec.rid, rec.prompt, rec.generated
+        self.target[i], self.dest[i] = rec.target, rec.dest
+        ctx = rec.prompt + rec.generated
+        self.prefill_left[i] = 0 if kv_tokens else ctx
         self.blocks[i] = int(self._blocks_for(ctx + 1))  # footprint after its next token (see plan())
-        self.npre[i] = npre
+        self.times_preempted[i] = rec.preemptions
         self._seq += 1
         self.order[i] = self._seq
         self.n += 1
         return i
+
+
+class _Lookahead:
+    """Durations of a pure-decode batch's next steps, costed in chunks and kept for the next call."""
+
+    def __init__(self, cost: StepCost, layout: Layout):
+        self.cost = cost
+        self.layout = layout
+        self._ahead: tuple[int, float, np.ndarray] | None = None  # (batch, first total context, step times)
+
+    def durations(self, n: int, c0: float, total: int, span: float) -> np.ndarray:
+        """Durations of the next pure-decode steps of a batch of ``n`` (total contexts ``c0 + n*j``), at most
+        ``total`` of them, stopping after the first chunk whose steps reach past ``span`` seconds: elementwise
+        the same numbers as costing all ``total`` steps at once, and their running sum the same prefix.
+
+        The steps costed are kept: the next call for the same batch further on (the next poll of the
+        simulated backend, a few steps later) takes them from there instead of costing them again."""
+        have = np.zeros(0)
+        if self._ahead is not None:
+            bn, bc, bd = self._ahead
+            j = (c0 - bc) / n if bn == n else -1.0
+            if 0 <= j < len(bd) and j == int(j):
+                have = bd[int(j):int(j) + total]
+        parts = [have] if len(have) else []
+        acc, j, size = float(have.sum()), len(have), 64
+        while j < total and not acc > span + 1e-9 * (abs(span) + acc):  # past it beyond any rounding
+            c = min(size, total - j)
+            d = np.asarray(self.cost.decode_steps_s(self.layout, n, c0 + n * np.arange(j, j + c, dtype=float)),
+                           dtype=float)
+            parts.append(d)
+            acc += float(d.sum())
+            j += c
+            size *= 2
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self._ahead = (n, c0, out)
+        return out
+
+
+class Replica(ReplicaRequests):
+    """One replica's scheduler: plans each step (vLLM V1's rules, see the module's docstring) over its
+    requests, completes it, and runs many pure-decode steps at once where the batch cannot change."""
+
+    def __init__(self, index: int, layout: Layout, settings: EngineSettings, cost: StepCost, kv_blocks: int):
+        super().__init__(settings, kv_blocks)
+        self.index = index
+        self.layout = layout
+        self.cost = cost
+        self.step: Step | None = None  # the step in flight
+        self.busy_until: float | None = None
+        self.preemptions = 0
+        self.seq_bound = False  # max_num_seqs ever kept a waiting request out (else any larger value runs the same)
+        self.tokens_total = 0
+        self.recent: deque[tuple[float, int]] = deque()
+        self._ahead = _Lookahead(cost, layout)
+        self._ff_stuck: Step | None = None  # the step in flight fast_forward already found it cannot skip past
 
     # ---- planning ----
     def plan(self, now: float) -> bool:
@@ -289,106 +366,124 @@ class Replica:
         """
         if not self.has_work():
             return False
-        s = self.s
         n = self.n
-        if self.waiting and n >= s.max_num_seqs:
+        if self.waiting and n >= self.settings.max_num_seqs:
             self.seq_bound = True
-        if n and (not self.waiting or n >= s.max_num_seqs) and not self.pre[:n].any():
-            # the common case, every request decoding and nothing to admit: one pass, no preemption if it fits
-            ctx = self.prompt[:n] + self.gen[:n]
-            grow = (ctx + s.block_size) // s.block_size > self.blocks[:n]
-            if int(grow.sum()) <= self.kv_blocks - int(self.blocks[:n].sum()):
-                self.blocks[:n] += grow
-                dur = float(self.cost.step_s(self.layout, n, float(ctx.sum()), 0, 0))
-                if not (math.isfinite(dur) and dur > 0):
-                    raise ValueError(f"step cost must be a finite time > 0, got {dur!r}")
-                self.step = {"t0": now, "t1": now + dur, "dur": dur, "chunk": None, "emit": None, "preempted": ()}
-                self.busy_until = now + dur
-                return True
-        preempted: list[int] = []
+        if n and (not self.waiting or n >= self.settings.max_num_seqs) and not self.prefill_left[:n].any() \
+                and self._plan_all_decoding(now):
+            return True
         # 1. every decoding request needs room for one more token; preempt (recompute) the newest until it fits
-        while self.n:
-            n = self.n
-            dec = self.pre[:n] == 0
-            ctx_after = self.prompt[:n] + self.gen[:n] + 1
-            need = int(np.sum(dec & (self._blocks_for(ctx_after) > self.blocks[:n])))
-            if need <= self.kv_blocks - self.used_blocks:
-                break
-            v = int(np.argmax(self.order[:n]))
-            rec = self._remove_slot(v)
-            rec[5] = 0  # its KV is gone: recompute
-            rec[6] += 1
-            self.add_waiting(rec, front=True)
-            self.preemptions += 1
-            preempted.append(rec[0])
+        preempted = self._preempt_for_growth()
         n = self.n
-        dec = self.pre[:n] == 0
+        dec = self.prefill_left[:n] == 0
         ctx_after = self.prompt[:n] + self.gen[:n] + 1
         grow = dec & (self._blocks_for(ctx_after) > self.blocks[:n])
         self.blocks[:n][grow] += 1
-        n_dec = int(dec.sum())
-        budget = s.max_num_batched_tokens - n_dec
-        chunk = np.zeros(s.max_num_seqs, np.int64)
         # 2. prefills already running continue (admission order), then new admissions
-        if n > n_dec:
-            idx = np.nonzero(~dec)[0]
-            for i in idx[np.argsort(self.order[idx])]:
-                if budget <= 0:
-                    break
-                c = int(min(self.pre[i], budget))
-                chunk[i] = c
-                budget -= c
-        free = self.kv_blocks - self.used_blocks
-        while self.waiting and budget > 0:
-            if self.n >= s.max_num_seqs:
-                self.seq_bound = True
-                break
-            rec = self.waiting[0]
-            kv = rec[5]
-            need = int(self._blocks_for(rec[1] + rec[2] + 1))
-            if need > free:
-                if self.n == 0 and need > self.kv_blocks:  # add() and set_layout() keep this from happening
-                    raise RuntimeError(f"request {rec[0]} needs {need} KV blocks, the replica has {self.kv_blocks}")
-                break
-            self.waiting.popleft()
-            i = self._admit(rec, kv)
-            free -= need
-            if self.pre[i] > 0:
-                c = int(min(self.pre[i], budget))
-                chunk[i] = c
-                budget -= c
-            else:
-                budget -= 1  # it arrived with its KV: it decodes in this step
+        chunk = np.zeros(self.settings.max_num_seqs, np.int64)
+        budget = self._continue_prefills(chunk, dec, self.settings.max_num_batched_tokens - int(dec.sum()))
+        self._admit_waiting(chunk, budget)
         n = self.n
-        dec = self.pre[:n] == 0
         if n == 0:
             self.step = None
             self.busy_until = None
             return False
-        n_dec = int(dec.sum())
+        dec = self.prefill_left[:n] == 0
         ctx_dec = float(np.sum((self.prompt[:n] + self.gen[:n])[dec]))
         pf = chunk[:n]
         pf_tokens = int(pf.sum())
-        pf_seqs = int(np.count_nonzero(pf))
-        dur = float(self.cost.step_s(self.layout, n_dec, ctx_dec, pf_tokens, pf_seqs))
-        if not (math.isfinite(dur) and dur > 0):
-            raise ValueError(f"step cost must be a finite time > 0, got {dur!r}")
+        dur = self._step_s(int(dec.sum()), ctx_dec, pf_tokens, int(np.count_nonzero(pf)))
         # who emits a token at the end: decoders, and prefills that finish in this step (slots do not move
         # during a step, so the mask stays valid; None: every running request decodes)
-        emit = dec | ((pf > 0) & (pf == self.pre[:n]))
-        self.step = {"t0": now, "t1": now + dur, "dur": dur, "chunk": pf.copy() if pf_tokens else None,
-                     "emit": None if emit.all() else emit, "preempted": tuple(preempted)}
+        emit = dec | ((pf > 0) & (pf == self.prefill_left[:n]))
+        self.step = Step(now, now + dur, dur, pf.copy() if pf_tokens else None, None if emit.all() else emit,
+                         tuple(preempted))
         self.busy_until = now + dur
         return True
+
+    def _step_s(self, n_decode: int, decode_ctx: float, prefill_tokens: int, prefill_seqs: int) -> float:
+        dur = float(self.cost.step_s(self.layout, n_decode, decode_ctx, prefill_tokens, prefill_seqs))
+        if not (math.isfinite(dur) and dur > 0):
+            raise ValueError(f"step cost must be a finite time > 0, got {dur!r}")
+        return dur
+
+    def _plan_all_decoding(self, now: float) -> bool:
+        """The common case, every request decoding and nothing to admit: one pass; False when the batch's
+        next tokens do not fit the KV cache (then plan() preempts)."""
+        n, bs = self.n, self.settings.block_size
+        ctx = self.prompt[:n] + self.gen[:n]
+        grow = (ctx + bs) // bs > self.blocks[:n]
+        if int(grow.sum()) > self.kv_blocks - int(self.blocks[:n].sum()):
+            return False
+        self.blocks[:n] += grow
+        dur = self._step_s(n, float(ctx.sum()), 0, 0)
+        self.step = Step(now, now + dur, dur)
+        self.busy_until = now + dur
+        return True
+
+    def _preempt_for_growth(self) -> list[int]:
+        """Preempt (by recompute) the most recently admitted running request until every decoding request
+        has room for its next token; the ids preempted."""
+        preempted: list[int] = []
+        while self.n:
+            n = self.n
+            dec = self.prefill_left[:n] == 0
+            ctx_after = self.prompt[:n] + self.gen[:n] + 1
+            need = int(np.sum(dec & (self._blocks_for(ctx_after) > self.blocks[:n])))
+            if need <= self.kv_blocks - self.used_blocks:
+                break
+            rec = self._remove_slot(int(np.argmax(self.order[:n])))
+            rec.kv_tokens = 0  # its KV is gone: recompute
+            rec.preemptions += 1
+            self.add_waiting(rec, front=True)
+            self.preemptions += 1
+            preempted.append(rec.rid)
+        return preempted
+
+    def _continue_prefills(self, chunk: np.ndarray, decoding: np.ndarray, budget: int) -> int:
+        """Give the running prefills (admission order) their chunks of the step's token budget; what is left."""
+        n = self.n
+        if n > int(decoding.sum()):
+            idx = np.nonzero(~decoding)[0]
+            for i in idx[np.argsort(self.order[idx])]:
+                if budget <= 0:
+                    break
+                c = int(min(self.prefill_left[i], budget))
+                chunk[i] = c
+                budget -= c
+        return budget
+
+    def _admit_waiting(self, chunk: np.ndarray, budget: int) -> None:
+        """Admit waiting requests (FIFO) while a slot, the token budget and the KV blocks of each allow."""
+        free = self.kv_blocks - self.used_blocks
+        while self.waiting and budget > 0:
+            if self.n >= self.settings.max_num_seqs:
+                self.seq_bound = True
+                break
+            rec = self.waiting[0]
+            need = int(self._blocks_for(rec.prompt + rec.generated + 1))
+            if need > free:
+                if self.n == 0 and need > self.kv_blocks:  # add() and set_layout() keep this from happening
+                    raise RuntimeError(f"request {rec.rid} needs {need} KV blocks, the replica has {self.kv_blocks}")
+                break
+            self.waiting.popleft()
+            i = self._admit(rec, rec.kv_tokens)
+            free -= need
+            if self.prefill_left[i] > 0:
+                c = int(min(self.prefill_left[i], budget))
+                chunk[i] = c
+                budget -= c
+            else:
+                budget -= 1  # it arrived with its KV: it decodes in this step
 
     def complete(self) -> StepOutput:
         """Apply the step in flight (its tokens exist now)."""
         st = self.step
         assert st is not None, "no step in flight"
         n = self.n
-        if st["chunk"] is not None:
-            self.pre[:n] -= st["chunk"][:n]
-        emit = st["emit"]
+        if st.chunk is not None:
+            self.prefill_left[:n] -= st.chunk[:n]
+        emit = st.emit
         if emit is None:  # every running request decoded
             ids, pos, dest = self.rid[:n].copy(), self.gen[:n].copy(), self.dest[:n].copy()
             self.gen[:n] += 1
@@ -404,13 +499,13 @@ class Replica:
             for i in np.nonzero(done)[0][::-1]:
                 self._remove_slot(int(i))
         self.tokens_total += len(ids)
-        self.recent.append((st["t1"], len(ids)))
+        self.recent.append((st.t1, len(ids)))
         self.step = None
         self.busy_until = None
-        return StepOutput(self.index, st["t0"], st["t1"], st["dur"], ids, pos, dest, finished, st["preempted"])
+        return StepOutput(self.index, st.t0, st.t1, st.dur, ids, pos, dest, finished, st.preempted)
 
     def recent_rate(self, now: float) -> float:
-        w = self.s.rate_window_s
+        w = self.settings.rate_window_s
         while self.recent and self.recent[0][0] < now - w:
             self.recent.popleft()
         return sum(c for _, c in self.recent) / w
@@ -424,7 +519,7 @@ class Replica:
         if st is None or self.n == 0 or st is self._ff_stuck:
             return None
         n = self.n
-        if st["chunk"] is not None or st["emit"] is not None or self.pre[:n].any() or self._admissible():
+        if st.chunk is not None or st.emit is not None or self.prefill_left[:n].any() or self._admissible():
             self._ff_stuck = st  # the batch may change at the next step: plan it normally
             return None
         # the step in flight ends at t1; the following k-1 steps are pure decode with the same batch
@@ -452,14 +547,14 @@ class Replica:
             if k <= 1:
                 self._ff_stuck = st
                 return None
-        if st["t1"] > horizon:
+        if st.t1 > horizon:
             return None
         # steps after the in-flight one: planned at ctx sums c0 + n*j, j = 0..k-2. Only as many as can end by
         # the horizon are costed: chunks of doubling size until one ends past it (a poll every few ms of a
         # 16k-token response would otherwise cost all of its remaining steps each time)
         c0 = float(np.sum(self.prompt[:n] + self.gen[:n])) + n
-        durs = self._lookahead(n, c0, k - 1, horizon - st["t1"])
-        ends = st["t1"] + np.cumsum(durs)
+        durs = self._ahead.durations(n, c0, k - 1, horizon - st.t1)
+        ends = st.t1 + np.cumsum(durs)
         # follow-up steps ending by the horizon, but never the k-th step (it finishes a request: plan normally)
         m = min(int(np.searchsorted(ends, horizon, side="right")), k - 2)
         # complete the in-flight step plus m follow-ups; the (m+1)-th follow-up is left in flight
@@ -468,13 +563,13 @@ class Replica:
         self.blocks[:n] = np.maximum(self.blocks[:n], self._blocks_for(self.prompt[:n] + self.gen[:n]))
         tokens = n * steps
         self.tokens_total += tokens
-        t_end = float(ends[m - 1]) if m else st["t1"]
+        t_end = float(ends[m - 1]) if m else st.t1
         self.recent.append((t_end, tokens))
         # the next follow-up step is in flight, same batch (its blocks were checked above, grown like plan())
         nxt = float(durs[m])
         ctx_after = self.prompt[:n] + self.gen[:n] + 1
         self.blocks[:n] = np.maximum(self.blocks[:n], self._blocks_for(ctx_after))
-        self.step = {"t0": t_end, "t1": t_end + nxt, "dur": nxt, "chunk": None, "emit": None, "preempted": ()}
+        self.step = Step(t_end, t_end + nxt, nxt)
         self.busy_until = t_end + nxt
         return steps, t_end, tokens
 
@@ -483,37 +578,10 @@ class Replica:
         budget has room, and its blocks fit what the KV cache has free now. Blocks only grow while the batch
         decodes, so a head that does not fit now does not fit before a request finishes (or is preempted,
         which ``fits`` below rules out): such a queue does not stop a fast-forward."""
-        if not self.waiting or self.n >= self.s.max_num_seqs or self.n >= self.s.max_num_batched_tokens:
+        if not self.waiting or self.n >= self.settings.max_num_seqs or self.n >= self.settings.max_num_batched_tokens:
             return False
         rec = self.waiting[0]
-        return int(self._blocks_for(rec[1] + rec[2] + 1)) <= self.kv_blocks - self.used_blocks
-
-    def _lookahead(self, n: int, c0: float, total: int, span: float) -> np.ndarray:
-        """Durations of the next pure-decode steps of a batch of ``n`` (total contexts ``c0 + n*j``), at most
-        ``total`` of them, stopping after the first chunk whose steps reach past ``span`` seconds: elementwise
-        the same numbers as costing all ``total`` steps at once, and their running sum the same prefix.
-
-        The steps costed are kept: the next call for the same batch further on (the next poll of the
-        simulated backend, a few steps later) takes them from there instead of costing them again."""
-        have = np.zeros(0)
-        if self._ahead is not None:
-            bn, bc, bd = self._ahead
-            j = (c0 - bc) / n if bn == n else -1.0
-            if 0 <= j < len(bd) and j == int(j):
-                have = bd[int(j):int(j) + total]
-        parts = [have] if len(have) else []
-        acc, j, size = float(have.sum()), len(have), 64
-        while j < total and not acc > span + 1e-9 * (abs(span) + acc):  # past it beyond any rounding
-            c = min(size, total - j)
-            d = np.asarray(self.cost.decode_steps_s(self.layout, n, c0 + n * np.arange(j, j + c, dtype=float)),
-                           dtype=float)
-            parts.append(d)
-            acc += float(d.sum())
-            j += c
-            size *= 2
-        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        self._ahead = (n, c0, out)
-        return out
+        return int(self._blocks_for(rec.prompt + rec.generated + 1)) <= self.kv_blocks - self.used_blocks
 
 
 @dataclass
@@ -594,7 +662,7 @@ class Engine:
                 k = j * nr // len(reqs)
             else:
                 k = min(range(nr), key=lambda i: (self.replicas[i].n + len(self.replicas[i].waiting), i))
-            self.replicas[k].add_waiting([r.rid, r.prompt, r.generated, r.target, r.dest, r.kv_tokens, r.preemptions])
+            self.replicas[k].add_waiting(Queued.of(r))
             self.held.add(r.rid)
             out.append(k)
         self._kick(now)
@@ -620,7 +688,7 @@ class Engine:
             raise SpecError("rid", f"request {rid} is not on this server")
         for rep in self.replicas:
             for j, rec in enumerate(rep.waiting):
-                if rec[0] == rid:
+                if rec.rid == rid:
                     del rep.waiting[j]
                     return self._record_detached(rec)
             i = rep.slot_of(rid)
@@ -631,15 +699,27 @@ class Engine:
                 return self._record_detached(rep._remove_slot(i))
         raise SpecError("rid", f"request {rid} is not on this server")
 
-    def _record_detached(self, rec: list[int]) -> NewRequest:
-        self.held.discard(rec[0])
-        r = NewRequest(rid=rec[0], prompt=rec[1], target=rec[3], dest=rec[4], generated=rec[2], kv_tokens=rec[5],
-                       preemptions=rec[6])
+    def _record_detached(self, rec: Queued) -> NewRequest:
+        self.held.discard(rec.rid)
+        r = rec.request()
         self.detached[r.rid] = r
         return r
 
     def holds(self, rid: int) -> bool:
         return rid in self.held
+
+    def detaching(self, rid: int) -> bool:
+        """Whether ``rid`` was asked to stop (:meth:`detach`) and leaves at the end of its step in flight."""
+        return rid in self._detach_pending
+
+    def footprint(self, rid: int) -> tuple[int, bool] | None:
+        """(KV tokens, decoding with its KV) of request ``rid`` here: a running request's ``prompt + generated``
+        and whether its prefill is done; (0, False) while it waits; None when it is not on this server."""
+        for rep in self.replicas:
+            i = rep.slot_of(rid)
+            if i is not None:
+                return int(rep.prompt[i] + rep.gen[i]), bool(rep.prefill_left[i] == 0)
+        return (0, False) if self.holds(rid) else None
 
     # ---- time ----
     def next_event(self) -> float | None:
@@ -705,7 +785,7 @@ class Engine:
                     before = None
                     if sink is not None and rep.n:
                         n = rep.n
-                        before = (rep.step["t0"], rep.rid[:n].copy(), rep.gen[:n].copy(), rep.dest[:n].copy())
+                        before = (rep.step.t0, rep.rid[:n].copy(), rep.gen[:n].copy(), rep.dest[:n].copy())
                     ff = rep.fast_forward(horizon)
                     if ff is not None:
                         steps += ff[0]
@@ -738,7 +818,8 @@ class Engine:
         new_blocks = int(self.cost.kv_capacity_tokens(layout, self.settings.gpu_memory_utilization)) \
             // self.settings.block_size
         for rep in self.replicas:
-            recs = [(int(rep.prompt[i]), int(rep.target[i])) for i in range(rep.n)] + [(w[1], w[3]) for w in rep.waiting]
+            recs = [(int(rep.prompt[i]), int(rep.target[i])) for i in range(rep.n)]
+            recs += [(w.prompt, w.target) for w in rep.waiting]
             for prompt, target in recs:
                 self._check_fits(prompt, target, new_blocks, layout)
         ends = [r.busy_until for r in self.replicas if r.busy_until is not None]
@@ -753,8 +834,8 @@ class Engine:
         sw = self.switch
         if sw is None or sw.applied or now < sw.start or any(r.step is not None for r in self.replicas):
             return
-        running: list[list[int]] = []
-        waiting: list[list[int]] = []
+        running: list[Queued] = []
+        waiting: list[Queued] = []
         for rep in self.replicas:
             while rep.n:
                 running.append(rep._remove_slot(rep.n - 1))
@@ -763,20 +844,7 @@ class Engine:
         self._base_seq_bound = self.seq_bound
         self._base_tokens += sum(r.tokens_total for r in self.replicas)
         self._build(sw.new)
-        # running requests keep their KV (relocated) on the replica with the least KV held that has room; what
-        # fits nowhere waits (and recomputes), queued on the replica with the fewest requests, as do the waiting
-        running.sort(key=lambda rec: rec[0])
-        reps = self.replicas
-        for rec in running:
-            need = int(reps[0]._blocks_for(rec[1] + rec[2] + 1))
-            room = [i for i, r in enumerate(reps) if r.n < self.settings.max_num_seqs and need <= r.kv_blocks - r.used_blocks]
-            if room:
-                reps[min(room, key=lambda i: (reps[i].used_blocks, i))]._admit(rec, rec[5])  # mid-prefill: again
-            else:
-                rec[5] = 0
-                reps[min(range(len(reps)), key=lambda i: (reps[i].n + len(reps[i].waiting), i))].add_waiting(rec)
-        for rec in waiting:
-            reps[min(range(len(reps)), key=lambda i: (reps[i].n + len(reps[i].waiting), i))].add_waiting(rec)
+        _deal_after_switch(running, waiting, self.replicas, self.settings.max_num_seqs)
         sw.applied = True
         self.paused_until = sw.end
         self.switches.append({"from": sw.old.name(self.gpus), "to": sw.new.name(self.gpus), "requested": sw.requested,
@@ -790,44 +858,71 @@ class Engine:
 
     # ---- what the orchestrator sees ----
     def stats(self, now: float) -> dict:
-        """vLLM-named load statistics per replica and for the server."""
-        reps = []
-        for r in self.replicas:
-            reps.append({"replica": r.index, "num_requests_running": int(r.n),
-                         "num_requests_waiting": len(r.waiting),
-                         "kv_cache_usage_perc": r.used_blocks / r.kv_blocks,
-                         "kv_blocks_free": r.kv_blocks - r.used_blocks, "kv_blocks_total": r.kv_blocks,
-                         "decode_tokens_per_s": r.recent_rate(now)})
-        return {"layout": self.layout.name(self.gpus), "replicas": reps,
-                "num_requests_running": sum(x["num_requests_running"] for x in reps),
-                "num_requests_waiting": sum(x["num_requests_waiting"] for x in reps),
-                "kv_cache_usage_perc": sum(r.used_blocks for r in self.replicas) / sum(r.kv_blocks for r in self.replicas),
-                "num_preemptions_total": self._base_preemptions + sum(r.preemptions for r in self.replicas),
-                "generation_tokens_total": self._base_tokens + sum(r.tokens_total for r in self.replicas),
-                "decode_tokens_per_s": sum(x["decode_tokens_per_s"] for x in reps),
-                "num_requests_finished": self.finished_total,
-                "paused_until": self.paused_until if self.paused_until > -math.inf else None,
-                "switching": self.switch is not None and (not self.switch.applied or now < self.paused_until)}
+        """vLLM-named load statistics per replica and for the server (:func:`_server_stats`)."""
+        return _server_stats(self, now)
 
     def snapshot(self) -> dict[str, np.ndarray]:
         """Every request on this server: id, replica, tokens generated, prompt, running (1) or waiting (0).
         The target lengths stay hidden (the orchestrator must forecast them)."""
-        rid, rep, gen, prompt, run = [], [], [], [], []
-        for r in self.replicas:
-            n = r.n
-            rid.append(r.rid[:n]); gen.append(r.gen[:n]); prompt.append(r.prompt[:n])
-            rep.append(np.full(n, r.index)); run.append(np.ones(n, np.int8))
-            if r.waiting:
-                w = np.array([[x[0], x[2], x[1]] for x in r.waiting], dtype=np.int64)
-                rid.append(w[:, 0]); gen.append(w[:, 1]); prompt.append(w[:, 2])
-                rep.append(np.full(len(w), r.index)); run.append(np.zeros(len(w), np.int8))
-        cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
-        return {"rid": cat(rid, np.int64), "replica": cat(rep, np.int64), "generated": cat(gen, np.int64),
-                "prompt": cat(prompt, np.int64), "running": cat(run, np.int8)}
+        return _server_snapshot(self.replicas)
 
     def idle(self) -> bool:
         return not any(r.has_work() or r.step is not None for r in self.replicas) and \
             (self.switch is None or self.switch.applied)
+
+
+def _deal_after_switch(running: list[Queued], waiting: list[Queued], reps: list[Replica], max_num_seqs: int) -> None:
+    """Where a server's requests go on its new replicas after a layout switch: running requests keep their KV
+    (relocated) on the replica with the least KV held that has room; what fits nowhere waits (and recomputes),
+    queued on the replica with the fewest requests, as do the waiting."""
+    running.sort(key=lambda rec: rec.rid)
+    for rec in running:
+        need = int(reps[0]._blocks_for(rec.prompt + rec.generated + 1))
+        room = [i for i, r in enumerate(reps) if r.n < max_num_seqs and need <= r.kv_blocks - r.used_blocks]
+        if room:
+            reps[min(room, key=lambda i: (reps[i].used_blocks, i))]._admit(rec, rec.kv_tokens)  # mid-prefill: again
+        else:
+            rec.kv_tokens = 0
+            reps[min(range(len(reps)), key=lambda i: (reps[i].n + len(reps[i].waiting), i))].add_waiting(rec)
+    for rec in waiting:
+        reps[min(range(len(reps)), key=lambda i: (reps[i].n + len(reps[i].waiting), i))].add_waiting(rec)
+
+
+def _server_stats(engine: Engine, now: float) -> dict:
+    """Engine.stats: vLLM-named load statistics per replica and for the server."""
+    reps = []
+    for r in engine.replicas:
+        reps.append({"replica": r.index, "num_requests_running": int(r.n),
+                     "num_requests_waiting": len(r.waiting),
+                     "kv_cache_usage_perc": r.used_blocks / r.kv_blocks,
+                     "kv_blocks_free": r.kv_blocks - r.used_blocks, "kv_blocks_total": r.kv_blocks,
+                     "decode_tokens_per_s": r.recent_rate(now)})
+    return {"layout": engine.layout.name(engine.gpus), "replicas": reps,
+            "num_requests_running": sum(x["num_requests_running"] for x in reps),
+            "num_requests_waiting": sum(x["num_requests_waiting"] for x in reps),
+            "kv_cache_usage_perc": sum(r.used_blocks for r in engine.replicas) / sum(r.kv_blocks for r in engine.replicas),
+            "num_preemptions_total": engine._base_preemptions + sum(r.preemptions for r in engine.replicas),
+            "generation_tokens_total": engine._base_tokens + sum(r.tokens_total for r in engine.replicas),
+            "decode_tokens_per_s": sum(x["decode_tokens_per_s"] for x in reps),
+            "num_requests_finished": engine.finished_total,
+            "paused_until": engine.paused_until if engine.paused_until > -math.inf else None,
+            "switching": engine.switch is not None and (not engine.switch.applied or now < engine.paused_until)}
+
+
+def _server_snapshot(replicas: Sequence[Replica]) -> dict[str, np.ndarray]:
+    """Engine.snapshot: every request's id, replica, tokens generated, prompt, running (1) or waiting (0)."""
+    rid, rep, gen, prompt, run = [], [], [], [], []
+    for r in replicas:
+        n = r.n
+        rid.append(r.rid[:n]); gen.append(r.gen[:n]); prompt.append(r.prompt[:n])
+        rep.append(np.full(n, r.index)); run.append(np.ones(n, np.int8))
+        if r.waiting:
+            w = np.array([[x.rid, x.generated, x.prompt] for x in r.waiting], dtype=np.int64)
+            rid.append(w[:, 0]); gen.append(w[:, 1]); prompt.append(w[:, 2])
+            rep.append(np.full(len(w), r.index)); run.append(np.zeros(len(w), np.int8))
+    cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
+    return {"rid": cat(rid, np.int64), "replica": cat(rep, np.int64), "generated": cat(gen, np.int64),
+            "prompt": cat(prompt, np.int64), "running": cat(run, np.int8)}
 
 
 # ---- the cost model as a step cost ------------------------------------------------------------------

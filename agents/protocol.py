@@ -27,7 +27,8 @@ import numpy as np
 
 from emulation.validation import SpecError, from_dict, require, to_dict
 
-from .engine import EngineSettings
+from .engine import EngineSettings, Layout
+from .realcompute import DecoderConfig
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 2**20
@@ -92,30 +93,6 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
-class RealComputeConfig:
-    """Real-compute mode: a small torch decoder runs every decode step (agents/node/realmodel.py)."""
-
-    layers: int = 2
-    hidden: int = 256
-    ffn: int = 512
-    q_heads: int = 4
-    kv_heads: int = 2
-    vocab: int = 1024
-    max_seq_len: int = 4096  # KV cache positions per sequence (longer contexts are timed at this length)
-    max_batch: int = 64  # sequences per real pass (a larger batch runs in several passes)
-    device: str = "cpu"
-    dtype: str = "float32"
-
-    def __post_init__(self) -> None:
-        for n in ("layers", "hidden", "ffn", "q_heads", "kv_heads", "vocab", "max_seq_len", "max_batch"):
-            require(getattr(self, n) >= 1, n, f"must be >= 1, got {getattr(self, n)}")
-        require(self.hidden % self.q_heads == 0, "q_heads", "must divide hidden")
-        require(self.q_heads % self.kv_heads == 0, "kv_heads", "must divide q_heads")
-        require(self.dtype in ("float32", "bfloat16", "float16"), "dtype",
-                f"must be float32, bfloat16 or float16, got {self.dtype!r}")
-
-
-@dataclass(frozen=True)
 class AgentConfig:
     """What an agent process is told at start (``--config FILE``, JSON)."""
 
@@ -134,10 +111,11 @@ class AgentConfig:
     scale: float = 0.001  # fabric byte scale: emulated bytes = modelled bytes x scale
     collector_port: Optional[int] = None  # a trainer agent hosting a token collector listens here (fabric)
     collectors: tuple[Endpoint, ...] = ()  # token destinations, by index (request.dest)
-    real_compute: Optional[RealComputeConfig] = None
+    real_compute: Optional[DecoderConfig] = None  # real-compute mode: this decoder times every decode step
     heartbeat_s: float = 0.5
     tick_s: float = 0.002  # the engine loop wakes at most this often (wall seconds): steps ending closer together
-                           # are completed (and their tokens streamed) together, on schedule (Agent.engine_loop)
+                           # are completed (and their tokens streamed) together, on schedule
+                           # (agents.node.runner.EngineRunner.loop)
     # the agent lowers its CPU priority by this much: the emulated GPUs' compute is modelled and late wakes only
     # delay tokens (the fidelity monitor bounds that), while the driver's decisions (bench planner: a few ms)
     # and the datapath must not wait behind eight agents on two cores
@@ -162,6 +140,7 @@ class AgentConfig:
                     f"must be a TCP port 1..65535, got {self.collector_port}")
         require(bool(self.fabric_intf) and len(self.fabric_intf) <= 15, "fabric_intf",
                 f"must be an interface name, got {self.fabric_intf!r}")
+        Layout.parse(self.layout, self.gpus, "layout")
 
 
 def load_agent_config(data: Any) -> AgentConfig:

@@ -1,7 +1,7 @@
 """WorkloadSpec: the RL post-training workload, shared by the emulator, the orchestrator and RLSim.
 
-One spec drives every backend: which model (a key of ``agents/data/models.yaml``), which GPU (a key of
-``agents/data/gpus.yaml``), how big a step is (prompts x samples), how long responses are, and how the
+One spec drives every backend: which model (a key of ``emulation/data/models.yaml``), which GPU (a key of
+``emulation/data/gpus.yaml``), how big a step is (prompts x samples), how long responses are, and how the
 model is parallelised for rollout and for training. Defaults and their sources are in REFERENCE.md
 (/work/shared/REFERENCE.md, "RL workloads"); each default below says where it comes from.
 
@@ -16,9 +16,10 @@ long-tail cases), or be replayed from a trace file (``trace``: CSV or JSONL with
 response length). :func:`step_stats` summarises one step for the forecaster (``testbed/orchestrator``).
 
 This module is pure (numpy only) and validated at the boundary with :func:`emulation.validation.from_dict`.
-The model and GPU names are checked against the data files by the cost model (``agents.costmodel``), which
-sits beside this package; here they are checked against the known names listed below so that a typo in
-a scenario fails with the field name.
+The model and GPU catalogues (``emulation/data/models.yaml``, ``emulation/data/gpus.yaml``: every figure the
+cost model uses, cited) live here, below everything that reads them: a workload names an entry of each
+(:func:`model_names`, :func:`gpu_names`), so a typo in a scenario fails with the field name, and the cost
+model (``agents.costmodel``) reads the same files.
 """
 from __future__ import annotations
 
@@ -33,9 +34,38 @@ import numpy as np
 
 from .validation import SpecError, require
 
-# Names of the entries of agents/data/models.yaml and agents/data/gpus.yaml (kept in sync by a unit test).
-MODEL_NAMES = ("Qwen2.5-7B", "Qwen2.5-14B", "Qwen2.5-32B", "Qwen2.5-72B", "Qwen3-30B-A3B", "Qwen3-235B-A22B")
-GPU_NAMES = ("H100", "H800", "H200")
+CATALOGUE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")  # models.yaml, gpus.yaml
+
+
+@functools.lru_cache(maxsize=None)
+def catalogue(filename: str) -> dict:
+    """The raw entries of a catalogue file of :data:`CATALOGUE_DIR` (``models.yaml``, ``gpus.yaml``), by name."""
+    return read_catalogue(os.path.join(CATALOGUE_DIR, filename), filename)
+
+
+def read_catalogue(p: str, filename: str) -> dict:
+    """The raw entries of the catalogue file at ``p`` (the format of ``filename``), by name."""
+    import yaml
+
+    try:
+        with open(p, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise SpecError(filename, f"no such file: {p}") from None
+    if not isinstance(raw, dict) or not raw:
+        raise SpecError(filename, f"{p} must map names to entries")
+    return {str(k): v for k, v in raw.items()}
+
+
+def model_names() -> tuple[str, ...]:
+    """The models a workload may name: the entries of ``emulation/data/models.yaml``."""
+    return tuple(catalogue("models.yaml"))
+
+
+def gpu_names() -> tuple[str, ...]:
+    """The GPUs a workload may name: the entries of ``emulation/data/gpus.yaml``."""
+    return tuple(catalogue("gpus.yaml"))
+
 # The field every trace error names (the trace is the workload's, inside a scenario file).
 TRACE_FIELD = "workload.trace"
 TRACE_COLUMNS = ("step", "prompt_id", "response_length")
@@ -129,8 +159,9 @@ class WorkloadSpec:
     prompt_sigma: float = 0.0
 
     def __post_init__(self) -> None:
-        require(self.model in MODEL_NAMES, "model", f"must be one of {', '.join(MODEL_NAMES)}, got {self.model!r}")
-        require(self.gpu in GPU_NAMES, "gpu", f"must be one of {', '.join(GPU_NAMES)}, got {self.gpu!r}")
+        models, gpus = model_names(), gpu_names()
+        require(self.model in models, "model", f"must be one of {', '.join(models)}, got {self.model!r}")
+        require(self.gpu in gpus, "gpu", f"must be one of {', '.join(gpus)}, got {self.gpu!r}")
         for name in ("prompts_per_step", "samples_per_prompt", "prompt_tokens", "max_response_tokens",
                      "rollout_tp", "train_tp", "train_pp", "train_ep", "steps"):
             v = getattr(self, name)

@@ -31,8 +31,9 @@ from testbed.backends.base import Backend, PhaseResult, StepRequests, deal, step
 from testbed.backends.phase_model import PhaseModel
 from testbed.orchestrator.balancer import Balancer, freeness
 from testbed.orchestrator.estimate import Estimator, ServerLoad
-from testbed.orchestrator.forecast import (ForecastErrors, ForecastService, LengthForecast, forecast_next,
-                                           prompt_share, prompt_shifts)
+from testbed.forecast_service import ForecastService
+from testbed.orchestrator.forecast import (ForecastErrors, LengthForecast, forecast_next, prompt_share,
+                                           prompt_shifts)
 from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshot, request_levels
 from testbed.orchestrator.settings import OrchestratorSettings, Policy, feasible_layouts
 from testbed.ticks import IntervalBudget, TickClock, tick_deadline_s, tick_fail_after_s

@@ -16,54 +16,13 @@ unequal lengths costs what its longest sequence costs.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from agents.costmodel import ModelConfig
-from emulation.validation import SpecError, require
-
-
-@dataclass(frozen=True)
-class DecoderConfig:
-    layers: int = 2
-    hidden: int = 256
-    ffn: int = 512
-    q_heads: int = 4
-    kv_heads: int = 2
-    head_dim: int = 64
-    vocab: int = 1024
-    max_seq_len: int = 2048  # KV cache positions per sequence
-    max_batch: int = 16  # KV cache slots (sequences decoded together)
-    rope_theta: float = 1_000_000.0  # Qwen2's
-    rms_eps: float = 1e-6
-    qkv_bias: bool = True  # Qwen2 has biases on q, k, v
-
-    def __post_init__(self) -> None:
-        for n in ("layers", "hidden", "ffn", "q_heads", "kv_heads", "head_dim", "vocab", "max_seq_len", "max_batch"):
-            v = getattr(self, n)
-            require(not isinstance(v, bool) and isinstance(v, int) and v >= 1, n, f"must be an integer >= 1, got {v!r}")
-        require(self.q_heads % self.kv_heads == 0, "kv_heads", "must divide q_heads")
-        require(self.head_dim % 2 == 0, "head_dim", f"must be even (RoPE rotates pairs), got {self.head_dim}")
-        require(self.rope_theta > 0, "rope_theta", f"must be > 0, got {self.rope_theta}")
-        require(self.rms_eps > 0, "rms_eps", f"must be > 0, got {self.rms_eps}")
-
-    @classmethod
-    def like(cls, model: ModelConfig, layers: int, max_seq_len: int = 2048, max_batch: int = 16) -> "DecoderConfig":
-        """The shape of a catalogue model (``agents/data/models.yaml``, dense) with ``layers`` layers."""
-        if model.is_moe:
-            raise SpecError("model", f"real-compute mode builds dense decoders; {model.name} is MoE")
-        return cls(layers=layers, hidden=model.hidden, ffn=model.ffn, q_heads=model.q_heads, kv_heads=model.kv_heads,
-                   head_dim=model.head_dim, vocab=model.vocab, max_seq_len=max_seq_len, max_batch=max_batch,
-                   qkv_bias=model.qkv_bias)
-
-    def model_config(self, name: str = "real-decoder") -> ModelConfig:
-        """The same shape for the cost model, to compare its prediction with the measured step."""
-        return ModelConfig(layers=self.layers, hidden=self.hidden, ffn=self.ffn, q_heads=self.q_heads,
-                           kv_heads=self.kv_heads, head_dim=self.head_dim, vocab=self.vocab,
-                           qkv_bias=self.qkv_bias, name=name)
+from agents.realcompute import DecoderConfig
+from emulation.validation import SpecError
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -221,14 +180,11 @@ class RealStepCost:
     KV capacity and layout switches stay the cost model's (``cm``): the small decoder stands in for the
     serving kernels of one replica, whatever its layout."""
 
-    def __init__(self, cfg, cm, gpus: int = 8, seed: int = 0, reinit_s: float | None = None):
+    def __init__(self, cfg: DecoderConfig, cm, gpus: int = 8, seed: int = 0, reinit_s: float | None = None):
         from agents.engine import ModelledCost
 
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
-        self.config = DecoderConfig(layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn, q_heads=cfg.q_heads,
-                                    kv_heads=cfg.kv_heads, head_dim=cfg.hidden // cfg.q_heads, vocab=cfg.vocab,
-                                    max_seq_len=cfg.max_seq_len, max_batch=cfg.max_batch)
-        self.decoder = RealDecoder(self.config, cfg.device, dtype, seed=seed)
+        self.config = cfg
+        self.decoder = RealDecoder(cfg, cfg.device, getattr(torch, cfg.dtype), seed=seed)
         self.modelled = ModelledCost(cm, gpus, reinit_s)
         self.steps = 0
 

@@ -20,7 +20,6 @@ one engine per generator server, and RLSim's flow-level network for weight sync 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import heapq
 import itertools
 import math
@@ -29,13 +28,11 @@ import numpy as np
 
 from agents.costmodel import CostModel
 from agents.engine import Engine, EngineSettings, Layout, ModelledCost, NewRequest
-from agents.protocol import MigrateParams
+from agents.migration_plan import StagePlan
 from emulation.validation import SpecError
 
 from .base import Backend, Job, PhaseResult, ServerState, StepRequests
 from .phase_model import PhaseModel
-
-MIGRATION = {f.name: f.default for f in dataclasses.fields(MigrateParams)}  # the agents' protocol defaults
 
 
 class SimulatedBackend(Backend):
@@ -155,30 +152,26 @@ class SimulatedBackend(Backend):
         return out
 
     def _live_stages(self, e: Engine, rid: int, mode: str, local: bool) -> list[dict]:
-        """Multi-stage migration's live copies (Llumnix; the agents' protocol, agents/protocol.py
-        MigrateParams): the KV is copied while the request decodes, it gains about copy time / step time tokens
-        per copy, until the increment is at most ``stop_bytes`` (emulated) or ``max_stages - 1`` copies were made."""
-        fp = None
-        for rep in e.replicas:
-            i = rep.slot_of(rid)
-            if i is not None and rep.pre[i] == 0:
-                fp = int(rep.prompt[i] + rep.gen[i])
-        stages = []
-        if mode == "multi_stage" and fp:
+        """Multi-stage migration's live copies (Llumnix; the agents' rule, agents.migration_plan.StagePlan with
+        the protocol's defaults): the KV is copied while the request decodes, it gains about copy time / step
+        time tokens per copy, until the increment is small enough or the stages run out."""
+        fp = e.footprint(rid)
+        stages: list[dict] = []
+        if mode == "multi_stage" and fp is not None and fp[1] and fp[0]:
+            plan = StagePlan.protocol_default(self.kv_bytes * self.scenario.fabric.scale)
             step = max(1e-4, self._step_s(e, rid))
-            left = fp
-            for _ in range(MIGRATION["max_stages"] - 1):
+            left, copied = fp[0], 0
+            while plan.another_live_copy(len(stages), left, copied):
                 c = self._copy_s(left, local)
                 stages.append({"stage": "live", "tokens": left, "s": c})
+                copied += left
                 left = max(1, int(math.ceil(c / step)))
-                if left * self.kv_bytes * self.scenario.fabric.scale <= MIGRATION["stop_bytes"]:
-                    break
         return stages
 
     def _step_s(self, e: Engine, rid: int) -> float:
         for rep in e.replicas:
             if rep.slot_of(rid) is not None and rep.step is not None:
-                return rep.step["dur"]
+                return rep.step.dur
         return 0.01
 
     def _handover(self, engines: dict, t: float, rid: int, src: int, dst: int, stages) -> tuple | None:

@@ -35,7 +35,8 @@ import numpy as np
 
 from agents.client import AgentClient, AgentError, AgentGone, AgentTimeout, call_all, call_each
 from agents.engine import EngineSettings
-from agents.protocol import unpack_array
+from agents.protocol import AgentConfig, Endpoint, unpack_array
+from agents.realcompute import DecoderConfig
 from controller.traffic import phase_traffic
 from emulation.builder import EmulatedFabric
 from emulation.registry import proc_start_time
@@ -95,7 +96,7 @@ class AgentPool:
     engine: EngineSettings = field(default_factory=EngineSettings)
     start_timeout_s: float = 120.0
     health_timeout_s: float = 3.0
-    real_compute: dict | None = None
+    real_compute: DecoderConfig | None = None  # real-compute mode: every agent's engine times its steps on it
 
     def __post_init__(self) -> None:
         spec, layout = self.scenario.fabric, self.scenario.layout
@@ -127,21 +128,23 @@ class AgentPool:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def config(self, s: int) -> dict:
+    def config(self, s: int) -> AgentConfig:
+        """Agent ``s``'s configuration, validated here (an impossible value is an error naming the field before
+        any agent starts); the agent parses the same JSON back (agents.protocol.load_agent_config)."""
         spec, w = self.spec, self.scenario.workload
         gps = spec.gpus_per_server
-        return {
-            "index": s, "server": s, "role": "train" if s in self.trainers else "gen", "gpus": gps,
-            "model": w.model, "gpu": w.gpu,
-            "rpc": {"host": self.fabric.mgmt_ip(s), "port": RPC_PORT},
-            "fabric_ip": spec.host_ip(s), "fabric_intf": self.fabric.intf_of(s),
-            "layout": self.layouts.get(s, f"TP{w.rollout_tp}x{gps // w.rollout_tp}"),
-            "engine": to_dict(self.engine), "time_dilation": spec.time_dilation, "scale": spec.scale,
-            "collector_port": COLLECTOR_PORT if s in self.trainers else None,
-            "collectors": [{"host": spec.host_ip(t), "port": COLLECTOR_PORT} for t in self.trainers],
-            "real_compute": self.real_compute,
-            "owner_pid": os.getpid(), "owner_start": proc_start_time(os.getpid()),
-        }
+        try:
+            return AgentConfig(
+                index=s, server=s, role="train" if s in self.trainers else "gen", gpus=gps, model=w.model, gpu=w.gpu,
+                rpc=Endpoint(self.fabric.mgmt_ip(s), RPC_PORT), fabric_ip=spec.host_ip(s),
+                fabric_intf=self.fabric.intf_of(s),
+                layout=self.layouts.get(s, f"TP{w.rollout_tp}x{gps // w.rollout_tp}"), engine=self.engine,
+                time_dilation=spec.time_dilation, scale=spec.scale,
+                collector_port=COLLECTOR_PORT if s in self.trainers else None,
+                collectors=tuple(Endpoint(spec.host_ip(t), COLLECTOR_PORT) for t in self.trainers),
+                real_compute=self.real_compute, owner_pid=os.getpid(), owner_start=proc_start_time(os.getpid()))
+        except SpecError as e:
+            raise SpecError(f"agents[{s}].{e.field}", e.message) from None
 
     def start(self) -> "AgentPool":
         if self._started:
@@ -158,9 +161,10 @@ class AgentPool:
         t0 = time.monotonic()
         self._dir = Path(self.fabric.workdir) / "agents"
         self._dir.mkdir(exist_ok=True)
+        configs = [self.config(s) for s in range(self.n)]  # every one checked before any process starts
         for s in range(self.n):
             cfg = self._dir / f"agent{s}.json"
-            cfg.write_text(json.dumps(self.config(s)))
+            cfg.write_text(json.dumps(to_dict(configs[s])))
             env = dict(os.environ, GLOO_SOCKET_IFNAME=self.fabric.intf_of(s), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                        MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
             self.procs[s] = self.fabric.popen(
@@ -516,7 +520,7 @@ class AgentPool:
 @contextlib.contextmanager
 def running_cluster(scn: Scenario, *, layouts: dict[int, str] | None = None,
                     engine: EngineSettings | None = None,
-                    initial_phase: str | None = None, real_compute: dict | None = None) -> Iterator[tuple[Testbed, AgentPool]]:
+                    initial_phase: str | None = None, real_compute: DecoderConfig | None = None) -> Iterator[tuple[Testbed, AgentPool]]:
     """Controller + fabric + one agent per server, all torn down in reverse order. The controller exports
     Prometheus metrics by the scenario's ``metrics`` section (emulation.metrics.bind_port)."""
     from emulation.metrics import bind_port

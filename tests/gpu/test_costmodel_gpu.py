@@ -17,7 +17,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="the GPU check needs torch")
 
 from agents.costmodel import CostModel, get_gpu, get_model, load_gpus  # noqa: E402
-from agents.node.realmodel import DecoderConfig, RealDecoder  # noqa: E402
+from agents.node.realmodel import RealDecoder  # noqa: E402
+from agents.realcompute import DecoderConfig  # noqa: E402
 
 SHAPES = [("Qwen2.5-7B", 4), ("Qwen2.5-32B", 2)]  # catalogue model, layers built
 BATCHES = (1, 8, 32, 128)
@@ -33,7 +34,7 @@ def gpu_name_for_costmodel() -> tuple[str | None, str]:
     for name in load_gpus():
         if name.lower() in dev.lower():
             return name, ""
-    return None, f"no cost-model figures for {dev!r} (agents/data/gpus.yaml knows {', '.join(load_gpus())})"
+    return None, f"no cost-model figures for {dev!r} (emulation/data/gpus.yaml knows {', '.join(load_gpus())})"
 
 
 GPU, WHY = gpu_name_for_costmodel()

@@ -171,10 +171,8 @@ def test_an_agent_killed_mid_run_has_its_requests_surfaced(cluster):
     pool.submit(3, [{"rid": r, "prompt": 64, "target": n, "dest": 1} for r, n in targets.items()])
     wait_until(lambda: min(pool.collected().by_rid().get(r, 0) for r in targets) > 50, 30, "tokens to flow")
     os.killpg(pool.procs[3].pid, signal.SIGKILL)
-    t0 = time.monotonic()
+    # how soon a kill is acted on is a figure of `orchestrrl bench faults` (noticed_s), not a timed assertion
     wait_until(lambda: 3 in pool.check_health([3]) or 3 in pool.failed, 10, "the failure to be detected")
-    detected_s = time.monotonic() - t0
-    assert detected_s < pool.health_timeout_s + 1.0
     lost = pool.lost_requests(3)
     assert set(lost) == set(targets)
     assert all(0 < lost[r] < targets[r] for r in targets)  # what was delivered before the kill

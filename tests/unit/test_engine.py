@@ -184,3 +184,34 @@ def test_dense_layouts_and_settings_validation():
     with pytest.raises(SpecError) as ei:
         NewRequest(rid=1, prompt=10, target=5, generated=5)
     assert ei.value.field == "generated"
+
+
+def test_footprint_and_detaching_say_where_a_request_stands():
+    # FakeCost's KV holds 625 blocks of 16 tokens: two requests run, the third (9,990 + 1 tokens) waits for room
+    e = Engine(FakeCost(), gpus=1, layout=Layout(1))
+    e.add([req(0, 4, 10), req(1, 8, 10), req(2, 9990, 10)], now=0.0)
+    assert e.footprint(0) == (4, False) and e.footprint(1) == (8, False)  # in a slot, prefilling: no KV yet
+    assert e.footprint(2) == (0, False) and e.footprint(99) is None  # waiting; not on this server
+    e.advance(1.0)
+    assert e.footprint(0) == (5, True)  # prefilled, its first token out: decoding with its KV
+    assert e.detach(0, 1.5) is None and e.detaching(0) and not e.detaching(1)  # mid-step: leaves at its end
+    e.advance(2.0)
+    assert not e.detaching(0) and e.footprint(0) is None and e.detached[0].generated == 2
+    assert e.footprint(1) == (10, True)
+
+
+def test_stage_plan_stops_at_stop_bytes_or_after_max_stages_minus_one_copies():
+    from agents.migration_plan import StagePlan
+    from agents.protocol import Endpoint, MigrateParams
+
+    plan = StagePlan(max_stages=4, stop_bytes=1000, bytes_per_token=10.0)
+    assert plan.another_live_copy(0, 5, 0)  # the first copy is made however small
+    assert plan.another_live_copy(1, 101, 500) and not plan.another_live_copy(1, 100, 500)  # 1,010 B > 1,000
+    assert not plan.another_live_copy(3, 10_000, 500)  # 3 live copies: the 4th stage is the stop
+    assert not StagePlan(1, 0, 1.0).another_live_copy(0, 10, 0)  # max_stages 1: stop-and-copy only
+    p = MigrateParams(rid=1, dst=2, dst_rpc=Endpoint("10.0.0.1", 5000), max_stages=2, stop_bytes=7)
+    assert StagePlan.of(p, 3.0) == StagePlan(2, 7, 3.0)
+    d = MigrateParams(rid=1, dst=2, dst_rpc=Endpoint("10.0.0.1", 5000))
+    assert StagePlan.protocol_default(3.0) == StagePlan.of(d, 3.0)
+    with pytest.raises(SpecError, match="bytes_per_token"):
+        StagePlan(4, 0, 0.0)

@@ -67,5 +67,5 @@ def test_namespace_discovery_ships_the_data_folders():
     inc = [x for x in c["options.packages.find"]["include"].split() if x]
     exc = [x for x in c["options.packages.find"]["exclude"].split() if x]
     pkgs = set(find_namespace_packages(where=str(ROOT), include=inc, exclude=exc))
-    assert {"rlsim.data", "agents.data", "controller", "testbed.commands"} <= pkgs
+    assert {"rlsim.data", "agents.data", "emulation.data", "controller", "testbed.commands"} <= pkgs
     assert not any("__pycache__" in p or p.startswith("tests") for p in pkgs)

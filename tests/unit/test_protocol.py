@@ -1,5 +1,7 @@
 """Agent messages: every field's error names the field; replies and arrays round-trip; the token ledger counts
 each (request, position) exactly once, in order or not."""
+import json
+
 import numpy as np
 import pytest
 
@@ -95,10 +97,32 @@ def test_agent_config_validation_names_the_field():
             "rpc": EP, "fabric_ip": "10.0.0.1", "fabric_intf": "orlh0-eth0"}
     assert load_agent_config(good).engine.max_num_seqs == 1024  # veRL's rollout default
     for k, v, field in (("role", "boss", "config.role"), ("time_dilation", 0, "config.time_dilation"),
-                        ("engine", {"max_num_seqs": 0}, "config.engine.max_num_seqs")):
+                        ("engine", {"max_num_seqs": 0}, "config.engine.max_num_seqs"),
+                        ("layout", "TP3x3", "config.layout")):
         with pytest.raises(SpecError) as ei:
             load_agent_config({**good, k: v})
         assert ei.value.field == field
+    # an optional section's error names the section (emulation.validation's unions) and says what is wrong
+    for v, words in (({"dtype": "int8"}, "float32"), ({"hidden": 250, "q_heads": 4}, "must divide hidden")):
+        with pytest.raises(SpecError, match=words) as ei:
+            load_agent_config({**good, "real_compute": v})
+        assert ei.value.field == "config.real_compute"
+
+
+def test_agent_config_travels_as_json_and_comes_back_equal():
+    # what the pool builds and checks, written as JSON, is what the agent parses back (real-compute decoder too)
+    from agents.protocol import AgentConfig, Endpoint
+    from agents.realcompute import DecoderConfig
+    from emulation.validation import to_dict
+
+    cfg = AgentConfig(index=1, server=1, role="gen", gpus=8, model="Qwen2.5-7B", gpu="H800",
+                      rpc=Endpoint("10.0.0.2", 5000), fabric_ip="10.0.0.2", fabric_intf="orlh1-eth0", layout="TP2x4",
+                      collectors=(Endpoint("10.0.0.3", 6000),), real_compute=DecoderConfig(hidden=64, q_heads=2))
+    assert cfg.real_compute.head_dim == 32  # hidden / q_heads when not given
+    assert load_agent_config(json.loads(json.dumps(to_dict(cfg)))) == cfg
+    with pytest.raises(SpecError) as ei:
+        AgentConfig(**{**cfg.__dict__, "layout": "TP4x4"})  # 16 GPUs on an 8-GPU server: refused before a start
+    assert ei.value.field == "layout"
 
 
 def test_ledger_counts_in_order_out_of_order_and_duplicates():

@@ -4,7 +4,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from agents.costmodel import get_model  # noqa: E402
-from agents.node.realmodel import DecoderConfig, RealDecoder  # noqa: E402
+from agents.node.realmodel import RealDecoder  # noqa: E402
+from agents.realcompute import DecoderConfig  # noqa: E402
 from emulation.validation import SpecError  # noqa: E402
 
 TINY = DecoderConfig(layers=2, hidden=64, ffn=128, q_heads=4, kv_heads=2, head_dim=16, vocab=97, max_seq_len=32,
@@ -74,10 +75,9 @@ def test_the_engine_runs_on_real_decode_steps():
     from agents.costmodel import CostModel
     from agents.engine import Engine, EngineSettings, Layout, NewRequest
     from agents.node.realmodel import RealStepCost
-    from agents.protocol import RealComputeConfig
 
-    cost = RealStepCost(RealComputeConfig(layers=1, hidden=64, ffn=128, q_heads=2, kv_heads=1, vocab=128,
-                                          max_seq_len=256, max_batch=8), CostModel.for_names("Qwen2.5-7B", "H800"))
+    cost = RealStepCost(DecoderConfig(layers=1, hidden=64, ffn=128, q_heads=2, kv_heads=1, vocab=128,
+                                      max_seq_len=256, max_batch=8), CostModel.for_names("Qwen2.5-7B", "H800"))
     e = Engine(cost, 8, Layout(8), EngineSettings(max_num_seqs=8, max_num_batched_tokens=64))
     e.add([NewRequest(i, 16, 5 + i) for i in range(4)], 0.0)
     t, steps = 0.0, 0

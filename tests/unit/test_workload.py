@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from emulation.validation import SpecError, from_dict, to_dict
-from emulation.workload import GPU_NAMES, MODEL_NAMES, WorkloadSpec
+from emulation.workload import WorkloadSpec, gpu_names, model_names
 
 
 def test_defaults_are_valid_and_round_trip():
@@ -69,7 +69,13 @@ def test_sample_lengths_rejects_bad_arguments():
     assert len(w.sample_lengths(np.random.default_rng(0))) == w.samples_per_step
 
 
-def test_names_match_the_cost_model_tables():
-    from agents.costmodel import load_gpus, load_models
-    assert set(MODEL_NAMES) == set(load_models())
-    assert set(GPU_NAMES) == set(load_gpus())
+def test_every_catalogue_entry_is_a_workload_the_cost_model_builds():
+    # one catalogue: a name the workload accepts is one the cost model has figures for, and no other is accepted
+    from agents.costmodel import CostModel
+
+    for m in model_names():
+        for g in gpu_names():
+            w = WorkloadSpec(model=m, gpu=g)
+            assert CostModel.for_names(w.model, w.gpu).model.name == m
+    with pytest.raises(SpecError, match="Qwen2.5-7B"):
+        WorkloadSpec(model="Qwen2.5-8B")
