@@ -52,6 +52,9 @@ COMM_METHODS = ("dist_init", "form_group", "all_reduce", "all_to_all", "broadcas
 WORKER_METHODS = ("migrate", "migrate_commit", "kv_wait", "compute")  # slow: answered by a worker when done
 
 
+TERM_DEADLINE_S = 1.5  # the most an agent waits at exit for its last answers to go out
+
+
 class WorkerReplies:
     """Slow methods run on worker threads; each answer goes back to the RPC loop over an in-process socket
     (one per worker thread: ZeroMQ sockets are not thread-safe), and the loop sends it to the caller."""
@@ -155,6 +158,12 @@ class Agent:
         self.close()
         router.close(1000)  # the last answers (shutdown's own) still go out: LINGER 0 dropped them
         replies.close(0)
+        # the process leaves by os._exit (agents/node/__main__.py), which would drop what zmq's I/O thread has
+        # not sent yet: terminating the context waits for the router's linger; a socket a stuck worker thread
+        # still holds would make it wait forever, so the wait has a deadline
+        term = threading.Thread(target=self.ctx.term, name="zmq-term", daemon=True)
+        term.start()
+        term.join(timeout=TERM_DEADLINE_S)
         return 0
 
     def _owner_gone(self) -> bool:
