@@ -18,7 +18,8 @@ from typing import Any
 from emulation.metrics import MetricDef, build, new_registry
 from emulation.spec import PHASES
 
-from .reconfig import STAGES, SWITCH_ACTIONS
+from .reconfig.executor import STAGES
+from .switching import SWITCH_ACTIONS
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ CONTROLLER_METRICS = (
               OVERHEAD_BUCKETS),
     MetricDef("orchestrrl_reconfiguration_overhead_stage_seconds_total", "counter",
               "the control overhead stage by stage, summed over the reconfigurations counted in "
-              "orchestrrl_reconfiguration_overhead_seconds (history overhead_stages_ms; controller/reconfig.py "
+              "orchestrrl_reconfiguration_overhead_seconds (history overhead_stages_ms; controller/reconfig/executor.py "
               "STAGES): divide by its _count for the mean", ("stage",)),
     MetricDef("orchestrrl_reconfiguration_stall_seconds_total", "counter",
               "time phases waited for stalled reconfigurations (the switching delay beyond the slack "

@@ -3,7 +3,7 @@
 :class:`FabricController` is what the REST API talks to and what the os-ken app feeds with switch events.
 It owns the intended circuits, the current routes, the phase, the connected switches and the history, and it
 serialises reconfigurations (one at a time; a second waits its turn). It reaches the switches only through a
-:class:`controller.reconfig.Driver`, so unit tests run it against fake datapaths. The command line lives in
+:class:`controller.reconfig.executor.Driver`, so unit tests run it against fake datapaths. The command line lives in
 controller/config.py.
 """
 from __future__ import annotations
@@ -21,8 +21,11 @@ from emulation.spec import FabricSpec, JobLayout, check_delay_ms, pick_delay_ms
 from emulation.validation import SpecError, require, to_dict
 
 from .ocs import Matching, split_flows
-from .reconfig import (Clock, Driver, ReconfigPlan, ReconfigRequest, circuits_request, decide_switch, execute_plan,
-                       phase_request, plan_reconfig)
+from .reconfig.clock import Clock
+from .reconfig.executor import Driver, execute_plan
+from .reconfig.plan import ReconfigPlan, plan_reconfig
+from .reconfig.request import ReconfigRequest, circuits_request, phase_request
+from .switching import decide_switch
 from .rest import Unavailable
 
 log = logging.getLogger(__name__)

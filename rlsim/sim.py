@@ -22,7 +22,7 @@ flow-level simulator (``rlsim.flowsim``) on the fabric's links (``rlsim.fabrics`
   phase to the first use of the added circuits in the next one (so it includes the next phase's lead-in:
   training compute before the all-reduce, prefill/decode before the token streams); per-step latency is
   inside the transfers, so it is not idle time. The controller's rule decides
-  (``controller.reconfig.decide_switch``): switch when the window fits; otherwise switch anyway and stall
+  (``controller.switching.decide_switch``): switch when the window fits; otherwise switch anyway and stall
   the next phase for ``T_ocs - window`` when the predicted gain (the next phase's time on the old topology
   minus on the new one; infinite when the old one cannot carry it) exceeds that stall; otherwise keep the
   old topology for the next phase. Each transition reports ``switched`` / ``stalled`` / ``kept`` (the
@@ -44,9 +44,9 @@ import numpy as np
 from agents.costmodel import CostModel
 from controller.ocs import diff
 from controller.phases import stripe_plan, sync_chains, train_plan
+from controller.switching import decide_switch
 from controller.traffic import (Group, TrainLayout, broadcast_tree, merge, phase_traffic, train_bytes, train_layout,
                                 train_traffic)
-from controller.reconfig import decide_switch
 from emulation.spec import MAX_DELAY_MS
 from emulation.scenario import Scenario
 from emulation.spec import FabricSpec, JobLayout
@@ -445,7 +445,7 @@ UNCHANGED = {"action": "unchanged", "decision": None, "changed_bundles": 0, "win
 
 
 def decide(prev: PhaseRun, nxt: PhaseRun, old: PhaseRun | None, removed: set, added: set, t_ocs_s: float) -> dict:
-    """One transition, by the controller's rule ``controller.reconfig.decide_switch``: the window is the
+    """One transition, by the controller's rule ``controller.switching.decide_switch``: the window is the
     changed circuits' idle window, the gain what the next phase saves on the new topology (``nxt``) against
     the old one (``old``; None: the old topology cannot carry that phase, an infinite gain). The report calls
     a deferred transition ``kept`` (the phase runs on the old topology); ``decision`` is the rule's word."""

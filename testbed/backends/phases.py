@@ -11,7 +11,7 @@ import numpy as np
 
 from agents.costmodel import CostModel
 from controller.phases import PHASES
-from controller.reconfig import decide_switch
+from controller.switching import decide_switch
 from controller.traffic import phase_traffic
 from rlsim.fabrics import CircuitNetwork, Unreachable, build_network, rfabric_counts
 from rlsim.sim import SimSettings, sync_phase, train_phase

@@ -26,7 +26,7 @@ def connected_core():
     """``connected_core(spec, layout, **kw) -> (core, driver, clock)``: a FabricController on fake switches,
     every switch connected and read back (empty OCSes), the initial phase installed, the driver's log
     cleared."""
-    from controller.reconfig import FakeClock, FakeDriver
+    from fakes_controller import FakeClock, FakeDriver
     from controller.runtime import FabricController
 
     def make(spec, layout, **kw):

@@ -16,7 +16,6 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.metrics import CONTROLLER_METRICS, ControllerMetrics
-from controller.reconfig import FakeClock, FakeDriver
 from controller.rest import RestApp
 from controller.runtime import FabricController, NotReady
 from emulation.metrics import MetricDef, bind_port, registered, serve, serve_free
@@ -27,6 +26,7 @@ from emulation.workload import WorkloadSpec
 from testbed import cli
 from testbed.driver import Timeline
 from testbed.metrics import DRIVER_METRICS, DriverMetrics, markdown_table
+from fakes_controller import FakeClock, FakeDriver
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = FabricSpec()

@@ -10,12 +10,15 @@ import pytest
 
 from controller import phases
 from controller.ocs import FlowSpec, Matching
-from controller.reconfig import (SWITCH_ACTIONS, FakeClock, FakeDriver, PreciseClock, ReconfigRequest, SwitchDecision,
-                                 circuits_request, decide_switch, execute_plan, LOSS_TOLERANCE_MS, fits_slack, phase_request,
-                                 plan_reconfig)
+from controller.reconfig.clock import PreciseClock
+from controller.reconfig.executor import execute_plan
+from controller.reconfig.plan import plan_reconfig
+from controller.reconfig.request import ReconfigRequest, circuits_request, phase_request
+from controller.switching import LOSS_TOLERANCE_MS, SWITCH_ACTIONS, SwitchDecision, decide_switch, fits_slack
 from controller.runtime import FabricController, NotReady, load_state, save_state
 from emulation.spec import FabricSpec, JobLayout, pick_delay_ms
 from emulation.validation import SpecError
+from fakes_controller import FakeClock, FakeDriver
 
 SPEC = FabricSpec()  # 2 pods x 2 ToRs, 2 uplinks, 1 OCS with 8 ports
 LAYOUT = JobLayout()

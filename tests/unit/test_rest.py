@@ -10,10 +10,10 @@ import threading
 import pytest
 
 from controller import phases
-from controller.reconfig import FakeClock, FakeDriver
 from controller.rest import MAX_BODY_BYTES, RestApp
 from controller.runtime import FabricController
 from emulation.spec import FabricSpec, JobLayout
+from fakes_controller import FakeClock, FakeDriver
 
 SPEC = FabricSpec()
 LAYOUT = JobLayout()

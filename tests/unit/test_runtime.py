@@ -10,13 +10,13 @@ import pytest
 
 from controller import process as ctl_process
 from controller.ocs import Matching
-from controller.reconfig import FakeClock, FakeDriver
 from controller.__main__ import main
 from controller.config import (ControllerOptions, build_arg_parser, check_config, config_from_options,
                                options_from_args, read_or_create_token, to_argv)
 from controller.runtime import FabricController, NotReady, ReconfigFailed
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, to_dict
+from fakes_controller import FakeClock, FakeDriver
 
 SPEC = FabricSpec()  # 2 pods x 2 ToRs, 1 OCS with 8 ports
 LAYOUT = JobLayout()
@@ -303,7 +303,7 @@ def test_client_sends_gain_ms_in_both_posts(monkeypatch):
 
 @pytest.mark.parametrize("gain", [-3600_000.5, float("nan"), float("inf"), 3600_000.5])
 def test_internal_request_validates_gain_ms(gain):
-    from controller.reconfig import ReconfigRequest
+    from controller.reconfig.request import ReconfigRequest
 
     with pytest.raises(SpecError) as ei:
         ReconfigRequest(target={0: Matching.empty(SPEC.ports_per_ocs)}, gain_ms=gain)
