@@ -100,8 +100,8 @@ class ControllerMetrics:
 
     def watch(self, core: Any) -> None:
         """Read the switch gauges from ``core`` (a FabricController) at every scrape."""
-        self.m["orchestrrl_controller_switches_connected"].set_function(lambda: len(core.connected))
-        self.m["orchestrrl_controller_switches_expected"].set_function(lambda: len(core.expected))
+        self.m["orchestrrl_controller_switches_connected"].set_function(lambda: len(core.switches.connected))
+        self.m["orchestrrl_controller_switches_expected"].set_function(lambda: len(core.switches.expected))
         self.m["orchestrrl_controller_ready"].set_function(lambda: 1.0 if core.ready else 0.0)
 
     # ---- hooks ------------------------------------------------------------------------------------------

@@ -33,9 +33,9 @@ def connected_core():
         clock = FakeClock()
         drv = FakeDriver(clock, spec.ocs_count)
         core = FabricController(spec, layout, drv, clock, threading.Lock(), **kw)
-        for d in core.expected:
+        for d in core.switches.expected:
             core.switch_connected(d)
-        for d in core.expected:
+        for d in core.switches.expected:
             core.switch_synced(d, [] if spec.classify_dpid(d)[0] == "ocs" else None)
         assert core.ready
         drv.log.clear()

@@ -90,9 +90,9 @@ def ready_core():
     drv = FakeDriver(clock, SPEC.ocs_count)
     cm = ControllerMetrics()
     core = FabricController(SPEC, LAYOUT, drv, clock, threading.Lock(), metrics=cm)
-    for d in core.expected:
+    for d in core.switches.expected:
         core.switch_connected(d)
-    for d in core.expected:
+    for d in core.switches.expected:
         core.switch_synced(d, [] if SPEC.classify_dpid(d)[0] == "ocs" else None)
     assert core.ready
     return core, cm
@@ -174,7 +174,7 @@ def test_a_reconfiguration_refused_while_not_ready_is_a_rejection():
                                                                                  (("kind", "circuits"),): 0}
     assert total(cm.registry, RECONF) == 0
     assert values(cm.registry, "orchestrrl_controller_ready")[()] == 0
-    assert values(cm.registry, "orchestrrl_controller_switches_expected")[()] == len(core.expected)
+    assert values(cm.registry, "orchestrrl_controller_switches_expected")[()] == len(core.switches.expected)
 
 
 def test_rest_answers_are_counted_by_status():

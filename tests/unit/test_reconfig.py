@@ -276,21 +276,21 @@ def make_core(tmp_path=None, lock=None, clock=None, **kw):
 
 
 def connect_all(core, ocs_flows=None):
-    for d in core.expected:
+    for d in core.switches.expected:
         core.switch_connected(d)
-    for d in core.expected:
+    for d in core.switches.expected:
         kind = SPEC.classify_dpid(d)
         core.switch_synced(d, (ocs_flows or {}).get(kind[1], []) if kind[0] == "ocs" else None)
 
 
 def test_initialises_to_initial_phase_once_all_switches_synced(tmp_path):
     core, drv = make_core(tmp_path, initial_phase="gen")
-    for d in core.expected[:-1]:
+    for d in core.switches.expected[:-1]:
         core.switch_connected(d)
         core.switch_synced(d, [])
     assert not core.ready and drv.sent() == []
-    core.switch_connected(core.expected[-1])
-    core.switch_synced(core.expected[-1], [])
+    core.switch_connected(core.switches.expected[-1])
+    core.switch_synced(core.switches.expected[-1], [])
     assert core.ready and core.phase == "gen"
     gen = phases.phase_matchings(SPEC, LAYOUT, "gen")
     assert core.circuits() == {"0": gen[0].to_json()}

@@ -32,9 +32,9 @@ def make_core(**kw):
 
 
 def connect_all(core):
-    for d in core.expected:
+    for d in core.switches.expected:
         core.switch_connected(d)
-    for d in core.expected:
+    for d in core.switches.expected:
         core.switch_synced(d, [] if SPEC.classify_dpid(d)[0] == "ocs" else None)
     assert core.ready
 
@@ -77,7 +77,7 @@ def test_failed_reconfiguration_marks_switches_stale_and_readback_converges(fail
     rec = core.history()[-1]
     assert rec["status"] == "failed" and "TimeoutError" in rec["error"]
     # what the switches hold is unknown: not ready, routes forgotten, the touched OCS and every ToR re-read
-    assert stale_calls == [sorted([OCS] + TORS)] and core.stale == set([OCS] + TORS)
+    assert stale_calls == [sorted([OCS] + TORS)] and core.switches.stale == set([OCS] + TORS)
     assert not core.ready and core.routes is None
     assert core.state()["unsynced"] == sorted([OCS] + TORS)
     assert core.matchings[0] == target  # the intended circuits (persisted), reconciled on read-back
@@ -94,7 +94,7 @@ def test_failed_reconfiguration_marks_switches_stale_and_readback_converges(fail
     assert not core.ready  # the ToRs are still to be read back
     for d in TORS:
         core.switch_synced(d)
-    assert core.ready and core.stale == set() and core.routes is not None
+    assert core.ready and core.switches.stale == set() and core.routes is not None
     assert_holds(drv, clock, target)
     pushes = [e[2] for e in drv.log if e[0] == "routes"]
     assert pushes[0] is True and pushes[-len(TORS):] == [True] * len(TORS)  # full pushes: routes were unknown
@@ -139,7 +139,7 @@ def test_failure_of_a_disconnected_switch_waits_for_its_reconnect():
     drv.send_barrier = gone
     with pytest.raises(ReconfigFailed):
         core.request_circuits({"circuits": {"0": [[1, 2]]}, "delay_ms": 0})
-    assert OCS not in core.stale and stale_calls == [TORS]  # the OCS is read back on reconnect
+    assert OCS not in core.switches.stale and stale_calls == [TORS]  # the OCS is read back on reconnect
 
 
 # ---- 2. ready only once every switch was read back -------------------------------------------------------
@@ -149,7 +149,7 @@ def test_ready_waits_for_readback_of_a_reconnected_switch():
     tor = TORS[0]
     core.switch_disconnected(tor)
     core.switch_connected(tor)
-    assert tor in core.connected and not core.ready
+    assert tor in core.switches.connected and not core.ready
     st = core.state()
     assert st["missing"] == [] and st["unsynced"] == [tor] and not st["ready"]
     with pytest.raises(NotReady, match="not read back"):
@@ -385,9 +385,9 @@ def test_not_ready_until_the_initial_reconcile_is_done(tmp_path):
         orig(ocs, deletes, adds)
 
     drv.send_ocs_flows = spy
-    for d in core.expected:
+    for d in core.switches.expected:
         core.switch_connected(d)
-    for d in core.expected:  # the OCS holds other circuits (e.g. the train mesh) after a restart
+    for d in core.switches.expected:  # the OCS holds other circuits (e.g. the train mesh) after a restart
         core.switch_synced(d, [(1, 7), (7, 1), (2, 6), (6, 2)] if d == OCS else None)
     assert seen and all(ready is False and circ == {} for ready, circ in seen)
     assert core.ready and core.circuits() == {"0": gen[0].to_json()} and core.phase == "gen"
