@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from emulation.files import write_json_atomic
-from emulation.spec import FabricSpec, JobLayout, check_delay_ms, pick_delay_ms
+from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, require, to_dict
 
 from .ocs import Matching
@@ -211,8 +211,8 @@ class FabricController:
     (:meth:`switch_synced`) reconciles the switch to the intended state.
     """
 
-    def __init__(self, spec: FabricSpec, layout: JobLayout, driver: Driver, clock: Clock, lock: Any,
-                 initial_phase: str = "train", delay_ms: float | None = None, state_path: str | Path | None = None,
+    def __init__(self, spec: FabricSpec, layout: JobLayout, driver: Driver, clock: Clock, lock: Any, *,
+                 delay_ms: float, initial_phase: str = "train", state_path: str | Path | None = None,
                  wall: Callable[[], float] = time.time,
                  on_stale: Callable[[list[int]], None] | None = None, traffic: Any = None,
                  metrics: Any = None):
@@ -224,7 +224,8 @@ class FabricController:
         self.clock = clock
         self._lock = lock
         self.initial_phase = initial_phase
-        self.default_delay_ms = pick_delay_ms(check_delay_ms(delay_ms, "delay_ms"), spec.reconfig_delay_ms)
+        # the switching delay in wall time for requests that give none (ControllerConfig resolved and validated it)
+        self.delay_ms = float(delay_ms)
         self.state_path = Path(state_path) if state_path else None
         self._wall = wall
         self.switches = SwitchSet(spec, on_stale)  # connected, read back, stale; what each OCS holds
@@ -249,7 +250,7 @@ class FabricController:
     def state(self) -> dict:
         sw = self.switches
         return {**sw.state(), "ready": self.ready, "initialised": self.initialised, "phase": self.phase,
-                "busy": self.busy, "default_delay_ms": self.default_delay_ms,
+                "busy": self.busy, "delay_ms": self.delay_ms,
                 "mismatch": [sw.mismatch[o] for o in sorted(sw.mismatch)]}
 
     def circuits(self) -> dict:
@@ -353,7 +354,7 @@ class FabricController:
 
     def _dark_delay_ms(self, plan: ReconfigPlan) -> float:
         """The switching delay of a plan the controller makes itself: none unless a circuit is removed."""
-        return self.default_delay_ms if any(s.diff.removed for s in plan.ocs_steps) else 0.0
+        return self.delay_ms if any(s.diff.removed for s in plan.ocs_steps) else 0.0
 
     def _initialise(self) -> None:
         current = {o: self.switches.ocs_readback[o].matching for o in range(self.spec.ocs_count)}
@@ -385,7 +386,7 @@ class FabricController:
 
     def _run(self, req: ReconfigRequest, kind: str, received: float, received_at: float,
              plan: ReconfigPlan | None = None) -> dict:
-        delay = pick_delay_ms(req.delay_ms, self.default_delay_ms)
+        delay = self.delay_ms if req.delay_ms is None else req.delay_ms  # a request's own over the controller's
         # received_mono: the controller's monotonic clock (CLOCK_MONOTONIC, shared by every namespace), so a
         # probe stream's send times can be lined up with the reconfiguration's t_ms offsets
         rec: dict = {"kind": kind, "source": req.source, "phase": req.phase, "delay_ms": delay,

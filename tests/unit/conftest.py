@@ -32,6 +32,7 @@ def connected_core():
     def make(spec, layout, **kw):
         clock = FakeClock()
         drv = FakeDriver(clock, spec.ocs_count)
+        kw.setdefault("delay_ms", spec.reconfig_delay_ms)
         core = FabricController(spec, layout, drv, clock, threading.Lock(), **kw)
         for d in core.switches.expected:
             core.switch_connected(d)

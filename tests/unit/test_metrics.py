@@ -89,7 +89,8 @@ def ready_core():
     clock = FakeClock()
     drv = FakeDriver(clock, SPEC.ocs_count)
     cm = ControllerMetrics()
-    core = FabricController(SPEC, LAYOUT, drv, clock, threading.Lock(), metrics=cm)
+    core = FabricController(SPEC, LAYOUT, drv, clock, threading.Lock(), delay_ms=SPEC.reconfig_delay_ms,
+                            metrics=cm)
     for d in core.switches.expected:
         core.switch_connected(d)
     for d in core.switches.expected:
@@ -167,7 +168,8 @@ def test_a_reconfiguration_moves_each_counter_by_exactly_one():
 def test_a_reconfiguration_refused_while_not_ready_is_a_rejection():
     clock = FakeClock()
     cm = ControllerMetrics()
-    core = FabricController(SPEC, LAYOUT, FakeDriver(clock, 1), clock, threading.Lock(), metrics=cm)
+    core = FabricController(SPEC, LAYOUT, FakeDriver(clock, 1), clock, threading.Lock(),
+                            delay_ms=SPEC.reconfig_delay_ms, metrics=cm)
     with pytest.raises(NotReady):
         core.request_phase({"phase": "gen"})
     assert values(cm.registry, "orchestrrl_reconfigurations_rejected_total") == {(("kind", "phase"),): 1,

@@ -16,7 +16,7 @@ from controller.reconfig.plan import plan_reconfig
 from controller.reconfig.request import ReconfigRequest, circuits_request, phase_request
 from controller.switching import LOSS_TOLERANCE_MS, SWITCH_ACTIONS, SwitchDecision, decide_switch, fits_slack
 from controller.runtime import FabricController, NotReady, load_state, save_state
-from emulation.spec import FabricSpec, JobLayout, pick_delay_ms
+from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError
 from fakes_controller import FakeClock, FakeDriver
 
@@ -87,8 +87,8 @@ def test_switch_actions_are_the_three_answers():
 def test_circuits_request_valid_and_defaults():
     req = circuits_request(SPEC, {"circuits": {"0": [[3, 1], [2, 4]]}})
     assert req.target == {0: m((1, 3), (2, 4))}
-    assert req.delay_ms is None and pick_delay_ms(req.delay_ms, SPEC.reconfig_delay_ms) == SPEC.reconfig_delay_ms
-    assert pick_delay_ms(circuits_request(SPEC, {"circuits": {"0": []}, "delay_ms": 0}).delay_ms, 10.0) == 0.0
+    assert req.delay_ms is None  # the controller's own delay (FabricController.delay_ms) applies
+    assert circuits_request(SPEC, {"circuits": {"0": []}, "delay_ms": 0}).delay_ms == 0.0
 
 
 @pytest.mark.parametrize("body,field", [
@@ -270,6 +270,7 @@ def make_core(tmp_path=None, lock=None, clock=None, **kw):
     fake = FakeClock()
     drv = FakeDriver(fake, SPEC.ocs_count)
     clock = clock or fake
+    kw.setdefault("delay_ms", SPEC.reconfig_delay_ms)
     core = FabricController(SPEC, LAYOUT, drv, clock, lock or threading.Lock(),
                             state_path=(tmp_path / "state.json") if tmp_path else None, **kw)
     return core, drv

@@ -27,6 +27,7 @@ TORS = [SPEC.tor_dpid(t) for t in range(SPEC.n_tors)]
 def make_core(**kw):
     clock = FakeClock()
     drv = FakeDriver(clock, SPEC.ocs_count)
+    kw.setdefault("delay_ms", SPEC.reconfig_delay_ms)
     core = FabricController(SPEC, LAYOUT, drv, clock, threading.Lock(), **kw)
     return core, drv, clock
 
