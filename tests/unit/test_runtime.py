@@ -252,6 +252,20 @@ def test_check_config_creates_nothing_and_config_from_options_adds_the_token(tmp
     assert config_from_options(args(tmp_path, no_auth=True, token_file=None)).token is None
 
 
+def test_the_controller_programs_the_wall_clock_delay_resolved_once(tmp_path):
+    """--delay-ms is wall-clock ms as given; without it, the scenario's (or the spec's) delay x its time
+    dilation, the same figure Scenario.wall_delay_ms gives the harness."""
+    from emulation.scenario import load_scenario
+
+    dilated = json.dumps({"fabric": to_dict(FabricSpec(reconfig_delay_ms=4.0, time_dilation=2.5))})
+    assert check_config(args(tmp_path, spec_json=dilated)).delay_ms == 10.0
+    assert check_config(args(tmp_path, spec_json=dilated, delay_ms=3.0)).delay_ms == 3.0
+    path = tmp_path / "s.yaml"
+    path.write_text("fabric:\n  reconfig_delay_ms: 4.0\n  time_dilation: 2.5\ncontroller:\n  reconfig_delay_ms: 2.0\n")
+    cfg = check_config(args(tmp_path, spec_json=None, scenario=str(path)))
+    assert cfg.delay_ms == load_scenario(path).wall_delay_ms == 5.0
+
+
 def test_cli_bad_rest_port_leaves_no_home_and_no_token(tmp_path, monkeypatch, capsys):
     from testbed.cli import main as cli_main
 
