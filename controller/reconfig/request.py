@@ -32,6 +32,14 @@ def _check_gain(value: float | None, name: str = "gain_ms") -> None:
             f"must be in {-MAX_WINDOW_MS:g}..{MAX_WINDOW_MS:g} ms (negative: the new topology is slower), got {v:g}")
 
 
+def check_timing(delay_ms: float | None, window_ms: float | None, gain_ms: float | None) -> None:
+    """The timing fields of a reconfiguration (a REST body's, or a request the controller builds itself):
+    the switching delay (wall-clock ms; None: the controller's), the slack window, the predicted gain."""
+    check_delay_ms(delay_ms, "delay_ms")
+    _check_window(window_ms)
+    _check_gain(gain_ms)
+
+
 @dataclass(frozen=True, kw_only=True)
 class _TimingBody:
     """The timing fields every reconfiguration body takes (validated in one place)."""
@@ -41,9 +49,7 @@ class _TimingBody:
     gain_ms: Optional[float] = None  # predicted gain of the new topology (decide_switch)
 
     def __post_init__(self) -> None:
-        check_delay_ms(self.delay_ms, "delay_ms")
-        _check_window(self.window_ms)
-        _check_gain(self.gain_ms)
+        check_timing(self.delay_ms, self.window_ms, self.gain_ms)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,9 +84,7 @@ class ReconfigRequest:
     source: str = "rest"
 
     def __post_init__(self) -> None:
-        check_delay_ms(self.delay_ms, "delay_ms")
-        _check_window(self.window_ms)
-        _check_gain(self.gain_ms)
+        check_timing(self.delay_ms, self.window_ms, self.gain_ms)
 
 
 def _ocs_index(spec: FabricSpec, key: object) -> int:
