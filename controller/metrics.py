@@ -47,8 +47,8 @@ CONTROLLER_METRICS = (
               OVERHEAD_BUCKETS),
     MetricDef("orchestrrl_reconfiguration_overhead_stage_seconds_total", "counter",
               "the control overhead stage by stage, summed over the reconfigurations counted in "
-              "orchestrrl_reconfiguration_overhead_seconds (history overhead_stages_ms; controller/reconfig/executor.py "
-              "STAGES): divide by its _count for the mean", ("stage",)),
+              "orchestrrl_reconfiguration_overhead_seconds (history overhead_stages_ms; "
+              "controller/reconfig/executor.py STAGES): divide by its _count for the mean", ("stage",)),
     MetricDef("orchestrrl_reconfiguration_stall_seconds_total", "counter",
               "time phases waited for stalled reconfigurations (the switching delay beyond the slack "
               "window)", ()),

@@ -93,7 +93,7 @@ class Scenario:
         require(bool(self.name.strip()), "name", "must not be empty")
         require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
         self.layout.check(self.fabric)
-        where = "fabric.reconfig_delay_ms" if self.controller.reconfig_delay_ms is None else "controller.reconfig_delay_ms"
+        where = ("fabric" if self.controller.reconfig_delay_ms is None else "controller") + ".reconfig_delay_ms"
         require(self.wall_delay_ms <= MAX_DELAY_MS, where,
                 f"{self.reconfig_delay_ms:g} ms x fabric.time_dilation {self.fabric.time_dilation:g} lasts "
                 f"{self.wall_delay_ms:g} ms in wall time, over the controller's limit of {MAX_DELAY_MS:g} ms")

@@ -88,7 +88,8 @@ def test_controller_delay_override():
 def test_the_switching_delay_is_resolved_and_dilated_once_in_the_scenario():
     s = Scenario(fabric=FabricSpec(reconfig_delay_ms=4.0, time_dilation=3.0))
     assert s.reconfig_delay_ms == 4.0 and s.wall_delay_ms == 12.0  # real time; wall time = x time dilation
-    s = Scenario(fabric=FabricSpec(reconfig_delay_ms=4.0, time_dilation=3.0), controller=ControllerSettings(reconfig_delay_ms=1.5))
+    s = Scenario(fabric=FabricSpec(reconfig_delay_ms=4.0, time_dilation=3.0),
+                 controller=ControllerSettings(reconfig_delay_ms=1.5))
     assert s.reconfig_delay_ms == 1.5 and s.wall_delay_ms == 4.5  # the controller's setting overrides the fabric's
 
 
