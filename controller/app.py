@@ -41,7 +41,7 @@ with warnings.catch_warnings():  # eventlet 0.41 (imported by os-ken) warns that
 from .config import ControllerConfig
 from .datapath import FlowCache, FlowCacheError, open_flow_cache
 from .ocs import COOKIE_MASK, OCS_COOKIE, OCS_PRIORITY, TOR_COOKIE, FlowSpec
-from .reconfig import PreciseClock
+from .reconfig.clock import PreciseClock
 from .rest import RestApp, make_server
 from .runtime import FabricController
 from .traffic import phase_traffic
@@ -341,7 +341,7 @@ def group_mod(dp, group_id: int, ports: Sequence[int], command: str):
 
 
 class OsKenDriver:
-    """:class:`controller.reconfig.Driver` over the app's connected datapaths; ``flow_cache``: the
+    """:class:`controller.reconfig.executor.Driver` over the app's connected datapaths; ``flow_cache``: the
     ovs-vswitchd flow cache to flush around reconfigurations (controller/datapath.py), or None."""
 
     def __init__(self, app: OrlControllerApp, flow_cache: FlowCache | None = None, metrics: Any = None):

@@ -53,8 +53,8 @@ class ControllerOptions:
     no_auth: bool = _opt(False, "serve the REST API without a token", group="auth")
     state_file: str | None = _opt(None, "JSON file holding the intended circuits (reconciled after a restart)")
     initial_phase: str | None = _opt(None, "phase installed on a fresh fabric (default: the scenario's, else train)")
-    delay_ms: float | None = _opt(None, "default OCS switching delay in ms (default: the scenario's, else the "
-                                        "fabric's reconfig_delay_ms)")
+    delay_ms: float | None = _opt(None, "OCS switching delay in wall-clock ms, for requests that give none "
+                                        "(default: the scenario's reconfig delay x its time dilation)")
     datapath_flush: str = _opt("auto", "purge Open vSwitch's cached datapath flows when a reconfiguration's deletes "
                                        "and adds are confirmed, so changed paths are dark for D and no longer "
                                        "(controller/datapath.py): auto (when the local ovs-vswitchd is found), on, off")
@@ -156,13 +156,13 @@ class ControllerConfig:
     layout: JobLayout
     of_port: int
     rest_port: int
+    delay_ms: float  # the OCS switching delay in wall time, resolved once by config_from_options
     rest_host: str = "127.0.0.1"
     of_host: str = "127.0.0.1"
     token: str | None = None  # None: no auth (--no-auth), or not read yet (check_config)
     token_file: str | None = None  # None: no auth
     state_file: str | None = None
     initial_phase: str = "train"
-    delay_ms: float | None = None
     datapath_flush: str = "auto"
     owner_pid: int | None = None  # exit once this process is gone
     owner_start: int | None = None
@@ -188,7 +188,7 @@ class ControllerConfig:
         require(not self.metrics_port or self.metrics_port not in (self.of_port, self.rest_port), "metrics_port",
                 f"must differ from of_port ({self.of_port}) and rest_port ({self.rest_port})")
         check_metrics_host(self.metrics_host, "metrics_host")
-        check_delay_ms(self.delay_ms, "delay_ms")
+        require(check_delay_ms(self.delay_ms, "delay_ms") is not None, "delay_ms", "must be given (wall-clock ms)")
         check_flush_mode(self.datapath_flush)
 
 
@@ -236,7 +236,7 @@ def check_config(opts: ControllerOptions) -> ControllerConfig:
         sc = load_scenario(opts.scenario)
         spec, layout, workload = sc.fabric, sc.layout, sc.workload
         initial_phase = initial_phase or sc.controller.initial_phase
-        delay_ms = sc.controller.delay_ms if delay_ms is None else delay_ms
+        wall_delay_ms = sc.wall_delay_ms
     else:
         try:
             data = json.loads(opts.spec_json)
@@ -244,6 +244,8 @@ def check_config(opts: ControllerOptions) -> ControllerConfig:
             raise SpecError("spec_json", f"not valid JSON: {e}") from None
         sj = from_dict(SpecJson, data, "spec_json")
         spec, layout, workload = sj.fabric, sj.layout, sj.workload
+        wall_delay_ms = spec.wall_ms(spec.reconfig_delay_ms)
+    delay_ms = wall_delay_ms if delay_ms is None else delay_ms  # resolved here, once
     layout.check(spec)
     initial_phase = check_phase(initial_phase or "train", "initial_phase")
     if opts.state_file:

@@ -18,7 +18,8 @@ from typing import Any
 from emulation.metrics import MetricDef, build, new_registry
 from emulation.spec import PHASES
 
-from .reconfig import STAGES, SWITCH_ACTIONS
+from .reconfig.executor import STAGES
+from .switching import SWITCH_ACTIONS
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,8 @@ CONTROLLER_METRICS = (
               OVERHEAD_BUCKETS),
     MetricDef("orchestrrl_reconfiguration_overhead_stage_seconds_total", "counter",
               "the control overhead stage by stage, summed over the reconfigurations counted in "
-              "orchestrrl_reconfiguration_overhead_seconds (history overhead_stages_ms; controller/reconfig.py "
-              "STAGES): divide by its _count for the mean", ("stage",)),
+              "orchestrrl_reconfiguration_overhead_seconds (history overhead_stages_ms; "
+              "controller/reconfig/executor.py STAGES): divide by its _count for the mean", ("stage",)),
     MetricDef("orchestrrl_reconfiguration_stall_seconds_total", "counter",
               "time phases waited for stalled reconfigurations (the switching delay beyond the slack "
               "window)", ()),
@@ -99,8 +100,8 @@ class ControllerMetrics:
 
     def watch(self, core: Any) -> None:
         """Read the switch gauges from ``core`` (a FabricController) at every scrape."""
-        self.m["orchestrrl_controller_switches_connected"].set_function(lambda: len(core.connected))
-        self.m["orchestrrl_controller_switches_expected"].set_function(lambda: len(core.expected))
+        self.m["orchestrrl_controller_switches_connected"].set_function(lambda: len(core.switches.connected))
+        self.m["orchestrrl_controller_switches_expected"].set_function(lambda: len(core.switches.expected))
         self.m["orchestrrl_controller_ready"].set_function(lambda: 1.0 if core.ready else 0.0)
 
     # ---- hooks ------------------------------------------------------------------------------------------

@@ -7,18 +7,15 @@ ports go dark), waits the switching delay, then installs the new circuits; uncha
 flows and keep carrying traffic.
 
 Everything here is datapath-neutral: :class:`FlowSpec` uses os-ken ``OFPMatch`` keyword names and simple
-action tuples, and the os-ken app turns them into messages. :class:`FakeFlowTable` is a test utility
-shared by every package's unit tests.
+action tuples, and the os-ken app turns them into messages (the unit tests' in-memory table is
+tests/unit/fakes_controller.py).
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Iterable
 
 from emulation.validation import SpecError
-
-log = logging.getLogger(__name__)
 
 # Cookies: the top 16 bits of the low 48 tell who owns a flow, so the os-ken app can delete/read back
 # exactly its own flows with (cookie, COOKIE_MASK).
@@ -233,97 +230,3 @@ def circuits_from_flows(n_ports: int, flows: Iterable[tuple[int, int]]) -> Match
         more = f" (+{len(rb.stray) - 8} more)" if len(rb.stray) > 8 else ""
         raise SpecError("flows", f"{len(rb.stray)} flows form no consistent circuit: {shown}{more}")
     return rb.matching
-
-
-# ---- test utility --------------------------------------------------------------------------------
-class FakeFlowTable:
-    """An in-memory OpenFlow table for unit tests, with an injected clock.
-
-    ``apply(deletes, adds)`` removes then installs flows (keyed by priority and match, like a strict
-    flow-mod) at ``now()``; ``lookup(in_port)`` follows the highest-priority in_port-only flow.
-    ``history[port]`` records ``(time, out_port | None)`` each time the forwarding of ``port`` changes,
-    so a test can compute each port's dark interval with :meth:`dark_intervals`.
-    """
-
-    def __init__(self, now: Callable[[], float]):
-        self._now = now
-        self.flows: dict[tuple, FlowSpec] = {}
-        self.history: dict[int, list[tuple[float, int | None]]] = {}
-        self.ops: list[tuple[float, str, FlowSpec]] = []  # (time, "del" | "add", flow)
-
-    def _in_port_entries(self, port: int) -> list[FlowSpec]:
-        return [f for f in self.flows.values() if f.match == (("in_port", port),)]
-
-    def lookup(self, in_port: int) -> int | None:
-        cands = self._in_port_entries(in_port)
-        if not cands:
-            return None
-        best = max(cands, key=lambda f: f.priority)
-        for kind, arg in best.actions:
-            if kind == "output":
-                return int(arg)
-        return None
-
-    def _record(self, ports: Iterable[int]) -> None:
-        t = self._now()
-        for p in sorted(set(ports)):
-            cur = self.lookup(p)
-            h = self.history.setdefault(p, [])
-            if not h or h[-1][1] != cur:
-                h.append((t, cur))
-
-    @staticmethod
-    def _in_ports(flows: Iterable[FlowSpec]) -> list[int]:
-        return [int(v) for f in flows for k, v in f.match if k == "in_port"]
-
-    def delete(self, flows: Iterable[FlowSpec]) -> None:
-        flows = list(flows)
-        t = self._now()
-        for f in flows:
-            if self.flows.pop(f.key, None) is None:
-                log.debug("fake table: delete of absent flow %s", f)
-            self.ops.append((t, "del", f))
-        self._record(self._in_ports(flows))
-
-    def add(self, flows: Iterable[FlowSpec]) -> None:
-        flows = list(flows)
-        t = self._now()
-        for f in flows:
-            self.flows[f.key] = f
-            self.ops.append((t, "add", f))
-        self._record(self._in_ports(flows))
-
-    def apply(self, deletes: Iterable[FlowSpec], adds: Iterable[FlowSpec]) -> None:
-        self.delete(deletes)
-        self.add(adds)
-
-    def port_flows(self) -> list[tuple[int, int]]:
-        """(in_port, out_port) of every in_port flow, as read back from a switch."""
-        out = []
-        for f in self.flows.values():
-            ports = self._in_ports([f])
-            outs = [int(a) for k, a in f.actions if k == "output"]
-            if ports and outs:
-                out.append((ports[0], outs[0]))
-        return sorted(out)
-
-    def dark_intervals(self, port: int) -> list[tuple[float, float | None]]:
-        """[(start, end)] while ``port`` forwarded nowhere after having forwarded somewhere.
-
-        ``end`` is None when the port is still dark. A port that never had a flow has no intervals.
-        """
-        out: list[tuple[float, float | None]] = []
-        start: float | None = None
-        seen = False
-        for t, dst in self.history.get(port, []):
-            if dst is None:
-                if seen and start is None:
-                    start = t
-            else:
-                if start is not None:
-                    out.append((start, t))
-                    start = None
-                seen = True
-        if start is not None:
-            out.append((start, None))
-        return out

@@ -38,7 +38,7 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -426,6 +426,72 @@ def _width(c: dict[int, dict[int, int]], a: int, b: int, share: dict[tuple[int, 
     return w
 
 
+def _ring_weights(cells: list, cell_of: dict[int, int], stage_dem: list
+                  ) -> tuple[dict[tuple[int, int], float], dict[int, dict[int, float]]]:
+    """train_plan's ring traffic between cells: bytes per ToR pair of different cells (both directions, keyed
+    (low, high)) and per pair of adjacent cells (``adj_w[g][h]``), summed over the stages."""
+    ring_bytes: dict[tuple[int, int], float] = {}  # between ToRs of different cells, both directions
+    adj_w: dict[int, dict[int, float]] = {i: {} for i in range(len(cells))}
+    for _, _, td in stage_dem:
+        for (a, b), v in td.items():
+            g, h = cell_of.get(a), cell_of.get(b)
+            if g is None or h is None or g == h:
+                continue
+            key = (min(a, b), max(a, b))
+            ring_bytes[key] = ring_bytes.get(key, 0.0) + v
+            adj_w[g][h] = adj_w[g].get(h, 0.0) + v
+            adj_w[h][g] = adj_w[h].get(g, 0.0) + v
+    return ring_bytes, adj_w
+
+
+def _cell_counts(tors: list[int], cells: list, adj_w: dict[int, dict[int, float]],
+                 ring_bytes: dict[tuple[int, int], float], U: int, C: int,
+                 base: int) -> dict[int, dict[int, int]] | None:
+    """train_plan's circuits per ToR pair for ``(C, base)`` (its docstring's step 2); None when ``base``
+    circuits to every ToR of an adjacent cell do not fit the uplinks given to that cell."""
+    alloc: dict[int, dict[int, int]] = {t: {} for t in tors}
+    for g, cell in enumerate(cells):
+        own = C if len(cell) > 1 else 0
+        for a in cell:
+            peers = [b for b in cell if b != a]
+            # the rotation puts a remainder on different peers from ToR to ToR
+            k = cell.index(a)
+            for b, n in zip(peers[k:] + peers[:k], _split(own, [1.0] * len(peers))):
+                alloc[a][b] = n
+            nb = sorted(adj_w[g])
+            for h, p in zip(nb, _split(U - own, [adj_w[g][h] for h in nb])):
+                q = cells[h]
+                if base * len(q) > p:
+                    return None
+                rest = _split(p - base * len(q), [ring_bytes.get((min(a, b), max(a, b)), 0.0) for b in q])
+                if p - base * len(q) > 0 and not any(rest):  # no ring bytes to this cell's ToRs: evenly
+                    rest = _split(p - base * len(q), [1.0] * len(q))
+                for b, n in zip(q, rest):
+                    alloc[a][b] = base + n
+    c: dict[int, dict[int, int]] = {t: {} for t in tors}
+    for a in tors:
+        for b, n in alloc[a].items():
+            m = min(n, alloc[b].get(a, 0))
+            if m > 0:
+                c[a][b] = m
+    return c
+
+
+def _stage_estimates(stage_dem: list, cell_of: dict[int, int], R: float, c: dict[int, dict[int, int]],
+                     sh: dict) -> list[tuple[str, float]]:
+    """train_plan's estimated time of each stage on circuits ``c`` (its docstring's step 3)."""
+    out = []
+    for name, t_srv, td in stage_dem:
+        t = t_srv
+        for (a, b), v in td.items():
+            if a not in cell_of or b not in cell_of:
+                continue
+            w = _width(c, a, b, sh if cell_of[a] != cell_of[b] else {})
+            t = max(t, v / (w * R) if w > 0 else math.inf)
+        out.append((name, t))
+    return out
+
+
 def train_plan(spec: FabricSpec, tt: TrainTraffic) -> TrainPlan:
     """Allot the trainer ToRs' uplinks from training's traffic (pure). TopoOpt splits a server's degree
     between model-parallel traffic and the AllReduce rings in proportion to their traffic; MixNet gives the
@@ -454,62 +520,18 @@ def train_plan(spec: FabricSpec, tt: TrainTraffic) -> TrainPlan:
     for st in tt.stages:
         dem = st.demands(two_way=True)
         stage_dem.append((st.name, stage_server_bound_s(spec, dem), _tor_demand(spt, dem)))
-    ring_bytes: dict[tuple[int, int], float] = {}  # between ToRs of different cells, both directions
-    adj_w: dict[int, dict[int, float]] = {i: {} for i in range(len(cells))}
-    for _, _, td in stage_dem:
-        for (a, b), v in td.items():
-            g, h = cell_of.get(a), cell_of.get(b)
-            if g is None or h is None or g == h:
-                continue
-            key = (min(a, b), max(a, b))
-            ring_bytes[key] = ring_bytes.get(key, 0.0) + v
-            adj_w[g][h] = adj_w[g].get(h, 0.0) + v
-            adj_w[h][g] = adj_w[h].get(g, 0.0) + v
+    ring_bytes, adj_w = _ring_weights(cells, cell_of, stage_dem)
     multi = any(len(c) > 1 for c in cells)
 
     def counts(C: int, base: int) -> dict[int, dict[int, int]] | None:
-        alloc: dict[int, dict[int, int]] = {t: {} for t in tors}
-        for g, cell in enumerate(cells):
-            own = C if len(cell) > 1 else 0
-            for a in cell:
-                peers = [b for b in cell if b != a]
-                # the rotation puts a remainder on different peers from ToR to ToR
-                k = cell.index(a)
-                for b, n in zip(peers[k:] + peers[:k], _split(own, [1.0] * len(peers))):
-                    alloc[a][b] = n
-                nb = sorted(adj_w[g])
-                for h, p in zip(nb, _split(U - own, [adj_w[g][h] for h in nb])):
-                    q = cells[h]
-                    if base * len(q) > p:
-                        return None
-                    rest = _split(p - base * len(q), [ring_bytes.get((min(a, b), max(a, b)), 0.0) for b in q])
-                    if p - base * len(q) > 0 and not any(rest):  # no ring bytes to this cell's ToRs: evenly
-                        rest = _split(p - base * len(q), [1.0] * len(q))
-                    for b, n in zip(q, rest):
-                        alloc[a][b] = base + n
-        c: dict[int, dict[int, int]] = {t: {} for t in tors}
-        for a in tors:
-            for b, n in alloc[a].items():
-                m = min(n, alloc[b].get(a, 0))
-                if m > 0:
-                    c[a][b] = m
-        return c
+        return _cell_counts(tors, cells, adj_w, ring_bytes, U, C, base)
 
     # while the rings run, a cell's own circuits carry the detours of every adjacent cell
     share: dict[tuple[int, int], float] = {(a, b): 1.0 / len(adj_w[g]) for g, cell in enumerate(cells)
                                            if len(cell) > 1 and len(adj_w[g]) > 1 for a in cell for b in cell}
 
     def estimate(c: dict[int, dict[int, int]], sh: dict) -> list[tuple[str, float]]:
-        out = []
-        for name, t_srv, td in stage_dem:
-            t = t_srv
-            for (a, b), v in td.items():
-                if a not in cell_of or b not in cell_of:
-                    continue
-                w = _width(c, a, b, sh if cell_of[a] != cell_of[b] else {})
-                t = max(t, v / (w * R) if w > 0 else math.inf)
-            out.append((name, t))
-        return out
+        return _stage_estimates(stage_dem, cell_of, R, c, sh)
 
     scored: list[tuple[int, int, float]] = []
     seen: set[int] = set()
@@ -678,6 +700,54 @@ def stripe_plan(gen_servers: list[int], groups: list[list[int]], n_chains: int,
     return out
 
 
+def _holders_by_tor(spec: FabricSpec, trainers: list[int], holders: Iterable[int] | None) -> dict[int, list[int]]:
+    """sync_chains' holders per trainer ToR (default: every server of the trainer ToRs); SpecError (field
+    ``holders``) for a server that is no trainer's, or when none holds the weights."""
+    train_set = set(trainers)
+    if holders is None:
+        holders = [s for t in trainers for s in spec.servers_on_tor(t)]
+    by_tor: dict[int, list[int]] = {}
+    for h in sorted(set(holders)):
+        t = spec.tor_of_server(h)
+        if t not in train_set:
+            raise SpecError("holders", f"server {h} is not a trainer server")
+        by_tor.setdefault(t, []).append(h)
+    if not by_tor:
+        raise SpecError("holders", "no trainer server holds the weights")
+    return by_tor
+
+
+def _feed_order(fed: list[int], circuits_to: Callable[[int], dict[int, int]]) -> tuple[list[int], dict[int, int]]:
+    """Breadth first from the ToRs fed by trainer circuits (depth 0) over generator circuits: the ToRs in the
+    order reached, and each later one's parent (the reached ToR with most circuits to it, then the lowest)."""
+    order = list(fed)
+    parent: dict[int, int] = {}
+    seen = set(order)
+    q = deque(order)
+    while q:
+        x = q.popleft()
+        for y, c in sorted(circuits_to(x).items(), key=lambda kv: (-kv[1], kv[0])):
+            if y not in seen:
+                seen.add(y)
+                parent[y] = x
+                order.append(y)
+                q.append(y)
+    return order, parent
+
+
+def _interleave(counts: Mapping[int, int]) -> list[int]:
+    """Each key as many times as its count, interleaved in key order (``{1: 2, 3: 1}`` -> ``[1, 3, 1]``)."""
+    dealt: list[int] = []
+    left = dict(counts)
+    while left:
+        for i in sorted(left):
+            dealt.append(i)
+            left[i] -= 1
+            if not left[i]:
+                del left[i]
+    return dealt
+
+
 def sync_chains(spec: FabricSpec, layout: JobLayout, matchings: Mapping[int, Matching],
                 holders: Iterable[int] | None = None) -> tuple[SyncChain, ...]:
     """The weight-sync plan on ``matchings`` (normally the ``sync`` phase's): every generator server is in
@@ -698,17 +768,8 @@ def sync_chains(spec: FabricSpec, layout: JobLayout, matchings: Mapping[int, Mat
     spt = spec.servers_per_tor
     trainers = [t for p in sorted(layout.train_pods) for t in spec.tors_in_pod(p)]
     gens = [t for p in sorted(layout.gen_pods) for t in spec.tors_in_pod(p)]
-    train_set, gen_set = set(trainers), set(gens)
-    if holders is None:
-        holders = [s for t in trainers for s in spec.servers_on_tor(t)]
-    by_tor: dict[int, list[int]] = {}
-    for h in sorted(set(holders)):
-        t = spec.tor_of_server(h)
-        if t not in train_set:
-            raise SpecError("holders", f"server {h} is not a trainer server")
-        by_tor.setdefault(t, []).append(h)
-    if not by_tor:
-        raise SpecError("holders", "no trainer server holds the weights")
+    gen_set = set(gens)
+    by_tor = _holders_by_tor(spec, trainers, holders)
 
     def circuits_from(j: int, pool: set[int]) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -724,20 +785,9 @@ def sync_chains(spec: FabricSpec, layout: JobLayout, matchings: Mapping[int, Mat
         srv = list(spec.servers_on_tor(tor))
         return [srv[k * len(srv) // m:(k + 1) * len(srv) // m] for k in range(m)]
 
-    # breadth first: fed ToRs (depth 0), then ToRs reached over generator circuits (parent: most circuits)
     feeds = {j: circuits_from(j, set(by_tor)) for j in gens}
-    order = [j for j in gens if feeds[j]]
-    parent: dict[int, int] = {}
+    order, parent = _feed_order([j for j in gens if feeds[j]], lambda x: circuits_from(x, gen_set))
     seen = set(order)
-    q = deque(order)
-    while q:
-        x = q.popleft()
-        for y, c in sorted(circuits_from(x, gen_set).items(), key=lambda kv: (-kv[1], kv[0])):
-            if y not in seen:
-                seen.add(y)
-                parent[y] = x
-                order.append(y)
-                q.append(y)
     missing = [j for j in gens if j not in seen]
     if missing:
         raise SpecError("matchings", f"generator ToRs {missing[:8]}{' ...' if len(missing) > 8 else ''} have "
@@ -751,14 +801,7 @@ def sync_chains(spec: FabricSpec, layout: JobLayout, matchings: Mapping[int, Mat
         if j not in parent:  # fed by trainer circuits
             fj = feeds[j]
             m = n_chains(sum(fj.values()))
-            dealt: list[int] = []  # trainer ToRs, one per circuit, interleaved
-            left = dict(fj)
-            while left:
-                for i in sorted(left):
-                    dealt.append(i)
-                    left[i] -= 1
-                    if not left[i]:
-                        del left[i]
+            dealt = _interleave(fj)
             for k, members in enumerate(groups(j, m)):
                 mine = dealt[k::m]
                 count: dict[int, int] = {}

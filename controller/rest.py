@@ -10,9 +10,9 @@ Endpoints (JSON in, JSON out; ``Authorization: Bearer <token>`` unless the app w
 * ``POST /api/v1/phase``     ``{"phase": "train", "delay_ms": 10, "window_ms": null, "gain_ms": null}``
 
 POSTs answer after the reconfiguration completed, with its history record: ``status`` (done | deferred | ...)
-and ``decision`` (switched | stalled | deferred, from ``controller.reconfig.decide_switch``) with ``stall_ms``. Errors are
-``{"error": "<field>: <message>", "field": "<field>"}`` with 400 (bad input, and a body that ends before its
-Content-Length: never executed), 401 (token), 404 (path), 405 (method), 408 (the body did not all arrive within
+and ``decision`` (switched | stalled | deferred, from ``controller.switching.decide_switch``) with
+``stall_ms``. Errors are ``{"error": "<field>: <message>", "field": "<field>"}`` with 400 (bad input, and a
+body that ends before its Content-Length: never executed), 401 (token), 404 (path), 405 (method), 408 (the body did not all arrive within
 the read deadline), 411 (chunked body), 413 (body too large), 503 (fabric not ready / a switch did not confirm).
 """
 from __future__ import annotations

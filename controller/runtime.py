@@ -3,7 +3,7 @@
 :class:`FabricController` is what the REST API talks to and what the os-ken app feeds with switch events.
 It owns the intended circuits, the current routes, the phase, the connected switches and the history, and it
 serialises reconfigurations (one at a time; a second waits its turn). It reaches the switches only through a
-:class:`controller.reconfig.Driver`, so unit tests run it against fake datapaths. The command line lives in
+:class:`controller.reconfig.executor.Driver`, so unit tests run it against fake datapaths. The command line lives in
 controller/config.py.
 """
 from __future__ import annotations
@@ -17,13 +17,17 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from emulation.files import write_json_atomic
-from emulation.spec import FabricSpec, JobLayout, check_delay_ms, pick_delay_ms
+from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, require, to_dict
 
-from .ocs import Matching, split_flows
-from .reconfig import (Clock, Driver, ReconfigPlan, ReconfigRequest, circuits_request, decide_switch, execute_plan,
-                       phase_request, plan_reconfig)
+from .ocs import Matching
+from .reconfig.clock import Clock
+from .reconfig.executor import Driver, execute_plan
+from .reconfig.plan import ReconfigPlan, plan_reconfig
+from .reconfig.request import ReconfigRequest, circuits_request, phase_request
 from .rest import Unavailable
+from .switches import SwitchSet
+from .switching import decide_switch
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +142,61 @@ def load_state(path: Path, spec: FabricSpec) -> tuple[dict[int, Matching], str |
 
 
 # ---- the controller core -------------------------------------------------------------------------------
+def initial_target(spec: FabricSpec, layout: JobLayout, stored: tuple[dict[int, Matching], str | None] | None,
+                   current: Mapping[int, Matching], initial_phase: str, traffic: Any = None
+                   ) -> tuple[dict[int, Matching], str | None, str]:
+    """What the controller installs once every switch was read back: (target, phase, source). The state
+    file's intent (``reconcile``); else the circuits the OCSes hold (``adopt``); else ``initial_phase``."""
+    from . import phases
+
+    if stored is not None:
+        target, phase = stored
+        return target, phase, "reconcile"
+    if any(len(m) for m in current.values()):
+        log.info("no state file: adopting the circuits the OCSes hold")
+        return dict(current), None, "adopt"
+    return dict(phases.phase_matchings(spec, layout, initial_phase, traffic)), initial_phase, "initial"
+
+
+class _History:
+    """The reconfiguration records, numbered, the newest HISTORY_LIMIT kept. REST rejections record without
+    the reconfiguration lock (they never wait behind a running reconfiguration), so it has its own lock."""
+
+    def __init__(self) -> None:
+        self._records: list[dict] = []
+        self._next_id = 1
+        self._lock = threading.Lock()
+
+    def add(self, rec: dict) -> dict:
+        """``rec`` numbered (a new dict), appended."""
+        with self._lock:
+            rec = {"id": self._next_id, **rec}
+            self._next_id += 1
+            self._records.append(rec)
+            if len(self._records) > HISTORY_LIMIT:
+                del self._records[: len(self._records) - HISTORY_LIMIT]
+        return rec
+
+    def records(self) -> list[dict]:
+        with self._lock:
+            return list(self._records)
+
+
+def fabric_topology(spec: FabricSpec, layout: JobLayout) -> dict:
+    """``GET /topology``: the spec, the layout, and every ToR, OCS and uplink by name and dpid."""
+    s = spec
+    return {
+        "spec": to_dict(s),
+        "layout": to_dict(layout),
+        "tors": [{"tor": t, "name": s.tor_name(t), "dpid": s.tor_dpid(t), "pod": s.pod_of_tor(t),
+                  "role": layout.role_of_pod(s.pod_of_tor(t)), "servers": list(s.servers_on_tor(t))}
+                 for t in range(s.n_tors)],
+        "ocses": [{"ocs": o, "name": s.ocs_name(o), "dpid": s.ocs_dpid(o), "ports": s.ports_per_ocs}
+                  for o in range(s.ocs_count)],
+        "uplinks": [u._asdict() for u in s.uplinks()],
+    }
+
+
 class FabricController:
     """Intended state + serialised reconfiguration. Thread-safety comes from the injected ``lock``.
 
@@ -152,8 +211,8 @@ class FabricController:
     (:meth:`switch_synced`) reconciles the switch to the intended state.
     """
 
-    def __init__(self, spec: FabricSpec, layout: JobLayout, driver: Driver, clock: Clock, lock: Any,
-                 initial_phase: str = "train", delay_ms: float | None = None, state_path: str | Path | None = None,
+    def __init__(self, spec: FabricSpec, layout: JobLayout, driver: Driver, clock: Clock, lock: Any, *,
+                 delay_ms: float, initial_phase: str = "train", state_path: str | Path | None = None,
                  wall: Callable[[], float] = time.time,
                  on_stale: Callable[[list[int]], None] | None = None, traffic: Any = None,
                  metrics: Any = None):
@@ -165,27 +224,17 @@ class FabricController:
         self.clock = clock
         self._lock = lock
         self.initial_phase = initial_phase
-        self.default_delay_ms = pick_delay_ms(check_delay_ms(delay_ms, "delay_ms"), spec.reconfig_delay_ms)
+        # the switching delay in wall time for requests that give none (ControllerConfig resolved and validated it)
+        self.delay_ms = float(delay_ms)
         self.state_path = Path(state_path) if state_path else None
         self._wall = wall
-        self.expected = sorted([spec.tor_dpid(t) for t in range(spec.n_tors)] +
-                               [spec.ocs_dpid(o) for o in range(spec.ocs_count)])
-        self.connected: set[int] = set()
-        self.synced: set[int] = set()
-        self.stale: set[int] = set()  # dpids to read back after a failed reconfiguration
-        self.mismatch: dict[int, str] = {}  # ocs -> how its switch's ports differ from the spec (never ready)
-        self._on_stale = on_stale
-        self.ocs_readback: dict[int, Any] = {}  # ocs -> FlowReadback from the switch
+        self.switches = SwitchSet(spec, on_stale)  # connected, read back, stale; what each OCS holds
         self.matchings: dict[int, Matching] | None = None  # what the OCSes hold (after init)
         self.routes: Any = None
         self.phase: str | None = None
         self.initialised = False
         self.busy = False
-        self._history: list[dict] = []
-        self._next_id = 1
-        # history ids: REST rejections record without the reconfiguration lock (they never wait behind a
-        # running reconfiguration), so the history has its own small lock
-        self._history_lock = threading.Lock()
+        self._history = _History()
         self._stored = load_state(self.state_path, spec) if self.state_path else None
         self._writer = _StateWriter(clock)
         self.metrics = metrics  # controller.metrics.ControllerMetrics (fed in _record), or None
@@ -196,25 +245,13 @@ class FabricController:
     @property
     def ready(self) -> bool:
         """Initialised and every switch read back since it (re)connected or went stale."""
-        return self.initialised and set(self.expected) <= self.synced
-
-    def _not_ready_reason(self) -> str:
-        if self.mismatch:
-            return "fabric does not match its spec: " + "; ".join(self.mismatch.values())
-        missing = sorted(set(self.expected) - self.connected)
-        if missing:
-            return f"fabric not ready (missing dpids {missing})"
-        if not self.initialised:
-            return "fabric not ready (initial circuits not installed yet)"
-        unsynced = sorted(set(self.expected) - self.synced)
-        return f"fabric not ready (switches not read back yet: dpids {unsynced})"
+        return self.initialised and self.switches.all_synced
 
     def state(self) -> dict:
-        missing = sorted(set(self.expected) - self.connected)
-        return {"connected": sorted(self.connected), "expected": self.expected, "missing": missing,
-                "unsynced": sorted(set(self.expected) - self.synced), "stale": sorted(self.stale),
-                "ready": self.ready, "initialised": self.initialised, "phase": self.phase, "busy": self.busy,
-                "default_delay_ms": self.default_delay_ms, "mismatch": [self.mismatch[o] for o in sorted(self.mismatch)]}
+        sw = self.switches
+        return {**sw.state(), "ready": self.ready, "initialised": self.initialised, "phase": self.phase,
+                "busy": self.busy, "delay_ms": self.delay_ms,
+                "mismatch": [sw.mismatch[o] for o in sorted(sw.mismatch)]}
 
     def circuits(self) -> dict:
         if self.matchings is None:
@@ -222,21 +259,10 @@ class FabricController:
         return {str(o): m.to_json() for o, m in sorted(self.matchings.items())}
 
     def topology(self) -> dict:
-        s = self.spec
-        return {
-            "spec": to_dict(s),
-            "layout": to_dict(self.layout),
-            "tors": [{"tor": t, "name": s.tor_name(t), "dpid": s.tor_dpid(t), "pod": s.pod_of_tor(t),
-                      "role": self.layout.role_of_pod(s.pod_of_tor(t)), "servers": list(s.servers_on_tor(t))}
-                     for t in range(s.n_tors)],
-            "ocses": [{"ocs": o, "name": s.ocs_name(o), "dpid": s.ocs_dpid(o), "ports": s.ports_per_ocs}
-                      for o in range(s.ocs_count)],
-            "uplinks": [u._asdict() for u in s.uplinks()],
-        }
+        return fabric_topology(self.spec, self.layout)
 
     def history(self) -> list[dict]:
-        with self._history_lock:
-            return list(self._history)
+        return self._history.records()
 
     # ---- write side (REST POSTs) -------------------------------------------------------------------
     def record_rejected(self, kind: str, error: str) -> dict:
@@ -244,22 +270,20 @@ class FabricController:
 
     def request_circuits(self, data: Any) -> dict:
         """Validate and run a ``POST /circuits`` body. SpecError -> rejected (nothing sent)."""
-        received = self.clock.now()
-        try:
-            req = circuits_request(self.spec, data)
-        except SpecError as e:
-            self.record_rejected("circuits", str(e))
-            raise
-        return self.reconfigure(req, "circuits", received)
+        return self._request("circuits", lambda: circuits_request(self.spec, data))
 
     def request_phase(self, data: Any) -> dict:
+        """Validate and run a ``POST /phase`` body. SpecError -> rejected (nothing sent)."""
+        return self._request("phase", lambda: phase_request(self.spec, self.layout, data, self.traffic))
+
+    def _request(self, kind: str, parse: Callable[[], ReconfigRequest]) -> dict:
         received = self.clock.now()
         try:
-            req = phase_request(self.spec, self.layout, data, self.traffic)
+            req = parse()
         except SpecError as e:
-            self.record_rejected("phase", str(e))
+            self.record_rejected(kind, str(e))
             raise
-        return self.reconfigure(req, "phase", received)
+        return self.reconfigure(req, kind, received)
 
     def reconfigure(self, req: ReconfigRequest, kind: str, received: float | None = None) -> dict:
         """Run one reconfiguration (waits for any running one). Returns its history record."""
@@ -267,24 +291,18 @@ class FabricController:
         received_at = self._wall()
         with self._lock:
             if not self.ready:
-                rec = {"kind": kind, "source": req.source, "status": "rejected", "error": self._not_ready_reason()}
+                rec = {"kind": kind, "source": req.source, "status": "rejected",
+                       "error": self.switches.not_ready_reason(self.initialised)}
                 self._record(rec)
                 raise NotReady(rec["error"])
             return self._run(req, kind, received, received_at)
 
     # ---- switch events (from the os-ken app) ------------------------------------------------------
     def switch_connected(self, dpid: int) -> None:
-        if self.spec.classify_dpid(dpid) is None:
-            log.warning("switch %#x is not part of this fabric; ignored", dpid)
-            return
-        self.connected.add(dpid)
-        log.info("switch %#x connected (%d/%d)", dpid, len(self.connected), len(self.expected))
+        self.switches.connect(dpid)
 
     def switch_disconnected(self, dpid: int) -> None:
-        self.connected.discard(dpid)
-        self.synced.discard(dpid)
-        self.stale.discard(dpid)  # its reconnect reads it back anyway
-        log.warning("switch %#x disconnected", dpid)
+        self.switches.disconnect(dpid)
 
     def switch_synced(self, dpid: int, ocs_flows: Sequence[tuple[int, int]] | None = None,
                       ocs_ports: Sequence[int] | None = None) -> None:
@@ -303,25 +321,10 @@ class FabricController:
         if kind is None:
             return
         with self._lock:
-            if dpid not in self.connected:
-                return  # gone again
-            if kind[0] == "ocs" and ocs_ports is not None:
-                want = set(range(1, self.spec.ports_per_ocs + 1))
-                have = set(int(p) for p in ocs_ports)
-                if have != want:
-                    lo, hi = (min(have), max(have)) if have else (0, 0)
-                    self.mismatch[kind[1]] = (
-                        f"OCS {kind[1]} (switch {dpid:#x}) has {len(have)} ports ({lo}..{hi}), the spec says "
-                        f"{len(want)} (1..{len(want)}: fabric.ocs_ports {self.spec.ocs_ports or 'derived'})")
-                    log.error("%s", self.mismatch[kind[1]])
-                    return
-                self.mismatch.pop(kind[1], None)
-            self.synced.add(dpid)
-            self.stale.discard(dpid)
-            if kind[0] == "ocs":
-                self.ocs_readback[kind[1]] = split_flows(self.spec.ports_per_ocs, ocs_flows or ())
+            if not self.switches.sync(dpid, kind, ocs_flows, ocs_ports):
+                return  # gone again, or its ports are not the spec's
             if not self.initialised:
-                if set(self.expected) <= self.synced:
+                if self.switches.all_synced:
                     self._initialise()
                 return
             if kind[0] == "ocs":
@@ -346,39 +349,20 @@ class FabricController:
 
     def _mark_stale(self, dpids: Sequence[int]) -> None:
         """What ``dpids`` hold is unknown: not synced until read back; routes unknown (next push is full)."""
-        dpids = sorted(set(dpids))
         self.routes = None
-        for d in dpids:
-            self.synced.discard(d)
-            if d in self.connected:  # a disconnected one is read back when it reconnects
-                self.stale.add(d)
-        todo = [d for d in dpids if d in self.stale]
-        log.warning("switches %s are stale: reading them back", [hex(d) for d in todo])
-        if todo and self._on_stale is not None:
-            try:
-                self._on_stale(todo)
-            except Exception:  # noqa: BLE001 - the failure being reported must not be masked
-                log.exception("could not schedule the read-back of %s", todo)
+        self.switches.mark_stale(dpids)
+
+    def _dark_delay_ms(self, plan: ReconfigPlan) -> float:
+        """The switching delay of a plan the controller makes itself: none unless a circuit is removed."""
+        return self.delay_ms if any(s.diff.removed for s in plan.ocs_steps) else 0.0
 
     def _initialise(self) -> None:
-        from . import phases
-
-        current = {o: self.ocs_readback[o].matching for o in range(self.spec.ocs_count)}
-        stray = {o: self.ocs_readback[o].stray for o in range(self.spec.ocs_count)}
-        if self._stored is not None:
-            target, phase = self._stored
-            source = "reconcile"
-        elif any(len(m) for m in current.values()):
-            target, phase = current, None
-            source = "adopt"
-            log.info("no state file: adopting the circuits the OCSes hold")
-        else:
-            target = dict(phases.phase_matchings(self.spec, self.layout, self.initial_phase, self.traffic))
-            phase = self.initial_phase
-            source = "initial"
+        current = {o: self.switches.ocs_readback[o].matching for o in range(self.spec.ocs_count)}
+        stray = {o: self.switches.ocs_readback[o].stray for o in range(self.spec.ocs_count)}
+        target, phase, source = initial_target(self.spec, self.layout, self._stored, current, self.initial_phase,
+                                               self.traffic)
         plan = plan_reconfig(self.spec, current, None, target, stray=stray)
-        delay = self.default_delay_ms if any(s.diff.removed for s in plan.ocs_steps) else 0.0
-        req = ReconfigRequest(target=target, phase=phase, delay_ms=delay, source=source)
+        req = ReconfigRequest(target=target, phase=phase, delay_ms=self._dark_delay_ms(plan), source=source)
         self.routes = None
         try:  # not ready (and no circuits reported) until the intended state is installed
             self._run(req, "initial", self.clock.now(), self._wall(), plan=plan)
@@ -387,7 +371,7 @@ class FabricController:
         log.info("fabric initialised (%s): phase %s", source, phase)
 
     def _reconcile_ocs(self, ocs: int) -> None:
-        rb = self.ocs_readback[ocs]
+        rb = self.switches.ocs_readback[ocs]
         assert self.matchings is not None
         intended = self.matchings[ocs]
         current = dict(self.matchings)
@@ -396,13 +380,13 @@ class FabricController:
         if plan.is_noop:
             log.info("OCS %d reconnected holding the intended circuits", ocs)
             return
-        delay = self.default_delay_ms if any(s.diff.removed for s in plan.ocs_steps) else 0.0
-        req = ReconfigRequest(target={ocs: intended}, phase=self.phase, delay_ms=delay, source="reconcile")
+        req = ReconfigRequest(target={ocs: intended}, phase=self.phase, delay_ms=self._dark_delay_ms(plan),
+                              source="reconcile")
         self._run(req, "reconcile", self.clock.now(), self._wall(), plan=plan)
 
     def _run(self, req: ReconfigRequest, kind: str, received: float, received_at: float,
              plan: ReconfigPlan | None = None) -> dict:
-        delay = pick_delay_ms(req.delay_ms, self.default_delay_ms)
+        delay = self.delay_ms if req.delay_ms is None else req.delay_ms  # a request's own over the controller's
         # received_mono: the controller's monotonic clock (CLOCK_MONOTONIC, shared by every namespace), so a
         # probe stream's send times can be lined up with the reconfiguration's t_ms offsets
         rec: dict = {"kind": kind, "source": req.source, "phase": req.phase, "delay_ms": delay,
@@ -437,7 +421,7 @@ class FabricController:
             self.phase = new_phase
             self._mark_stale([self.spec.ocs_dpid(o) for o in plan.touched_ocses] +
                              [self.spec.tor_dpid(t) for t in range(self.spec.n_tors)])
-            rec.update(status="failed", error=f"{type(e).__name__}: {e}", stale=sorted(self.stale))
+            rec.update(status="failed", error=f"{type(e).__name__}: {e}", stale=sorted(self.switches.stale))
             self._record(rec)
             raise ReconfigFailed(rec["error"]) from e
         finally:
@@ -452,12 +436,7 @@ class FabricController:
         return self._record(rec)
 
     def _record(self, rec: dict) -> dict:
-        with self._history_lock:
-            rec = {"id": self._next_id, **rec}
-            self._next_id += 1
-            self._history.append(rec)
-            if len(self._history) > HISTORY_LIMIT:
-                del self._history[: len(self._history) - HISTORY_LIMIT]
+        rec = self._history.add(rec)
         if self.metrics is not None:  # the one place a record is completed: each moves its counters once
             try:
                 self.metrics.record(rec, self.matchings, self.phase)

@@ -4,7 +4,7 @@
 changes are sent as they are. A *full* route state (after a ToR reconnected, or went stale and was read
 back) is diffed against the ToR's read-back tables (:class:`TorTables`): identical flows and groups are left
 alone (their counters kept), differing ones replaced, extra ones deleted. The os-ken app only turns the
-operations into messages. :class:`FakeTorTable` is the in-memory ToR the unit tests sync.
+operations into messages (the unit tests sync an in-memory ToR, tests/unit/fakes_controller.py).
 """
 from __future__ import annotations
 
@@ -71,47 +71,3 @@ def tor_ops(changes: RouteChanges, full: bool, held: Mapping[int, TorTables]) ->
                               add_flows=tuple(f for k, f in want_f.items() if have.flows.get(k) != tuple(f.actions)),
                               delete_groups=tuple(sorted(gid for gid in have.groups if gid not in want_g)))))
     return out
-
-
-# ---- test utility (like ocs.FakeFlowTable: used by unit tests, never by the controller) -----------------
-class FakeTorTable:
-    """An in-memory ToR: applies :class:`TorOps` like a switch (groups by id, flows by key) and counts
-    what each operation touched, so a test can check that identical entries were left alone."""
-
-    def __init__(self, tables: TorTables | None = None):
-        self.groups: dict[int, tuple[int, ...]] = dict(tables.groups) if tables else {}
-        self.flows: dict[FlowKey, Actions] = dict(tables.flows) if tables else {}
-        self.touched: list[tuple[str, object]] = []
-
-    def tables(self) -> TorTables:
-        return TorTables(dict(self.groups), dict(self.flows))
-
-    def apply(self, ops: TorOps) -> None:
-        for k in ops.delete_held:
-            self.flows.pop(k, None)
-            self.touched.append(("delete_flow", k))
-        ch = ops.changes
-        for g in ch.add_groups:
-            if g.group_id in self.groups:
-                raise ValueError(f"group {g.group_id} exists (OFPGMFC_GROUP_EXISTS)")
-            self.groups[g.group_id] = tuple(g.ports)
-            self.touched.append(("add_group", g.group_id))
-        for g in ch.modify_groups:
-            if g.group_id not in self.groups:
-                raise ValueError(f"group {g.group_id} unknown (OFPGMFC_UNKNOWN_GROUP)")
-            self.groups[g.group_id] = tuple(g.ports)
-            self.touched.append(("modify_group", g.group_id))
-        for f in ch.add_flows:
-            for kind, arg in f.actions:
-                if kind == "group" and arg not in self.groups:
-                    raise ValueError(f"flow {f} points to missing group {arg}")
-            self.flows[flow_key(f)] = tuple(f.actions)
-            self.touched.append(("add_flow", flow_key(f)))
-        for f in ch.delete_flows:
-            self.flows.pop(flow_key(f), None)
-            self.touched.append(("delete_flow", flow_key(f)))
-        for gid in ch.delete_groups:
-            if any(a == ("group", gid) for acts in self.flows.values() for a in acts):
-                raise ValueError(f"group {gid} deleted while a flow points to it")
-            self.groups.pop(gid, None)
-            self.touched.append(("delete_group", gid))

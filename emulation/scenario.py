@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 
-from .spec import PHASES, FabricSpec, JobLayout, check_delay_ms, pick_delay_ms
+from .spec import MAX_DELAY_MS, PHASES, FabricSpec, JobLayout, check_delay_ms
 from .validation import SpecError, from_dict, require
 from .workload import WorkloadSpec, resolve_trace
 
@@ -26,16 +26,14 @@ Phase = Literal[PHASES]  # type: ignore[valid-type]  # one of spec.PHASES
 
 @dataclass(frozen=True)
 class ControllerSettings:
-    # OCS switching time in ms; None: the fabric's reconfig_delay_ms.
-    delay_ms: float | None = None
+    # OCS switching time in ms, real (scenario) time; None: the fabric's reconfig_delay_ms. Read it resolved
+    # as Scenario.reconfig_delay_ms, or in wall time as Scenario.wall_delay_ms. (Old spelling: delay_ms.)
+    reconfig_delay_ms: float | None = None
     # Phase topology installed when the fabric comes up.
     initial_phase: Phase = "train"
 
     def __post_init__(self) -> None:
-        check_delay_ms(self.delay_ms, "delay_ms")
-
-    def effective_delay_ms(self, fabric: FabricSpec) -> float:
-        return pick_delay_ms(self.delay_ms, fabric.reconfig_delay_ms)
+        check_delay_ms(self.reconfig_delay_ms, "reconfig_delay_ms")
 
 
 DEFAULT_CONTROLLER_METRICS_PORT = 9480  # the controller's Prometheus endpoint (README "Live metrics")
@@ -95,10 +93,47 @@ class Scenario:
         require(bool(self.name.strip()), "name", "must not be empty")
         require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
         self.layout.check(self.fabric)
+        where = ("fabric" if self.controller.reconfig_delay_ms is None else "controller") + ".reconfig_delay_ms"
+        require(self.wall_delay_ms <= MAX_DELAY_MS, where,
+                f"{self.reconfig_delay_ms:g} ms x fabric.time_dilation {self.fabric.time_dilation:g} lasts "
+                f"{self.wall_delay_ms:g} ms in wall time, over the controller's limit of {MAX_DELAY_MS:g} ms")
+
+    # The OCS switching delay, resolved here once. Two meanings, two names:
+    @property
+    def reconfig_delay_ms(self) -> float:
+        """The switching delay in real (scenario) time, ms: ``controller.reconfig_delay_ms`` when given, else
+        the fabric's. What the simulated backend and RLSim switch in."""
+        d = self.controller.reconfig_delay_ms
+        return float(self.fabric.reconfig_delay_ms if d is None else d)
+
+    @property
+    def wall_delay_ms(self) -> float:
+        """The switching delay in wall time, ms (:attr:`reconfig_delay_ms` x the time dilation): what the
+        emulated fabric's controller programs."""
+        return self.fabric.wall_ms(self.reconfig_delay_ms)
 
     def rng(self) -> np.random.Generator:
         """A fresh generator seeded with ``seed`` (same scenario, same draws)."""
         return np.random.default_rng(self.seed)
+
+
+# keys a scenario file may still spell the old way: (section, old key) -> the key's name now
+RENAMED_KEYS = {("controller", "delay_ms"): "reconfig_delay_ms"}
+
+
+def _renamed(data: Any) -> tuple[Any, dict[str, str]]:
+    """``data`` with the old spellings of RENAMED_KEYS read as the new ones (SpecError when both are given),
+    and {new path: old path} of those it renamed (an error then names the key as the file spells it)."""
+    used: dict[str, str] = {}
+    if not isinstance(data, dict):
+        return data, used  # from_dict names what is wrong with it
+    for (section, old), new in RENAMED_KEYS.items():
+        sec = data.get(section)
+        if isinstance(sec, dict) and old in sec:
+            require(new not in sec, f"{section}.{old}", f"is the old spelling of {section}.{new}: give one of them")
+            data = {**data, section: {new if k == old else k: v for k, v in sec.items()}}
+            used[f"{section}.{new}"] = f"{section}.{old}"
+    return data, used
 
 
 def load_scenario(path: str | os.PathLike) -> Scenario:
@@ -117,7 +152,13 @@ def load_scenario(path: str | os.PathLike) -> Scenario:
         raise SpecError("scenario", f"{p} is not valid YAML: {e}") from None
     if data is None:
         raise SpecError("scenario", f"{p} is empty")
-    scn = from_dict(Scenario, data, "")
+    data, renamed = _renamed(data)
+    try:
+        scn = from_dict(Scenario, data, "")
+    except SpecError as e:
+        if e.field in renamed:
+            raise SpecError(renamed[e.field], e.message) from None
+        raise
     # A trace path is relative to the scenario's folder; resolved (and the file checked) here, once.
     workload = resolve_trace(scn.workload, os.path.dirname(os.path.abspath(p)))
     return scn if workload is scn.workload else dataclasses.replace(scn, workload=workload)

@@ -67,12 +67,6 @@ def check_delay_ms(value: float | None, field: str) -> float | None:
     return v
 
 
-def pick_delay_ms(override: float | None, default: float) -> float:
-    """The switching delay to use: ``override`` when given, else ``default`` (one rule for every layer:
-    a REST body over the controller's default, a scenario's controller setting over the fabric's)."""
-    return float(default) if override is None else float(override)
-
-
 def check_phase(phase: object, field: str = "phase") -> str:
     """``phase`` when it names one of PHASES; SpecError naming ``field`` otherwise."""
     require(isinstance(phase, str) and phase in PHASES, field,

@@ -22,7 +22,7 @@ flow-level simulator (``rlsim.flowsim``) on the fabric's links (``rlsim.fabrics`
   phase to the first use of the added circuits in the next one (so it includes the next phase's lead-in:
   training compute before the all-reduce, prefill/decode before the token streams); per-step latency is
   inside the transfers, so it is not idle time. The controller's rule decides
-  (``controller.reconfig.decide_switch``): switch when the window fits; otherwise switch anyway and stall
+  (``controller.switching.decide_switch``): switch when the window fits; otherwise switch anyway and stall
   the next phase for ``T_ocs - window`` when the predicted gain (the next phase's time on the old topology
   minus on the new one; infinite when the old one cannot carry it) exceeds that stall; otherwise keep the
   old topology for the next phase. Each transition reports ``switched`` / ``stalled`` / ``kept`` (the
@@ -45,12 +45,11 @@ from agents.costmodel import CostModel
 from agents.engine import EngineSettings
 from controller.ocs import diff
 from controller.phases import stripe_plan, sync_chains, train_plan
+from controller.switching import decide_switch
 from controller.traffic import (Group, TrainLayout, broadcast_tree, merge, phase_traffic, train_bytes, train_layout,
                                 train_traffic)
-from controller.reconfig import decide_switch
-from emulation.spec import MAX_DELAY_MS
 from emulation.scenario import Scenario
-from emulation.spec import FabricSpec, JobLayout
+from emulation.spec import FabricSpec, JobLayout, check_delay_ms
 from emulation.validation import SpecError, from_dict, require
 from emulation.workload import LengthSchedule
 
@@ -67,7 +66,7 @@ TOKEN_STREAM_BYTES = 8  # per generated token: token id + log-prob (4 + 4 bytes)
 
 @dataclass(frozen=True)
 class SimSettings:
-    t_ocs_ms: float | None = None  # OCS switching time; None: the scenario's controller delay
+    t_ocs_ms: float | None = None  # OCS switching time (RLSim's T_ocs); None: the scenario's reconfig_delay_ms
     latency_us: float = 5.0  # per lock-step of a collective (assumption: NIC + switch latency)
     sync_fanout: int = 1  # broadcast tree fan-out for weight sync (1: pipelined chains)
     sync_stripes: int = 0  # replicas a chain head pulls from (0: one per trainer ToR)
@@ -75,9 +74,7 @@ class SimSettings:
     fabric: FabricOptions = FabricOptions()
 
     def __post_init__(self) -> None:
-        if self.t_ocs_ms is not None:
-            require(math.isfinite(self.t_ocs_ms) and 0 <= self.t_ocs_ms <= MAX_DELAY_MS, "t_ocs_ms",
-                    f"must be a number in 0..{MAX_DELAY_MS:g} ms (the controller's limit), got {self.t_ocs_ms}")
+        check_delay_ms(self.t_ocs_ms, "t_ocs_ms")  # the controller's rule: finite, 0..MAX_DELAY_MS
         require(self.latency_us >= 0, "latency_us", f"must be >= 0, got {self.latency_us}")
         require(self.sync_stripes >= 0, "sync_stripes", f"must be >= 0, got {self.sync_stripes}")
         require(self.sync_fanout >= 1, "sync_fanout", f"must be >= 1, got {self.sync_fanout}")
@@ -430,7 +427,7 @@ UNCHANGED = {"action": "unchanged", "decision": None, "changed_bundles": 0, "win
 
 
 def decide(prev: PhaseRun, nxt: PhaseRun, old: PhaseRun | None, removed: set, added: set, t_ocs_s: float) -> dict:
-    """One transition, by the controller's rule ``controller.reconfig.decide_switch``: the window is the
+    """One transition, by the controller's rule ``controller.switching.decide_switch``: the window is the
     changed circuits' idle window, the gain what the next phase saves on the new topology (``nxt``) against
     the old one (``old``; None: the old topology cannot carry that phase, an infinite gain). The report calls
     a deferred transition ``kept`` (the phase runs on the old topology); ``decision`` is the rule's word."""
@@ -520,7 +517,7 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
     if settings.engine is None:
         settings = dataclasses.replace(settings, engine=scenario_engine(scn))
     spec, layout, w = scn.fabric, scn.layout, scn.workload
-    t_ocs_ms = settings.t_ocs_ms if settings.t_ocs_ms is not None else scn.controller.effective_delay_ms(spec)
+    t_ocs_ms = scn.reconfig_delay_ms if settings.t_ocs_ms is None else settings.t_ocs_ms
     t_ocs = t_ocs_ms / 1e3
     cm = CostModel.for_names(w.model, w.gpu)
     rng = scn.rng()

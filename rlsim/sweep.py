@@ -96,7 +96,7 @@ def plan(scn: Scenario, fabrics: Sequence[str], scales: Sequence[int], t_ocs_ms:
             configs.append((u, oo if (u is not None or o is not None) else None))
     if not configs:
         raise SpecError("ocs", f"no OCS count in {ocs} divides any uplink count in {uplinks}")
-    default_t = scn.controller.effective_delay_ms(scn.fabric)
+    default_t = scn.reconfig_delay_ms
     pts = []
     for n in scales:
         for f in fabrics:

@@ -11,7 +11,7 @@ import numpy as np
 
 from agents.costmodel import CostModel
 from controller.phases import PHASES
-from controller.reconfig import decide_switch
+from controller.switching import decide_switch
 from controller.traffic import phase_traffic
 from rlsim.fabrics import CircuitNetwork, Unreachable, build_network, rfabric_counts
 from rlsim.sim import SimSettings, sync_phase, train_phase
@@ -23,7 +23,7 @@ class PhaseModel:
         self.spec, self.layout, self.w = scenario.fabric, scenario.layout, scenario.workload
         self.cm = CostModel.for_names(self.w.model, self.w.gpu)
         self.settings = settings
-        self.delay_ms = scenario.controller.effective_delay_ms(self.spec)
+        self.delay_ms = scenario.reconfig_delay_ms  # real time: the model's clock
         self.nets = {}
         self.traffic = phase_traffic(self.spec, self.layout, self.w)  # what the controller builds them from
         self.static = self.spec.is_static

@@ -10,7 +10,7 @@ one engine per generator server, and RLSim's flow-level network for weight sync 
 * Layout switches: the engine's own (its cost model's reshard + KV relocation time, during which the server
   does not decode).
 * Sync and train: RLSim's phase models (rlsim.sim) on the RFabric topology installed, with the controller's
-  rule (controller.reconfig.decide_switch) for every phase change.
+  rule (controller.switching.decide_switch) for every phase change.
 * Failures (what-if): :meth:`SimulatedBackend.inject_failure` kills a server ``after_s`` into a generation
   phase: its engine stops, the tokens it generated count as delivered (no stream is simulated, so none is
   lost in flight), and the driver re-queues its requests exactly as on the emulator. The same step run with

@@ -66,7 +66,7 @@ def _p(xs: list[float], q: float) -> float | None:
 
 
 def _stage_p50(recs: list[dict]) -> dict[str, float]:
-    """Median of each overhead stage (controller/reconfig.py STAGES) over ``recs``."""
+    """Median of each overhead stage (controller/reconfig/executor.py STAGES) over ``recs``."""
     names = [n for n in (recs[0].get("overhead_stages_ms") or {})] if recs else []
     return {n: _p([r["overhead_stages_ms"][n] for r in recs if n in r.get("overhead_stages_ms", {})], 50)
             for n in names}

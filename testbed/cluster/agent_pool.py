@@ -529,7 +529,7 @@ def running_cluster(scn: Scenario, *, layouts: dict[int, str] | None = None,
     spec, ms = scn.fabric, scn.metrics
     mport = bind_port(ms.host, ms.controller_port, DEFAULT_CONTROLLER_METRICS_PORT, "metrics.controller_port")
     with running_testbed(spec, scn.layout, initial_phase=initial_phase or scn.controller.initial_phase,
-                         delay_ms=scn.controller.effective_delay_ms(spec), workload=scn.workload,
+                         delay_ms=scn.wall_delay_ms, workload=scn.workload,
                          metrics_port=mport, metrics_host=ms.host) as tb:
         pool = AgentPool(tb.fabric, scn, layouts=layouts or {}, engine=engine or EngineSettings(),
                          real_compute=real_compute)

@@ -17,7 +17,7 @@ from typing import Iterator
 
 from controller.process import ControllerProcess
 from emulation.builder import EmulatedFabric
-from emulation.spec import FabricSpec, JobLayout, pick_delay_ms
+from emulation.spec import FabricSpec, JobLayout
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,8 @@ def running_testbed(spec: FabricSpec, layout: JobLayout, *, initial_phase: str =
                     connect_timeout_s: float = 30.0, datapath_flush: str = "auto",
                     workload=None, metrics_port: int = 0, metrics_host: str = "127.0.0.1") -> Iterator[Testbed]:
     """Start controller + fabric, wait until every switch is connected and the initial phase installed.
+    ``delay_ms``: the OCS switching delay the controller programs, in wall time (a scenario's
+    ``Scenario.wall_delay_ms``; None: the fabric's ``reconfig_delay_ms`` in wall time, which the controller resolves).
     ``workload``: what the controller's train topology is built from (None: the uniform mesh); ``metrics_port``: the controller's Prometheus endpoint (0: none;
     emulation.metrics.bind_port picks one)."""
     spec.check_emulatable()
@@ -52,9 +54,7 @@ def running_testbed(spec: FabricSpec, layout: JobLayout, *, initial_phase: str =
                      spec.ocs_count, spec.kind)
             yield Testbed(spec, layout, None, fab)
         return
-    # the OCS switching delay in wall time: time dilation stretches it like everything else
-    wall_delay = spec.wall_ms(pick_delay_ms(delay_ms, spec.reconfig_delay_ms))
-    with ControllerProcess(spec, layout, initial_phase=initial_phase, delay_ms=wall_delay,
+    with ControllerProcess(spec, layout, initial_phase=initial_phase, delay_ms=delay_ms,
                            state_file=state_file, datapath_flush=datapath_flush, workload=workload,
                            metrics_port=metrics_port, metrics_host=metrics_host) as ctl:
         def wait_connected(dpids: set[int], timeout_s: float) -> None:

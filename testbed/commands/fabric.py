@@ -46,7 +46,7 @@ def _up(args: argparse.Namespace) -> int:
     # while starting, the CLI's handler (emulation.signals) aborts the start-up, which cleans up as it unwinds
     try:
         with running_testbed(spec, layout, initial_phase=scn.controller.initial_phase,
-                             delay_ms=scn.controller.effective_delay_ms(spec), workload=scn.workload,
+                             delay_ms=scn.wall_delay_ms, workload=scn.workload,
                              metrics_port=scn.metrics.controller_port, metrics_host=scn.metrics.host) as tb:
             ctl = tb.controller  # None: a static tree (spines with the builder's fixed rule, no controller)
             info = {

@@ -26,16 +26,17 @@ def connected_core():
     """``connected_core(spec, layout, **kw) -> (core, driver, clock)``: a FabricController on fake switches,
     every switch connected and read back (empty OCSes), the initial phase installed, the driver's log
     cleared."""
-    from controller.reconfig import FakeClock, FakeDriver
+    from fakes_controller import FakeClock, FakeDriver
     from controller.runtime import FabricController
 
     def make(spec, layout, **kw):
         clock = FakeClock()
         drv = FakeDriver(clock, spec.ocs_count)
+        kw.setdefault("delay_ms", spec.reconfig_delay_ms)
         core = FabricController(spec, layout, drv, clock, threading.Lock(), **kw)
-        for d in core.expected:
+        for d in core.switches.expected:
             core.switch_connected(d)
-        for d in core.expected:
+        for d in core.switches.expected:
             core.switch_synced(d, [] if spec.classify_dpid(d)[0] == "ocs" else None)
         assert core.ready
         drv.log.clear()

@@ -52,6 +52,8 @@ CASES = [
     ("fabric:\n  reconfig_delay_ms: .nan\n", ["sim", "demo", "fabric up"], "fabric.reconfig_delay_ms"),
     ("fabric:\n  reconfig_delay_ms: 70000\n", ["sim", "demo", "fabric up"], "fabric.reconfig_delay_ms"),
     ("controller:\n  delay_ms: 70000\n", ["sim", "demo", "fabric up"], "controller.delay_ms"),
+    ("controller:\n  reconfig_delay_ms: 70000\n", ["sim", "demo", "fabric up"], "controller.reconfig_delay_ms"),
+    ("fabric:\n  reconfig_delay_ms: 1000\n  time_dilation: 100\n", ["demo", "fabric up"], "fabric.reconfig_delay_ms"),
     (f"controller:\n  delay_ms: {HUGE}\n", ["sim", "demo", "fabric up"], "controller.delay_ms"),
     ("fabric:\n  tors_per_pod: 100000\n", ["sim"], "fabric.tors_per_pod"),
     ("fabric:\n  tors_per_pod: 100000\n", ["demo", "fabric up"], "servers"),

@@ -16,7 +16,6 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.metrics import CONTROLLER_METRICS, ControllerMetrics
-from controller.reconfig import FakeClock, FakeDriver
 from controller.rest import RestApp
 from controller.runtime import FabricController, NotReady
 from emulation.metrics import MetricDef, bind_port, registered, serve, serve_free
@@ -27,6 +26,7 @@ from emulation.workload import WorkloadSpec
 from testbed import cli
 from testbed.driver import Timeline
 from testbed.runs.metrics import DRIVER_METRICS, DriverMetrics, markdown_table
+from fakes_controller import FakeClock, FakeDriver
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = FabricSpec()
@@ -89,10 +89,11 @@ def ready_core():
     clock = FakeClock()
     drv = FakeDriver(clock, SPEC.ocs_count)
     cm = ControllerMetrics()
-    core = FabricController(SPEC, LAYOUT, drv, clock, threading.Lock(), metrics=cm)
-    for d in core.expected:
+    core = FabricController(SPEC, LAYOUT, drv, clock, threading.Lock(), delay_ms=SPEC.reconfig_delay_ms,
+                            metrics=cm)
+    for d in core.switches.expected:
         core.switch_connected(d)
-    for d in core.expected:
+    for d in core.switches.expected:
         core.switch_synced(d, [] if SPEC.classify_dpid(d)[0] == "ocs" else None)
     assert core.ready
     return core, cm
@@ -167,14 +168,15 @@ def test_a_reconfiguration_moves_each_counter_by_exactly_one():
 def test_a_reconfiguration_refused_while_not_ready_is_a_rejection():
     clock = FakeClock()
     cm = ControllerMetrics()
-    core = FabricController(SPEC, LAYOUT, FakeDriver(clock, 1), clock, threading.Lock(), metrics=cm)
+    core = FabricController(SPEC, LAYOUT, FakeDriver(clock, 1), clock, threading.Lock(),
+                            delay_ms=SPEC.reconfig_delay_ms, metrics=cm)
     with pytest.raises(NotReady):
         core.request_phase({"phase": "gen"})
     assert values(cm.registry, "orchestrrl_reconfigurations_rejected_total") == {(("kind", "phase"),): 1,
                                                                                  (("kind", "circuits"),): 0}
     assert total(cm.registry, RECONF) == 0
     assert values(cm.registry, "orchestrrl_controller_ready")[()] == 0
-    assert values(cm.registry, "orchestrrl_controller_switches_expected")[()] == len(core.expected)
+    assert values(cm.registry, "orchestrrl_controller_switches_expected")[()] == len(core.switches.expected)
 
 
 def test_rest_answers_are_counted_by_status():

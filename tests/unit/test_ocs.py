@@ -1,9 +1,10 @@
 """controller.ocs: matchings, diffs, circuit flows, flow read-back, fake flow table."""
 import pytest
 
-from controller.ocs import (OCS_COOKIE, FakeFlowTable, FlowSpec, Matching, circuit_flow_changes, circuit_flows,
+from controller.ocs import (OCS_COOKIE, FlowSpec, Matching, circuit_flow_changes, circuit_flows,
                             circuits_from_flows, diff, split_flows)
 from emulation.validation import SpecError
+from fakes_controller import FakeFlowTable
 
 
 def test_from_pairs_normalises_and_queries():

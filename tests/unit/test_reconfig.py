@@ -10,12 +10,15 @@ import pytest
 
 from controller import phases
 from controller.ocs import FlowSpec, Matching
-from controller.reconfig import (SWITCH_ACTIONS, FakeClock, FakeDriver, PreciseClock, ReconfigRequest, SwitchDecision,
-                                 circuits_request, decide_switch, execute_plan, LOSS_TOLERANCE_MS, fits_slack, phase_request,
-                                 plan_reconfig)
+from controller.reconfig.clock import PreciseClock
+from controller.reconfig.executor import execute_plan
+from controller.reconfig.plan import plan_reconfig
+from controller.reconfig.request import ReconfigRequest, circuits_request, phase_request
+from controller.switching import LOSS_TOLERANCE_MS, SWITCH_ACTIONS, SwitchDecision, decide_switch, fits_slack
 from controller.runtime import FabricController, NotReady, load_state, save_state
-from emulation.spec import FabricSpec, JobLayout, pick_delay_ms
+from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError
+from fakes_controller import FakeClock, FakeDriver
 
 SPEC = FabricSpec()  # 2 pods x 2 ToRs, 2 uplinks, 1 OCS with 8 ports
 LAYOUT = JobLayout()
@@ -89,8 +92,8 @@ def test_switch_actions_are_exactly_what_the_rule_answers():
 def test_circuits_request_valid_and_defaults():
     req = circuits_request(SPEC, {"circuits": {"0": [[3, 1], [2, 4]]}})
     assert req.target == {0: m((1, 3), (2, 4))}
-    assert req.delay_ms is None and pick_delay_ms(req.delay_ms, SPEC.reconfig_delay_ms) == SPEC.reconfig_delay_ms
-    assert pick_delay_ms(circuits_request(SPEC, {"circuits": {"0": []}, "delay_ms": 0}).delay_ms, 10.0) == 0.0
+    assert req.delay_ms is None  # the controller's own delay (FabricController.delay_ms) applies
+    assert circuits_request(SPEC, {"circuits": {"0": []}, "delay_ms": 0}).delay_ms == 0.0
 
 
 @pytest.mark.parametrize("body,field", [
@@ -272,27 +275,28 @@ def make_core(tmp_path=None, lock=None, clock=None, **kw):
     fake = FakeClock()
     drv = FakeDriver(fake, SPEC.ocs_count)
     clock = clock or fake
+    kw.setdefault("delay_ms", SPEC.reconfig_delay_ms)
     core = FabricController(SPEC, LAYOUT, drv, clock, lock or threading.Lock(),
                             state_path=(tmp_path / "state.json") if tmp_path else None, **kw)
     return core, drv
 
 
 def connect_all(core, ocs_flows=None):
-    for d in core.expected:
+    for d in core.switches.expected:
         core.switch_connected(d)
-    for d in core.expected:
+    for d in core.switches.expected:
         kind = SPEC.classify_dpid(d)
         core.switch_synced(d, (ocs_flows or {}).get(kind[1], []) if kind[0] == "ocs" else None)
 
 
 def test_initialises_to_initial_phase_once_all_switches_synced(tmp_path):
     core, drv = make_core(tmp_path, initial_phase="gen")
-    for d in core.expected[:-1]:
+    for d in core.switches.expected[:-1]:
         core.switch_connected(d)
         core.switch_synced(d, [])
     assert not core.ready and drv.sent() == []
-    core.switch_connected(core.expected[-1])
-    core.switch_synced(core.expected[-1], [])
+    core.switch_connected(core.switches.expected[-1])
+    core.switch_synced(core.switches.expected[-1], [])
     assert core.ready and core.phase == "gen"
     gen = phases.phase_matchings(SPEC, LAYOUT, "gen")
     assert core.circuits() == {"0": gen[0].to_json()}

@@ -10,10 +10,10 @@ import threading
 import pytest
 
 from controller import phases
-from controller.reconfig import FakeClock, FakeDriver
 from controller.rest import MAX_BODY_BYTES, RestApp
 from controller.runtime import FabricController
 from emulation.spec import FabricSpec, JobLayout
+from fakes_controller import FakeClock, FakeDriver
 
 SPEC = FabricSpec()
 LAYOUT = JobLayout()
@@ -201,7 +201,7 @@ def test_phase_reply_carries_the_decision(fab, body, status, decision, stall, se
 def test_not_ready_is_503():
     clock = FakeClock()
     drv = FakeDriver(clock, 1)
-    core = FabricController(SPEC, LAYOUT, drv, clock, threading.Lock())
+    core = FabricController(SPEC, LAYOUT, drv, clock, threading.Lock(), delay_ms=SPEC.reconfig_delay_ms)
     st, err = call(RestApp(core, TOKEN), "POST", "/api/v1/phase", {"phase": "gen"})
     assert st == 503 and "missing" in err["error"]
     assert drv.log == []

@@ -128,7 +128,7 @@ def test_decide_switches_into_slack_else_stalls_for_a_gain_else_keeps():
     d = decide(prev, nxt, much_faster, BUNDLE, BUNDLE, 0.005)
     assert (d["action"], d["decision"]) == ("kept", "deferred") and d["gain_ms"] == pytest.approx(-3.0)
     assert "slower" in d["reason"]
-    # a window exactly T_ocs long does not fit (controller.reconfig.fits_slack is strict): a zero stall
+    # a window exactly T_ocs long does not fit (controller.switching.fits_slack is strict): a zero stall
     d = decide(prev, nxt, slower_2, BUNDLE, BUNDLE, 0.007)
     assert d["action"] == "stalled" and d["stall_s"] == pytest.approx(0.0, abs=1e-12)
     assert decide(prev, nxt, None, set(), set(), 0.010)["action"] == "unchanged"

@@ -10,13 +10,13 @@ import pytest
 
 from controller import process as ctl_process
 from controller.ocs import Matching
-from controller.reconfig import FakeClock, FakeDriver
 from controller.__main__ import main
 from controller.config import (ControllerOptions, build_arg_parser, check_config, config_from_options,
                                options_from_args, read_or_create_token, to_argv)
 from controller.runtime import FabricController, NotReady, ReconfigFailed
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, to_dict
+from fakes_controller import FakeClock, FakeDriver
 
 SPEC = FabricSpec()  # 2 pods x 2 ToRs, 1 OCS with 8 ports
 LAYOUT = JobLayout()
@@ -27,14 +27,15 @@ TORS = [SPEC.tor_dpid(t) for t in range(SPEC.n_tors)]
 def make_core(**kw):
     clock = FakeClock()
     drv = FakeDriver(clock, SPEC.ocs_count)
+    kw.setdefault("delay_ms", SPEC.reconfig_delay_ms)
     core = FabricController(SPEC, LAYOUT, drv, clock, threading.Lock(), **kw)
     return core, drv, clock
 
 
 def connect_all(core):
-    for d in core.expected:
+    for d in core.switches.expected:
         core.switch_connected(d)
-    for d in core.expected:
+    for d in core.switches.expected:
         core.switch_synced(d, [] if SPEC.classify_dpid(d)[0] == "ocs" else None)
     assert core.ready
 
@@ -77,7 +78,7 @@ def test_failed_reconfiguration_marks_switches_stale_and_readback_converges(fail
     rec = core.history()[-1]
     assert rec["status"] == "failed" and "TimeoutError" in rec["error"]
     # what the switches hold is unknown: not ready, routes forgotten, the touched OCS and every ToR re-read
-    assert stale_calls == [sorted([OCS] + TORS)] and core.stale == set([OCS] + TORS)
+    assert stale_calls == [sorted([OCS] + TORS)] and core.switches.stale == set([OCS] + TORS)
     assert not core.ready and core.routes is None
     assert core.state()["unsynced"] == sorted([OCS] + TORS)
     assert core.matchings[0] == target  # the intended circuits (persisted), reconciled on read-back
@@ -94,7 +95,7 @@ def test_failed_reconfiguration_marks_switches_stale_and_readback_converges(fail
     assert not core.ready  # the ToRs are still to be read back
     for d in TORS:
         core.switch_synced(d)
-    assert core.ready and core.stale == set() and core.routes is not None
+    assert core.ready and core.switches.stale == set() and core.routes is not None
     assert_holds(drv, clock, target)
     pushes = [e[2] for e in drv.log if e[0] == "routes"]
     assert pushes[0] is True and pushes[-len(TORS):] == [True] * len(TORS)  # full pushes: routes were unknown
@@ -139,7 +140,7 @@ def test_failure_of_a_disconnected_switch_waits_for_its_reconnect():
     drv.send_barrier = gone
     with pytest.raises(ReconfigFailed):
         core.request_circuits({"circuits": {"0": [[1, 2]]}, "delay_ms": 0})
-    assert OCS not in core.stale and stale_calls == [TORS]  # the OCS is read back on reconnect
+    assert OCS not in core.switches.stale and stale_calls == [TORS]  # the OCS is read back on reconnect
 
 
 # ---- 2. ready only once every switch was read back -------------------------------------------------------
@@ -149,7 +150,7 @@ def test_ready_waits_for_readback_of_a_reconnected_switch():
     tor = TORS[0]
     core.switch_disconnected(tor)
     core.switch_connected(tor)
-    assert tor in core.connected and not core.ready
+    assert tor in core.switches.connected and not core.ready
     st = core.state()
     assert st["missing"] == [] and st["unsynced"] == [tor] and not st["ready"]
     with pytest.raises(NotReady, match="not read back"):
@@ -251,6 +252,20 @@ def test_check_config_creates_nothing_and_config_from_options_adds_the_token(tmp
     assert config_from_options(args(tmp_path, no_auth=True, token_file=None)).token is None
 
 
+def test_the_controller_programs_the_wall_clock_delay_resolved_once(tmp_path):
+    """--delay-ms is wall-clock ms as given; without it, the scenario's (or the spec's) delay x its time
+    dilation, the same figure Scenario.wall_delay_ms gives the harness."""
+    from emulation.scenario import load_scenario
+
+    dilated = json.dumps({"fabric": to_dict(FabricSpec(reconfig_delay_ms=4.0, time_dilation=2.5))})
+    assert check_config(args(tmp_path, spec_json=dilated)).delay_ms == 10.0
+    assert check_config(args(tmp_path, spec_json=dilated, delay_ms=3.0)).delay_ms == 3.0
+    path = tmp_path / "s.yaml"
+    path.write_text("fabric:\n  reconfig_delay_ms: 4.0\n  time_dilation: 2.5\ncontroller:\n  reconfig_delay_ms: 2.0\n")
+    cfg = check_config(args(tmp_path, spec_json=None, scenario=str(path)))
+    assert cfg.delay_ms == load_scenario(path).wall_delay_ms == 5.0
+
+
 def test_cli_bad_rest_port_leaves_no_home_and_no_token(tmp_path, monkeypatch, capsys):
     from testbed.cli import main as cli_main
 
@@ -303,7 +318,7 @@ def test_client_sends_gain_ms_in_both_posts(monkeypatch):
 
 @pytest.mark.parametrize("gain", [-3600_000.5, float("nan"), float("inf"), 3600_000.5])
 def test_internal_request_validates_gain_ms(gain):
-    from controller.reconfig import ReconfigRequest
+    from controller.reconfig.request import ReconfigRequest
 
     with pytest.raises(SpecError) as ei:
         ReconfigRequest(target={0: Matching.empty(SPEC.ports_per_ocs)}, gain_ms=gain)
@@ -385,9 +400,9 @@ def test_not_ready_until_the_initial_reconcile_is_done(tmp_path):
         orig(ocs, deletes, adds)
 
     drv.send_ocs_flows = spy
-    for d in core.expected:
+    for d in core.switches.expected:
         core.switch_connected(d)
-    for d in core.expected:  # the OCS holds other circuits (e.g. the train mesh) after a restart
+    for d in core.switches.expected:  # the OCS holds other circuits (e.g. the train mesh) after a restart
         core.switch_synced(d, [(1, 7), (7, 1), (2, 6), (6, 2)] if d == OCS else None)
     assert seen and all(ready is False and circ == {} for ready, circ in seen)
     assert core.ready and core.circuits() == {"0": gen[0].to_json()} and core.phase == "gen"

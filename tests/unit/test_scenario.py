@@ -4,6 +4,7 @@ import pytest
 import yaml
 
 from emulation.scenario import ControllerSettings, Scenario, load_scenario
+from emulation.spec import FabricSpec
 from emulation.validation import SpecError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,7 +23,7 @@ def test_default_scenario_is_emulatable():
     assert (f.pods, f.tors_per_pod, f.servers_per_tor, f.ocs_count, f.uplinks_per_tor) == (2, 2, 2, 1, 2)
     assert f.server_link_mbps == pytest.approx(400.0)
     f.check_emulatable()
-    assert s.controller.effective_delay_ms(f) == f.reconfig_delay_ms
+    assert s.reconfig_delay_ms == f.reconfig_delay_ms and s.wall_delay_ms == f.reconfig_delay_ms * f.time_dilation
 
 
 @pytest.mark.parametrize("name", sorted(n for n in os.listdir(SCEN) if n.endswith(".yaml")))
@@ -90,5 +91,32 @@ def test_seed_reproduces_draws(tmp_path):
 
 
 def test_controller_delay_override():
-    s = Scenario(controller=ControllerSettings(delay_ms=2.5))
-    assert s.controller.effective_delay_ms(s.fabric) == 2.5
+    s = Scenario(controller=ControllerSettings(reconfig_delay_ms=2.5))
+    assert s.reconfig_delay_ms == 2.5 and s.wall_delay_ms == 2.5
+
+
+def test_the_switching_delay_is_resolved_and_dilated_once_in_the_scenario():
+    s = Scenario(fabric=FabricSpec(reconfig_delay_ms=4.0, time_dilation=3.0))
+    assert s.reconfig_delay_ms == 4.0 and s.wall_delay_ms == 12.0  # real time; wall time = x time dilation
+    s = Scenario(fabric=FabricSpec(reconfig_delay_ms=4.0, time_dilation=3.0),
+                 controller=ControllerSettings(reconfig_delay_ms=1.5))
+    assert s.reconfig_delay_ms == 1.5 and s.wall_delay_ms == 4.5  # the controller's setting overrides the fabric's
+
+
+@pytest.mark.parametrize("fabric,controller,field", [
+    ({"reconfig_delay_ms": 40000.0, "time_dilation": 2.0}, {}, "fabric.reconfig_delay_ms"),
+    ({"time_dilation": 4.0}, {"reconfig_delay_ms": 20000.0}, "controller.reconfig_delay_ms"),
+    ({"time_dilation": 4.0}, {"delay_ms": 20000.0}, "controller.delay_ms"),  # the old spelling, as written
+])
+def test_a_switching_delay_over_the_limit_in_wall_time_names_its_field(tmp_path, fabric, controller, field):
+    with pytest.raises(SpecError) as e:
+        load_scenario(write(tmp_path, {"fabric": fabric, "controller": controller}))
+    assert e.value.field == field and "wall time" in str(e.value)
+
+
+def test_the_controllers_old_delay_key_is_still_read(tmp_path):
+    s = load_scenario(write(tmp_path, {"controller": {"delay_ms": 3.0}}))
+    assert s.controller.reconfig_delay_ms == 3.0 and s.reconfig_delay_ms == 3.0
+    with pytest.raises(SpecError) as e:
+        load_scenario(write(tmp_path, {"controller": {"delay_ms": 3.0, "reconfig_delay_ms": 4.0}}))
+    assert e.value.field == "controller.delay_ms"

@@ -5,8 +5,9 @@ import pytest
 
 from controller import phases
 from controller.routing import compute_routes, route_flow_changes
-from controller.tor_sync import FakeTorTable, TorOps, TorTables, flow_key, tor_ops
+from controller.tor_sync import TorOps, TorTables, flow_key, tor_ops
 from emulation.spec import FabricSpec, JobLayout
+from fakes_controller import FakeTorTable
 
 SPEC = FabricSpec(pods=2, tors_per_pod=2, servers_per_tor=2, uplinks_per_tor=2)
 LAYOUT = JobLayout()

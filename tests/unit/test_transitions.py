@@ -12,9 +12,11 @@ import pytest
 
 from controller import phases, routing
 from controller.ocs import Matching
-from controller.reconfig import FakeClock, FakeDriver, execute_plan, plan_reconfig
-from controller.tor_sync import FakeTorTable, TorTables, tor_ops
+from controller.reconfig.executor import execute_plan
+from controller.reconfig.plan import plan_reconfig
+from controller.tor_sync import TorTables, tor_ops
 from emulation.spec import FabricSpec, JobLayout
+from fakes_controller import FakeClock, FakeDriver, FakeTorTable
 
 INSTALL_S, RTT_S = 0.0035, 0.0005
 
