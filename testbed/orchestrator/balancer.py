@@ -250,12 +250,15 @@ class Balancer:
         # forecast, before and after alike): dealt across the server, the replica that happens to draw the top
         # levels looks slowest, and moves made on that alone mostly changed nothing (MoE default: 36 of 99
         # intra-server moves realised no gain and 19 lost)
-        within = {}
-        for a, g in ags.items():
-            if len(g.times) > 1:
-                lw = ServerLoad(g.view.load.ctx0, self.estimator.stratified_within(raw[a].load, g.rep),
-                                g.view.load.running, g.view.load.replica)
-                within[a] = self._agent_like(g, lw)
+        multi = [a for a, g in ags.items() if len(g.times) > 1]
+        lws = [ServerLoad(ags[a].view.load.ctx0, self.estimator.stratified_within(raw[a].load, ags[a].rep),
+                          ags[a].view.load.running, ags[a].view.load.replica) for a in multi]
+        within = {}  # every server's within view, in one grouped estimator pass
+        for a, lw, (rep, times) in zip(multi, lws, self.estimator.replica_times_many(
+                [(ags[a].view.layout, lw, ags[a].view.layout) for a, lw in zip(multi, lws)])):
+            g = ags[a]
+            within[a] = _Agent(ServerView(a, g.view.layout, lw, g.view.busy_until, g.view.last_switch_end),
+                               g.rids, rep, times, g.mean)
         loads = {a: g.load(now) for a, g in ags.items()}
         first = dict(loads)
         moves: list[Move] = []
