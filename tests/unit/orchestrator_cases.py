@@ -53,7 +53,7 @@ def _bench_state(w, est, lays, rng, n, layouts, gen_scale=300.0, waiting=0.2, k=
     fc0 = LengthForecast.from_workload(w, 0)
     fc = fc0.updated(np.minimum(done, w.max_response_tokens).astype(float), gen[running].astype(float),
                      ForecastSettings()) if online else fc0
-    est.forecast = fc
+    est.use_forecast(fc)
     views, rids = {}, {}
     for j, s in enumerate(SERVERS):
         m = server == j
@@ -173,7 +173,7 @@ def cases():
         def go():
             setup = _setup(16384, seqs)
             w, est, lays = setup[:3]
-            est.forecast = None
+            est.use_forecast(None)
             rng = np.random.default_rng(seed)
             views, rids = {}, {}
             for j, s in enumerate(SERVERS):
