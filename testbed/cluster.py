@@ -34,7 +34,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from agents.client import AgentClient, AgentError, AgentGone, AgentTimeout, call_all, call_each
-from agents.engine import EngineSettings
+from agents.engine import EngineSettings, Layout
 from agents.protocol import unpack_array
 from controller.traffic import phase_traffic
 from emulation.builder import EmulatedFabric
@@ -91,7 +91,7 @@ class Collected:
 class AgentPool:
     fabric: EmulatedFabric
     scenario: Scenario
-    layouts: dict[int, str] = field(default_factory=dict)  # server -> layout name (default TP1x8-like)
+    layouts: dict[int, Layout] = field(default_factory=dict)  # server -> its starting layout (default: rollout_tp)
     engine: EngineSettings = field(default_factory=EngineSettings)
     start_timeout_s: float = 120.0
     health_timeout_s: float = 3.0
@@ -135,7 +135,7 @@ class AgentPool:
             "model": w.model, "gpu": w.gpu,
             "rpc": {"host": self.fabric.mgmt_ip(s), "port": RPC_PORT},
             "fabric_ip": spec.host_ip(s), "fabric_intf": self.fabric.intf_of(s),
-            "layout": self.layouts.get(s, f"TP{w.rollout_tp}x{gps // w.rollout_tp}"),
+            "layout": self.layouts.get(s, Layout(tp=w.rollout_tp)).name(gps),
             "engine": to_dict(self.engine), "time_dilation": spec.time_dilation, "scale": spec.scale,
             "collector_port": COLLECTOR_PORT if s in self.trainers else None,
             "collectors": [{"host": spec.host_ip(t), "port": COLLECTOR_PORT} for t in self.trainers],
@@ -514,7 +514,7 @@ class AgentPool:
                 if rid not in held and any(a in self.failed for a in self.served.get(rid, ()))}
 
 @contextlib.contextmanager
-def running_cluster(scn: Scenario, *, layouts: dict[int, str] | None = None,
+def running_cluster(scn: Scenario, *, layouts: dict[int, Layout] | None = None,
                     engine: EngineSettings | None = None,
                     initial_phase: str | None = None, real_compute: dict | None = None) -> Iterator[tuple[Testbed, AgentPool]]:
     """Controller + fabric + one agent per server, all torn down in reverse order. The controller exports

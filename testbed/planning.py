@@ -13,7 +13,6 @@ import time
 
 import numpy as np
 
-from agents.engine import Layout
 from testbed.backends.base import Backend, StepRequests
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator, ServerLoad
@@ -88,7 +87,7 @@ class PlanningTick:
                 load = ServerLoad(np.full(n, float(self.w.prompt_tokens)), np.full(n, fc.mean()), np.zeros(n, bool),
                                   np.full(n, -1), np.zeros(n), request_levels(req.rid[idx]))
                 d = self.planner.initial(ServerView(s, cur[s], load), charged=not first)
-                want = Layout.parse(d.best, self.gpus)
+                want = d.best
             if want != cur[s]:
                 sw = b.set_layout(s, want, free=first)
                 self.last_switch_end[s] = sw.end
@@ -158,17 +157,17 @@ class PlanningTick:
         for s, d in decisions.items():
             if not d.switch or s in failed:
                 continue
-            lay = Layout.parse(d.best, self.gpus)
             try:
-                sw = b.set_layout(s, lay)
+                sw = b.set_layout(s, d.best)
             except Exception as e:  # noqa: BLE001 - the server failed meanwhile: its requests are re-queued
-                self.timeline.event(b.now(), "layout_switch_failed", server=s, step=req.step, to=d.best, error=str(e),
-                                    tick=round(now, 6))
+                self.timeline.event(b.now(), "layout_switch_failed", server=s, step=req.step,
+                                    to=d.best.name(self.gpus), error=str(e), tick=round(now, 6))
                 self.recovery.check(req)
                 continue
             self.last_switch_end[s] = sw.end
             n += 1
-            self.timeline.event(b.now(), "layout_switch", server=s, step=req.step, frm=d.current, to=d.best,
+            self.timeline.event(b.now(), "layout_switch", server=s, step=req.step, frm=d.current.name(self.gpus),
+                                to=d.best.name(self.gpus),
                                 gain_s=round(d.gain_s, 3), cost_s=round(d.switch_cost_s, 3), start=sw.start,
                                 end=sw.end, predicted=d.predicted_s, reason=d.reason, tick=round(now, 6))
         return n

@@ -57,10 +57,9 @@ class EmulatedBackend(Backend):
         self.engine_settings = engine  # what prepare() gives the agents' engines (a shared cluster's too)
         self.bucket_bytes = max(4096, int(bucket_mb * 1e6 * scenario.fabric.scale))
         self._stack = contextlib.ExitStack()
-        names = {s: lay.name(self.gpus) for s, lay in layouts.items()}
         if cluster is None:
             self.tb, self.pool = self._stack.enter_context(running_cluster(
-                scenario, layouts=names, engine=engine))
+                scenario, layouts=layouts, engine=engine))
         else:
             self.tb, self.pool = cluster
         self.cm = CostModel.for_names(scenario.workload.model, scenario.workload.gpu)
