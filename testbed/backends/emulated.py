@@ -94,7 +94,7 @@ class EmulatedBackend(Backend):
         self.pool.call_all(live, "fidelity", lambda s: {"clear": True}, 10.0)
         for s in live:
             st = self.pool.call(s, "stats")
-            if st["layout"] != layouts[s].name(self.gpus):
+            if Layout.parse(st["layout"], self.gpus, "stats.layout") != layouts[s]:
                 self.set_layout(s, layouts[s], free=True)
         self.pool.forget_requests()
         self.pool.reset_collectors()
