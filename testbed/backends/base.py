@@ -8,7 +8,7 @@ the time-dilation factor on the emulator, virtual time in the simulator.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -72,6 +72,94 @@ class ServerState:
     snapshot: dict  # agents.engine.Engine.snapshot() arrays
     stats: dict  # agents.engine.Engine.stats()
     busy_until: float = 0.0  # end of a layout switch in progress (0: none)
+
+
+@dataclass(frozen=True)
+class LayoutChange:
+    """A layout switch a backend started (:meth:`Backend.set_layout`): from ``old`` to ``new``, asked at
+    ``requested``, the server not decoding from ``start`` to ``end`` (``switch_s`` long)."""
+
+    old: Layout
+    new: Layout
+    requested: float
+    start: float
+    end: float
+    switch_s: float
+
+
+@dataclass(frozen=True)
+class MigrationResult:
+    """A migration a backend carried out or scheduled (:meth:`Backend.migrate`). ``result``: ``moved`` (the
+    emulator: handed over), ``finished`` (it ended before it could stop), ``scheduled`` (the simulator: the
+    hand-over happens in virtual time, reported by :meth:`Backend.take_handovers`); ``downtime_s`` and
+    ``kv_bytes`` where known now; ``realised_gain_s`` where the backend can tell (the simulated one's
+    counterfactual)."""
+
+    rid: int
+    result: str
+    downtime_s: float | None = None
+    kv_bytes: float | None = None
+    realised_gain_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Handover:
+    """A migration's hand-over once it happened in virtual time (the simulated backend): asked at ``asked``,
+    the request stopped on ``src`` at ``stopped`` and resumed on ``dst`` at ``resumed``."""
+
+    rid: int
+    src: int
+    dst: int
+    mode: str
+    asked: float
+    stopped: float
+    resumed: float
+    downtime_s: float
+    kv_bytes: float
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class PhaseTiming:
+    """What a phase change cost the emulator's driver: the controller's own overhead (None: not reported or no
+    controller) and the REST round trip, in milliseconds."""
+
+    overhead_ms: float | None
+    took_ms: float
+
+
+@dataclass(frozen=True)
+class PhaseDecision:
+    """The fabric's answer to a phase change (:meth:`Backend.set_phase`): the rule's decision (``switched``,
+    ``stalled``, ``deferred``, ``unchanged``, ``static``...), the stall it cost, the window and gain it was
+    given, why; ``delay_ms``: the switching delay the rule weighed (where the phase model decided a change);
+    ``timing``: the emulator's controller round trip."""
+
+    decision: str | None
+    stall_ms: float
+    window_ms: float | None
+    gain_ms: float | None
+    reason: str | None
+    delay_ms: float | None = None
+    timing: PhaseTiming | None = None
+
+    @property
+    def changed(self) -> bool:
+        """The phase's circuits are installed now (switched, or stalled until they were)."""
+        return self.decision in ("switched", "stalled")
+
+    def to_json(self) -> dict:
+        """The record's fields in their order (the timeline's ``fabric`` events): ``delay_ms`` only where the
+        rule weighed one, the timing only where there is one."""
+        out = {"decision": self.decision, "stall_ms": self.stall_ms, "window_ms": self.window_ms,
+               "gain_ms": self.gain_ms, "reason": self.reason}
+        if self.delay_ms is not None:
+            out["delay_ms"] = self.delay_ms
+        if self.timing is not None:
+            out.update(overhead_ms=self.timing.overhead_ms, took_ms=self.timing.took_ms)
+        return out
 
 
 @dataclass
@@ -155,8 +243,8 @@ class Backend(abc.ABC):
     def layouts(self) -> dict[int, Layout]: ...
 
     @abc.abstractmethod
-    def set_layout(self, server: int, layout: Layout, free: bool = False) -> dict:
-        """Start a layout switch; returns {start, end, switch_s, from, to}. ``free``: no switch cost (a step
+    def set_layout(self, server: int, layout: Layout, free: bool = False) -> LayoutChange:
+        """Start a layout switch. ``free``: no switch cost (a step
         boundary: the new weights are loaded in the new layout anyway)."""
 
     @abc.abstractmethod
@@ -171,9 +259,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None,
-                predicted_gain_s: float | None = None) -> dict:
+                predicted_gain_s: float | None = None) -> MigrationResult:
         """Move request ``rid`` from server ``src`` to ``dst`` (onto its replica ``replica``). A backend that can
-        tell (the simulated one, with its counterfactual on) adds ``realised_gain_s`` to the answer."""
+        tell (the simulated one, with its counterfactual on) gives its ``realised_gain_s``."""
 
     @abc.abstractmethod
     def finished_count(self, deadline_s: float | None = None) -> int:
@@ -191,9 +279,14 @@ class Backend(abc.ABC):
         """Migrations under way (their request is on no server for a moment)."""
         return 0
 
+    def take_handovers(self) -> list[Handover]:
+        """The hand-overs that happened since the last call, taken (a backend whose migrations complete in its
+        own time, the simulated one; the emulator's :meth:`migrate` answers once its hand-over is done)."""
+        return []
+
     # ---- fabric and the other phases ----
     @abc.abstractmethod
-    def set_phase(self, phase: str, window_ms: float | None, gain_ms: float | None) -> dict:
+    def set_phase(self, phase: str, window_ms: float | None, gain_ms: float | None) -> PhaseDecision:
         """Ask for the phase's circuits; the controller's decision (switched/stalled/deferred) and timing."""
 
     @abc.abstractmethod

@@ -15,6 +15,7 @@ sync and train phases against their shaped rates, and says when the run was dist
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -27,12 +28,13 @@ from agents.engine import EngineSettings, Layout
 from agents.protocol import unpack_array
 from controller.ocs import Matching
 from controller.phases import SyncChain, stripe_plan, sync_chains
-from controller.reconfig import MAX_WINDOW_MS
+from controller.reconfig.request import MAX_WINDOW_MS
 from controller.traffic import train_bytes, train_traffic
 from emulation.capacity import load_capacity
 from emulation.validation import to_dict
 
-from .base import Backend, PhaseResult, ServerState, StepRequests
+from .base import (Backend, LayoutChange, MigrationResult, PhaseDecision, PhaseResult, PhaseTiming, ServerState,
+                   StepRequests)
 from .phase_model import PhaseModel
 
 log = logging.getLogger(__name__)
@@ -56,10 +58,9 @@ class EmulatedBackend(Backend):
         self.engine_settings = engine  # what prepare() gives the agents' engines (a shared cluster's too)
         self.bucket_bytes = max(4096, int(bucket_mb * 1e6 * scenario.fabric.scale))
         self._stack = contextlib.ExitStack()
-        names = {s: lay.name(self.gpus) for s, lay in layouts.items()}
         if cluster is None:
             self.tb, self.pool = self._stack.enter_context(running_cluster(
-                scenario, layouts=names, engine=engine))
+                scenario, layouts=layouts, engine=engine))
         else:
             self.tb, self.pool = cluster
         self.cm = CostModel.for_names(scenario.workload.model, scenario.workload.gpu)
@@ -94,15 +95,17 @@ class EmulatedBackend(Backend):
         self.pool.call_all(live, "fidelity", lambda s: {"clear": True}, 10.0)
         for s in live:
             st = self.pool.call(s, "stats")
-            if st["layout"] != layouts[s].name(self.gpus):
+            if Layout.parse(st["layout"], self.gpus, "stats.layout") != layouts[s]:
                 self.set_layout(s, layouts[s], free=True)
         self.pool.forget_requests()
         self.pool.reset_collectors()
 
-    def set_layout(self, server: int, layout: Layout, free: bool = False) -> dict:
+    def set_layout(self, server: int, layout: Layout, free: bool = False) -> LayoutChange:
         res = self.pool.call(server, "set_layout", {"layout": layout.name(self.gpus), "free": free})
         self._layouts[server] = layout
-        return res
+        return LayoutChange(Layout.parse(res["from"], self.gpus, "set_layout.from"),
+                            Layout.parse(res["to"], self.gpus, "set_layout.to"), res["requested"], res["start"],
+                            res["end"], res["switch_s"])
 
     def submit(self, server: int, requests: list[dict], chunked: bool = False) -> None:
         self.pool.submit(server, requests, chunked=chunked)
@@ -125,8 +128,9 @@ class EmulatedBackend(Backend):
         return out
 
     def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None,
-                predicted_gain_s: float | None = None) -> dict:
-        return self.pool.migrate(rid, src, dst, mode=mode, replica=replica)
+                predicted_gain_s: float | None = None) -> MigrationResult:
+        res = self.pool.migrate(rid, src, dst, mode=mode, replica=replica)
+        return MigrationResult(rid, res["result"], res.get("downtime_s"), res.get("kv_bytes"))
 
     def finished_count(self, deadline_s: float | None = None) -> int:
         """Requests whose every token reached a collector this step (the trainers' ground truth: it survives a
@@ -165,10 +169,10 @@ class EmulatedBackend(Backend):
                 "ended_at": min(ended, self.now())}
 
     # ---- fabric and phases ----
-    def set_phase(self, phase: str, window_ms: float | None, gain_ms: float | None) -> dict:
+    def set_phase(self, phase: str, window_ms: float | None, gain_ms: float | None) -> PhaseDecision:
         if self.tb.controller is None:  # a static tree: nothing to re-wire (the phase model says so)
-            d = self.model.decide(phase, phase, window_ms, gain_ms)
-            return {**d, "overhead_ms": None, "took_ms": 0.0}
+            return dataclasses.replace(self.model.decide(phase, phase, window_ms, gain_ms),
+                                       timing=PhaseTiming(None, 0.0))
         # the controller works in wall time: windows and gains are stretched by the time dilation
         cap = MAX_WINDOW_MS  # the REST body's bound (controller.reconfig)
         gain = None if gain_ms is None else (cap if math.isinf(gain_ms) else max(-cap, min(cap, gain_ms * self.tdf)))
@@ -176,9 +180,9 @@ class EmulatedBackend(Backend):
         t0 = self.now()
         rec = self.tb.client.set_phase(phase, window_ms=window, gain_ms=gain)
         ov = rec.get("overhead_ms")
-        return {"decision": rec.get("decision", rec.get("status")), "stall_ms": rec.get("stall_ms", 0.0) / self.tdf,
-                "window_ms": window_ms, "gain_ms": gain_ms, "reason": rec.get("reason"),
-                "overhead_ms": None if ov is None else ov / self.tdf, "took_ms": (self.now() - t0) * 1e3}
+        return PhaseDecision(rec.get("decision", rec.get("status")), rec.get("stall_ms", 0.0) / self.tdf, window_ms,
+                             gain_ms, rec.get("reason"),
+                             timing=PhaseTiming(None if ov is None else ov / self.tdf, (self.now() - t0) * 1e3))
 
     def _installed_phase(self) -> str | None:
         if self.tb.controller is None:

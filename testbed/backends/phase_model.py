@@ -16,6 +16,8 @@ from controller.traffic import phase_traffic
 from rlsim.fabrics import CircuitNetwork, Unreachable, build_network, rfabric_counts
 from rlsim.sim import SimSettings, sync_phase, train_phase
 
+from .base import PhaseDecision
+
 
 class PhaseModel:
     def __init__(self, scenario, settings: SimSettings = SimSettings()):
@@ -85,13 +87,10 @@ class PhaseModel:
             return first_step_s * 1e3
         return 0.0
 
-    def decide(self, installed: str, phase: str, window_ms: float | None, gain_ms: float | None) -> dict:
+    def decide(self, installed: str, phase: str, window_ms: float | None, gain_ms: float | None) -> PhaseDecision:
         if self.static:
-            return {"decision": "static", "stall_ms": 0.0, "window_ms": window_ms, "gain_ms": gain_ms,
-                    "reason": f"a static {self.spec.kind} fabric: nothing to re-wire"}
+            return PhaseDecision("static", 0.0, window_ms, gain_ms, f"a static {self.spec.kind} fabric: nothing to re-wire")
         if installed == phase:
-            return {"decision": "unchanged", "stall_ms": 0.0, "window_ms": window_ms, "gain_ms": gain_ms,
-                    "reason": "the phase's circuits are installed"}
+            return PhaseDecision("unchanged", 0.0, window_ms, gain_ms, "the phase's circuits are installed")
         d = decide_switch(window_ms, self.delay_ms, gain_ms)  # +-inf: the old / the new topology cannot carry it
-        return {"decision": d.action, "stall_ms": d.stall_ms, "window_ms": window_ms, "gain_ms": gain_ms,
-                "reason": d.reason, "delay_ms": self.delay_ms}
+        return PhaseDecision(d.action, d.stall_ms, window_ms, gain_ms, d.reason, self.delay_ms)

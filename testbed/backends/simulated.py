@@ -31,7 +31,8 @@ from agents.engine import Engine, EngineSettings, Layout, ModelledCost, NewReque
 from agents.migration_plan import StagePlan
 from emulation.validation import SpecError
 
-from .base import Backend, Job, PhaseResult, ServerState, StepRequests
+from .base import (Backend, Handover, Job, LayoutChange, MigrationResult, PhaseDecision, PhaseResult, ServerState,
+                   StepRequests)
 from .phase_model import PhaseModel
 
 
@@ -66,7 +67,7 @@ class SimulatedBackend(Backend):
         self._faults: list[tuple[int, float, int]] = []  # (server, after_s, generation) not yet scheduled
         self._generation = 0  # generation phases ended so far
         self._gen_open = False  # the current generation phase has had its first submit
-        self.migrations: list[dict] = []  # completed hand-overs (the driver reads and clears it)
+        self._handovers: list[Handover] = []  # completed hand-overs since the driver last took them
 
     # ---- time ----
     def now(self) -> float:
@@ -106,10 +107,9 @@ class SimulatedBackend(Backend):
             raise SpecError(what, f"server {server} failed: {self._failed[server]}")
         return self.engines[server]
 
-    def set_layout(self, server: int, layout: Layout, free: bool = False) -> dict:
+    def set_layout(self, server: int, layout: Layout, free: bool = False) -> LayoutChange:
         sw = self._engine(server).set_layout(layout, self.t, 0.0 if free else None)
-        return {"from": sw.old.name(self.gpus), "to": sw.new.name(self.gpus), "start": sw.start, "end": sw.end,
-                "switch_s": sw.switch_s, "requested": self.t}
+        return LayoutChange(sw.old, sw.new, self.t, sw.start, sw.end, sw.switch_s)
 
     def submit(self, server: int, requests: list[dict], chunked: bool = False) -> None:
         if not self._gen_open:  # a generation phase begins: schedule its injected failures
@@ -137,19 +137,16 @@ class SimulatedBackend(Backend):
         return tokens * self.kv_bytes / rate
 
     def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None,
-                predicted_gain_s: float | None = None) -> dict:
+                predicted_gain_s: float | None = None) -> MigrationResult:
         e = self._engine(src, "src")
         self._engine(dst, "dst")
         if not e.holds(rid):
             raise SpecError("rid", f"request {rid} is not on server {src}")
         stages = self._live_stages(e, rid, mode, src == dst)
         t_live = sum(x["s"] for x in stages)
-        out = {"rid": rid, "result": "scheduled", "mode": mode, "stages": stages, "detach_at": self.t + t_live}
-        if self.counterfactual:
-            out["realised_gain_s"] = self._realised_gain(rid, src, dst, stages, replica)
-            out["predicted_gain_s"] = predicted_gain_s
+        realised = self._realised_gain(rid, src, dst, stages, replica) if self.counterfactual else None
         self._push(self.t + t_live, "detach", (rid, src, dst, mode, tuple(stages), self.t, replica))
-        return out
+        return MigrationResult(rid, "scheduled", realised_gain_s=realised)
 
     def _live_stages(self, e: Engine, rid: int, mode: str, local: bool) -> list[dict]:
         """Multi-stage migration's live copies (Llumnix; the agents' rule, agents.migration_plan.StagePlan with
@@ -234,13 +231,12 @@ class SimulatedBackend(Backend):
             return
         st, t_stop, resume = got
         self._push(resume, "arrive", (st, dst, replica))
-        self.migrations.append({"rid": rid, "src": src, "dst": dst, "mode": mode, "asked": asked, "stopped": t_stop,
-                                "resumed": resume, "downtime_s": resume - t_stop,
-                                "kv_bytes": st.kv_tokens * self.kv_bytes * self.scenario.fabric.scale})
+        self._handovers.append(Handover(rid, src, dst, mode, asked, t_stop, resume, resume - t_stop,
+                                        st.kv_tokens * self.kv_bytes * self.scenario.fabric.scale))
 
     def _on_arrive(self, t: float, st: NewRequest, dst: int, replica: int | None) -> None:
         if dst in self._failed:  # the destination died while the KV crossed: the source keeps it (as an agent does)
-            src = next((m["src"] for m in reversed(self.migrations) if m["rid"] == st.rid), None)
+            src = next((m.src for m in reversed(self._handovers) if m.rid == st.rid), None)
             if src is None or src in self._failed:
                 return
             dst, replica = src, None
@@ -282,6 +278,10 @@ class SimulatedBackend(Backend):
     def in_flight(self) -> int:
         return sum(1 for ev in self.events if ev[2] in ("detach", "arrive"))
 
+    def take_handovers(self) -> list[Handover]:
+        out, self._handovers = self._handovers, []
+        return out
+
     def end_generation(self, req: StepRequests) -> dict:
         fin = {}
         for e in self._all_engines():
@@ -307,12 +307,12 @@ class SimulatedBackend(Backend):
                 "duplicates": 0, "tokens_unique": int(sum(delivered.values())), "tokens_by_agent": by_agent}
 
     # ---- other phases ----
-    def set_phase(self, phase: str, window_ms: float | None, gain_ms: float | None) -> dict:
+    def set_phase(self, phase: str, window_ms: float | None, gain_ms: float | None) -> PhaseDecision:
         d = self.model.decide(self.installed, phase, window_ms, gain_ms)
-        if d["decision"] in ("switched", "stalled"):
+        if d.changed:
             self.installed = phase
-        if d["stall_ms"]:
-            self.wait_until(self.t + d["stall_ms"] / 1000.0)
+        if d.stall_ms:
+            self.wait_until(self.t + d.stall_ms / 1000.0)
         return d
 
     def sync_weights(self, step: int) -> PhaseResult:

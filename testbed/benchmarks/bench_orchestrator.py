@@ -37,7 +37,7 @@ from testbed.orchestrator.settings import feasible_layouts, orchestrator_setting
 
 
 def _tick_sample(now: float, views: dict, lay, gpus: int) -> dict:
-    """The tick's sample as the driver takes it (testbed.driver.Driver._sample), from the synthetic state."""
+    """The tick's sample as the driver takes it (testbed.generation.GenerationPhase.sample), from the synthetic state."""
     srv, load = {}, {}
     r = lay.replicas(gpus)
     for s, v in views.items():
@@ -90,7 +90,7 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
         fc = fc0.updated(np.minimum(done, w.max_response_tokens).astype(float), gen[running].astype(float),
                          st.forecast) if st.forecast.online_update else fc0
         t1 = time.perf_counter()
-        est.forecast = fc
+        est.use_forecast(fc)
         views, rids = {}, {}
         for j, s in enumerate(servers):
             m = server == j

@@ -34,7 +34,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from agents.client import AgentClient, AgentError, AgentGone, AgentTimeout, call_all, call_each
-from agents.engine import EngineSettings
+from agents.engine import EngineSettings, Layout
 from agents.protocol import AgentConfig, Endpoint, unpack_array
 from agents.realcompute import DecoderConfig
 from controller.traffic import phase_traffic
@@ -92,7 +92,7 @@ class Collected:
 class AgentPool:
     fabric: EmulatedFabric
     scenario: Scenario
-    layouts: dict[int, str] = field(default_factory=dict)  # server -> layout name (default TP1x8-like)
+    layouts: dict[int, Layout] = field(default_factory=dict)  # server -> its starting layout (default: rollout_tp)
     engine: EngineSettings = field(default_factory=EngineSettings)
     start_timeout_s: float = 120.0
     health_timeout_s: float = 3.0
@@ -138,7 +138,7 @@ class AgentPool:
                 index=s, server=s, role="train" if s in self.trainers else "gen", gpus=gps, model=w.model, gpu=w.gpu,
                 rpc=Endpoint(self.fabric.mgmt_ip(s), RPC_PORT), fabric_ip=spec.host_ip(s),
                 fabric_intf=self.fabric.intf_of(s),
-                layout=self.layouts.get(s, f"TP{w.rollout_tp}x{gps // w.rollout_tp}"), engine=self.engine,
+                layout=self.layouts.get(s, Layout(tp=w.rollout_tp)).name(gps), engine=self.engine,
                 time_dilation=spec.time_dilation, scale=spec.scale,
                 collector_port=COLLECTOR_PORT if s in self.trainers else None,
                 collectors=tuple(Endpoint(spec.host_ip(t), COLLECTOR_PORT) for t in self.trainers),
@@ -518,7 +518,7 @@ class AgentPool:
                 if rid not in held and any(a in self.failed for a in self.served.get(rid, ()))}
 
 @contextlib.contextmanager
-def running_cluster(scn: Scenario, *, layouts: dict[int, str] | None = None,
+def running_cluster(scn: Scenario, *, layouts: dict[int, Layout] | None = None,
                     engine: EngineSettings | None = None,
                     initial_phase: str | None = None, real_compute: DecoderConfig | None = None) -> Iterator[tuple[Testbed, AgentPool]]:
     """Controller + fabric + one agent per server, all torn down in reverse order. The controller exports

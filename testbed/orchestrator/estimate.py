@@ -199,7 +199,8 @@ class DecodeTable:
 class Estimator:
     """Makespan estimates on one model/GPU (``cm``: agents.costmodel.CostModel).
 
-    ``forecast`` (a testbed.orchestrator.forecast.LengthForecast, set by the caller for each planning tick):
+    ``forecast`` (a testbed.orchestrator.forecast.LengthForecast, given by the caller for each planning tick
+    through :meth:`use_forecast`):
     a server's requests are then given remaining lengths stratified *within the server*: ranked by their
     fixed keys, the k-th of n gets the ((k + 0.5) / n)-quantile of its own conditional remaining length
     given what it has generated. Two layouts of a server are so compared on the same lengths, without the
@@ -226,7 +227,16 @@ class Estimator:
                 self._decode_table(tp)
             tp *= 2
         self.calls = 0
-        self.forecast = None
+        self._forecast = None
+
+    @property
+    def forecast(self):
+        """The length forecast the estimates stratify on (None: ``rem`` as given)."""
+        return self._forecast
+
+    def use_forecast(self, forecast) -> None:
+        """Estimate on ``forecast`` from now on (a LengthForecast; None: exact lengths, ``rem`` as given)."""
+        self._forecast = forecast
 
     def _prefill_s(self, n: int, mean_ctx: float, tp: int) -> float:
         """The cost model's prefill of ``n`` prompts of ``mean_ctx`` tokens (memoised: a pure function of its

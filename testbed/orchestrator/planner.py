@@ -101,9 +101,9 @@ class ServerView:
 @dataclass
 class Decision:
     server: int
-    current: str
-    best: str
-    predicted_s: dict  # layout name -> predicted remaining makespan (incl. switch cost)
+    current: Layout
+    best: Layout
+    predicted_s: dict  # layout name -> predicted remaining makespan (incl. switch cost): the timeline's record
     switch: bool
     gain_s: float
     switch_cost_s: float
@@ -186,7 +186,7 @@ class Planner:
                 if self.settings.lookahead and interval:
                     tempted[s] = best_t
             near = switch or v.busy_until > now or now - v.last_switch_end < self.settings.cooldown_s
-            out[s] = Decision(s, cur.name(gpus), best.name(gpus), pred, switch, gain, best_cost, reason, near)
+            out[s] = Decision(s, cur, best, pred, switch, gain, best_cost, reason, near)
         if tempted:  # would it pay to wait one interval and switch then (to the then-best layout)?
             ahead = self.estimator.advance_many([(views[s].layout, views[s].load) for s in tempted], interval)
             later = {s: ServerView(s, views[s].layout, ld) for s, ld in zip(tempted, ahead)}
@@ -228,7 +228,7 @@ class Planner:
         need = max(self.settings.min_gain_s, self.settings.initial_margin * base)
         pick = best if gain > need else default
         what = "predicted fastest" if pick == best else ("the current layout" if charged else "the throughput layout")
-        return Decision(view.server, view.layout.name(gpus), pick.name(gpus),
+        return Decision(view.server, view.layout, pick,
                         {lay.name(gpus): t for lay, t in times.items()}, pick != view.layout, gain, cost[pick],
                         f"initial layout for the step ({what}; best {best.name(gpus)} gains {gain:.2f} s "
                         f"{'with' if charged else 'without'} its switch cost, margin {need:.2f} s)")

@@ -112,7 +112,7 @@ class Experiment:
         if self.backend_name == "emulated":
             from testbed.cluster.agent_pool import running_cluster
 
-            start = {s: self.layouts[0].name(self.gpus) for s in self.scn.layout.gen_servers(self.scn.fabric)}
+            start = {s: self.layouts[0] for s in self.scn.layout.gen_servers(self.scn.fabric)}
             self.cluster = self._stack.enter_context(running_cluster(
                 self.scn, layouts=start, engine=self.settings.engine))
         return self

@@ -34,7 +34,7 @@ def test_moe_training_step_runs_its_all_to_all_across_the_fabric():
         gps = spec.gpus_per_server
         layouts = {s: Layout.parse(f"TP2x{gps // 2}", gps) for s in pool.generators}
         b = EmulatedBackend(SCN, layouts, cluster=(tb, pool))
-        assert b.set_phase("train", None, None)["decision"] == "switched"
+        assert b.set_phase("train", None, None).decision == "switched"
         lengths = np.full(SCN.workload.prompts_per_step * SCN.workload.samples_per_prompt, 200)
         before = ocs_bytes(spec.ocs_name(0))
         tr = b.train(0, lengths)

@@ -81,7 +81,7 @@ def test_emulated_backend_on_a_static_tree(cluster):
     layouts = {s: Layout.parse(f"TP1x{gps}", gps) for s in pool.generators}
     b = EmulatedBackend(SCN, layouts, cluster=(tb, pool))
     d = b.set_phase("train", 100.0, 5.0)
-    assert d["decision"] == "static" and "static" in d["reason"]
+    assert d.decision == "static" and "static" in d.reason
     sy = b.sync_weights(1)
     assert sy.detail["consistent"] and sy.detail["chains"] == min(len(pool.trainers), len(pool.generators))
     tr = b.train(0, np.full(64, 300))

@@ -53,7 +53,7 @@ def _bench_state(w, est, lays, rng, n, layouts, gen_scale=300.0, waiting=0.2, k=
     fc0 = LengthForecast.from_workload(w, 0)
     fc = fc0.updated(np.minimum(done, w.max_response_tokens).astype(float), gen[running].astype(float),
                      ForecastSettings()) if online else fc0
-    est.forecast = fc
+    est.use_forecast(fc)
     views, rids = {}, {}
     for j, s in enumerate(SERVERS):
         m = server == j
@@ -72,8 +72,13 @@ def _f(x) -> float:
     return float(x)
 
 
+def _decision_json(d) -> dict:
+    """Every field of a planner Decision, its layouts by name (the pinned file's JSON)."""
+    return {**dataclasses.asdict(d), "current": d.current.name(GPUS), "best": d.best.name(GPUS)}
+
+
 def _decisions(ds: dict) -> dict:
-    return {str(s): {"current": d.current, "best": d.best, "predicted_s": {k: _f(v) for k, v in d.predicted_s.items()},
+    return {str(s): {"current": d.current.name(GPUS), "best": d.best.name(GPUS), "predicted_s": {k: _f(v) for k, v in d.predicted_s.items()},
                      "switch": bool(d.switch), "gain_s": _f(d.gain_s), "switch_cost_s": _f(d.switch_cost_s),
                      "reason": d.reason} for s, d in ds.items()}
 
@@ -120,7 +125,7 @@ def _run(name, setup, views, rids, now=10.0, interval=1.0, extra=True) -> dict:
     res["balancer"] = _moves(*balancer.decide(views, rids, now=now))
     if extra:
         res["estimator"] = _estimator_outputs(est, lays, views, interval)
-        res["initial"] = {str(s): dataclasses.asdict(planner.initial(v)) for s, v in views.items()}
+        res["initial"] = {str(s): _decision_json(planner.initial(v)) for s, v in views.items()}
     return res
 
 
@@ -173,7 +178,7 @@ def cases():
         def go():
             setup = _setup(16384, seqs)
             w, est, lays = setup[:3]
-            est.forecast = None
+            est.use_forecast(None)
             rng = np.random.default_rng(seed)
             views, rids = {}, {}
             for j, s in enumerate(SERVERS):

@@ -212,15 +212,15 @@ def test_remembered_results_follow_the_loads_content_and_the_forecast():
     gen = rng.integers(0, 2000, n).astype(float)
     load = ServerLoad(256 + gen, np.full(n, 400.0), rng.random(n) < 0.8, np.arange(n) % 4, gen, rng.random(n))
     lay = Layout(2)
-    est.forecast = LengthForecast.from_workload(WorkloadSpec(model="Qwen2.5-7B"), 0)
+    est.use_forecast(LengthForecast.from_workload(WorkloadSpec(model="Qwen2.5-7B"), 0))
     est.servers_s_many([lay], {0: load}, {0: lay})  # remembers server 0 under its current layout
     fresh = Estimator(est.cm, 8, est.settings)
-    fresh.forecast = est.forecast
+    fresh.use_forecast(est.forecast)
     assert np.array_equal(est.replica_times(lay, load, lay)[1], fresh.replica_times(lay, load, lay)[1])
     load.ctx0[:10] += 500  # changed in place: the remembered result no longer applies
     again = Estimator(est.cm, 8, est.settings)
-    again.forecast = est.forecast
+    again.use_forecast(est.forecast)
     assert np.array_equal(est.replica_times(lay, load, lay)[1], again.replica_times(lay, load, lay)[1])
-    est.forecast = LengthForecast.from_workload(WorkloadSpec(model="Qwen2.5-7B", response_median_tokens=900), 0)
-    again.forecast = est.forecast
+    est.use_forecast(LengthForecast.from_workload(WorkloadSpec(model="Qwen2.5-7B", response_median_tokens=900), 0))
+    again.use_forecast(est.forecast)
     assert np.array_equal(est.replica_times(lay, load, lay)[1], again.replica_times(lay, load, lay)[1])

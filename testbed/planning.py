@@ -1,0 +1,281 @@
+"""The planning tick: what the planner and the balancer decide at a tick of a generation phase, carried out
+through the Backend interface (layout switches, migrations), and the layouts chosen at a step's start.
+
+The estimator's forecast is the tick's: the step's forecast updated online with what the step has shown
+(``forecast.online_update``), and every request's offset from its prompt's other samples
+(``forecast.prompt_groups``). The decision time (``decision_ms``) counts the planner's and the balancer's
+computing, not the calls to the servers.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from testbed.backends.base import Backend, StepRequests
+from testbed.orchestrator.balancer import Balancer
+from testbed.orchestrator.estimate import Estimator, ServerLoad
+from testbed.orchestrator.forecast import LengthForecast, prompt_share, prompt_shifts
+from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshot, request_levels
+from testbed.orchestrator.settings import OrchestratorSettings, Policy, feasible_layouts
+from testbed.recovery import Recovery
+from testbed.ticks import IntervalBudget, tick_deadline_s
+
+
+class PlanningTick:
+    """The planner and the balancer of a run (either may be off, as the policy says) and what they need
+    between ticks: each server's last switch end, the phase's migration budget and per-tick deadline, the
+    finished steps' prompt groups; ``decision_ms`` and ``realised`` (predicted, realised gain of every
+    migration that has both) for the run's result."""
+
+    def __init__(self, scenario, backend: Backend, policy: Policy, settings: OrchestratorSettings, est: Estimator,
+                 timeline, recovery: Recovery):
+        w = scenario.workload
+        self.backend, self.policy, self.settings, self.est = backend, policy, settings, est
+        self.timeline, self.recovery = timeline, recovery
+        self.w = w
+        self.gpus = est.gpus
+        cm = est.cm
+        feasible = feasible_layouts(cm, self.gpus, settings.engine, w.prompt_tokens, w.max_response_tokens)
+        self.planner = Planner(est, backend_cost(cm, self.gpus, settings.engine), settings.planner, cm.model.is_moe,
+                               tuple(feasible)) if policy.planner else None
+        self.balancer = Balancer(est, settings.balancer) if policy.balancer else None
+        self.last_switch_end: dict[int, float] = {}
+        self.decision_ms: list[float] = []
+        self.realised: list[tuple[float, float]] = []
+        self.budget: IntervalBudget | None = None  # this generation phase's max_migrations per interval of time
+        self.deadline: float | None = None  # this generation phase's per-tick call deadline
+        self._thinking = 0.0  # this tick's decision time so far
+        self._prompt_steps: list = []  # (lengths, prompt ids) of every finished step: the prompt share's data
+        # before any: the workload's own split of the spread (its prior, as the length forecast's is)
+        self._prompt_prior = (0.0 if w.mixture or w.trace or w.response_sigma <= 0
+                              else (w.prompt_sigma / w.response_sigma) ** 2)
+
+    @property
+    def active(self) -> bool:
+        """Whether anything is decided at a tick (the policy has a planner or a balancer)."""
+        return self.planner is not None or self.balancer is not None
+
+    def begin_phase(self, t_gen: float) -> None:
+        """A generation phase starts at ``t_gen``: its migration budget and per-tick deadline."""
+        interval = self.settings.planning_interval_s
+        self.budget = IntervalBudget(t_gen, interval, self.settings.balancer.max_migrations)
+        self.deadline = tick_deadline_s(interval)
+
+    def observe_step(self, lengths: np.ndarray, prompt_ids: np.ndarray) -> None:
+        """A finished step's lengths by prompt: the data of the prompt share (forecast.prompt_share)."""
+        self._prompt_steps.append((np.asarray(lengths), prompt_ids))
+
+    # ---- the step's start ----
+    def initial_layouts(self, placed: dict[int, np.ndarray], req: StepRequests, fc: LengthForecast,
+                        first: bool) -> int:
+        """Every generator's layout for the step. The run's first step (``first``) starts in whatever layout its
+        policy picks, free (the weights are loaded once, in that layout, as every static layout's are); a
+        change at a later step boundary is a switch like any other, charged what the cost model says and
+        counted (the engine re-shards before the step's requests start)."""
+        b = self.backend
+        cur = b.layouts()
+        charged = 0
+        for s, idx in placed.items():
+            if self.policy.layout is not None:
+                want = self.policy.layout
+                d = None
+            else:
+                n = len(idx)
+                self.est.use_forecast(fc)
+                load = ServerLoad(np.full(n, float(self.w.prompt_tokens)), np.full(n, fc.mean()), np.zeros(n, bool),
+                                  np.full(n, -1), np.zeros(n), request_levels(req.rid[idx]))
+                d = self.planner.initial(ServerView(s, cur[s], load), charged=not first)
+                want = d.best
+            if want != cur[s]:
+                sw = b.set_layout(s, want, free=first)
+                self.last_switch_end[s] = sw.end
+                charged += not first
+                self.timeline.event(b.now(), "layout_switch", server=s, step=req.step, frm=cur[s].name(self.gpus),
+                                    to=want.name(self.gpus), start=sw.start, end=sw.end, initial=True,
+                                    charged=not first, cost_s=round(sw.end - sw.start, 3),
+                                    reason=None if d is None else d.reason)
+        return charged
+
+    # ---- a tick ----
+    def tick(self, now: float, states: dict, forecast: LengthForecast, fc: LengthForecast, req: StepRequests,
+             late: list[int]) -> tuple[LengthForecast, int, int]:
+        """One planning tick at ``now`` on the servers' ``states``: the tick's forecast (``fc`` updated from the
+        step's ``forecast``, unless a server is ``late``: its requests are unknown this tick), then the
+        decisions, carried out. Returns (the tick's forecast, layout switches, migrations)."""
+        t_dec = time.perf_counter()
+        if not late:  # a late server's requests are unknown this tick: the forecast waits for them
+            fc = self._online(forecast, states, req)
+        self._thinking = time.perf_counter() - t_dec
+        sw, mg = self._decide(now, states, fc, req, late)
+        self.decision_ms.append(self._thinking * 1e3)
+        return fc, sw, mg
+
+    def _decide(self, now: float, states: dict, fc: LengthForecast, req: StepRequests,
+                late: list[int]) -> tuple[int, int]:
+        """One planning tick's decisions, carried out: (layout switches, migrations). The planner decides first;
+        the balancer then leaves alone every server in or near a switch (switching, cooling down after one, or
+        held by the lookahead: its replicas are being or about to be rebuilt), and the planner looks again at
+        the servers the balancer's moves changed, so its predictions see the moves."""
+        t0 = time.perf_counter()
+        self.est.use_forecast(fc)
+        shifts = self._prompt_shifts(fc, states, req, late)
+        views = {s: ServerView(s, st.layout, loads_from_snapshot(st.snapshot, fc, shifts.get(s)), st.busy_until,
+                               self.last_switch_end.get(s, -math.inf)) for s, st in states.items()}
+        switches = migrations = 0
+        near: set[int] = set()
+        if self.planner is not None:
+            decisions = self.planner.evaluate_all(views, now, self.settings.planning_interval_s)
+            near = {s for s, d in decisions.items() if d.near_switch}
+            self.timeline.event(now, "plan", step=req.step, gain_s={s: round(d.gain_s, 3) for s, d in decisions.items()},
+                                switch=[s for s, d in decisions.items() if d.switch])
+            self._thinking += time.perf_counter() - t0
+            switches += self._switch(now, req, decisions)
+            t0 = time.perf_counter()
+        if self.balancer is not None:
+            steady = {s: v for s, v in views.items() if v.busy_until <= now and s not in near}
+            rids = {s: states[s].snapshot["rid"] for s in steady}
+            moves, _ = self.balancer.decide(steady, rids, now)
+            self._thinking += time.perf_counter() - t0
+            moved = self._migrate(now, req, moves)
+            migrations += len(moved)
+            if self.planner is not None and moved:
+                t0 = time.perf_counter()
+                after = _after_moves(views, rids, moved)
+                decisions = self.planner.evaluate_all(after, now, self.settings.planning_interval_s)
+                self._thinking += time.perf_counter() - t0
+                switches += self._switch(now, req, decisions)
+        else:
+            self._thinking += time.perf_counter() - t0
+        return switches, migrations
+
+    def _switch(self, now: float, req: StepRequests, decisions: dict) -> int:
+        b = self.backend
+        failed = self.recovery.failed
+        n = 0
+        for s, d in decisions.items():
+            if not d.switch or s in failed:
+                continue
+            try:
+                sw = b.set_layout(s, d.best)
+            except Exception as e:  # noqa: BLE001 - the server failed meanwhile: its requests are re-queued
+                self.timeline.event(b.now(), "layout_switch_failed", server=s, step=req.step,
+                                    to=d.best.name(self.gpus), error=str(e), tick=round(now, 6))
+                self.recovery.check(req)
+                continue
+            self.last_switch_end[s] = sw.end
+            n += 1
+            self.timeline.event(b.now(), "layout_switch", server=s, step=req.step, frm=d.current.name(self.gpus),
+                                to=d.best.name(self.gpus),
+                                gain_s=round(d.gain_s, 3), cost_s=round(d.switch_cost_s, 3), start=sw.start,
+                                end=sw.end, predicted=d.predicted_s, reason=d.reason, tick=round(now, 6))
+        return n
+
+    def _migrate(self, now: float, req: StepRequests, moves: list) -> list:
+        """Carry out the balancer's moves, in order, while the tick has time and the interval has budget: a
+        tick past its deadline (it spent its time on the servers) or an interval that already holds
+        ``max_migrations`` (a tick that ran into the next one) defers the rest to a later tick. A move to or from
+        a server that failed during this tick is dropped; one that fails because an agent died under it has
+        that agent's requests re-queued at once."""
+        b = self.backend
+        budget, deadline, failed = self.budget, self.deadline, self.recovery.failed
+        done = []
+        for m in moves:
+            t_m = b.now()
+            if m.src in failed or m.dst in failed:
+                continue  # one of them failed during this tick
+            if deadline is not None and t_m - now > deadline:
+                self.timeline.event(t_m, "migration_deferred", rid=m.rid, src=m.src, dst=m.dst, tick=round(now, 6),
+                                    reason=f"the tick is {t_m - now:.3f} s old (deadline {deadline:g} s)")
+                break
+            if budget is not None:
+                if budget.left(t_m) <= 0:
+                    self.timeline.event(t_m, "migration_deferred", rid=m.rid, src=m.src, dst=m.dst,
+                                        tick=round(now, 6),
+                                        reason=f"max_migrations ({budget.limit}) reached in this interval")
+                    break
+                budget.spend(t_m)
+            try:
+                res = b.migrate(m.rid, m.src, m.dst, self.settings.balancer.mode, m.dst_replica,
+                                predicted_gain_s=m.gain_s)
+            except Exception as e:  # noqa: BLE001 - a request that finished meanwhile, a busy or failed agent
+                self.timeline.event(b.now(), "migration_failed", rid=m.rid, src=m.src, dst=m.dst, error=str(e),
+                                    start=round(t_m, 6), tick=round(now, 6))
+                self.recovery.check(req)  # if an agent died under the migration: re-queued now
+                continue
+            done.append(m)
+            self.timeline.event(b.now(), "migration", rid=m.rid, src=m.src, dst=m.dst, dst_replica=m.dst_replica,
+                                step=req.step, before=[round(x, 3) for x in m.before],
+                                after=[round(x, 3) for x in m.after], downtime_s=res.downtime_s,
+                                kv_bytes=res.kv_bytes, result=res.result, predicted_gain_s=round(m.gain_s, 4),
+                                realised_gain_s=res.realised_gain_s, start=round(t_m, 6), tick=round(now, 6))
+            if res.realised_gain_s is not None:
+                self.realised.append((m.gain_s, float(res.realised_gain_s)))
+        return done
+
+    # ---- the tick's forecast ----
+    def _online(self, forecast: LengthForecast, states, req: StepRequests) -> LengthForecast:
+        """The step's forecast updated with what the step has shown so far (finished and running requests)."""
+        if not self.settings.forecast.online_update:
+            return forecast
+        running = np.concatenate([st.snapshot["generated"] for st in states.values()]) if states else np.zeros(0)
+        held = set(np.concatenate([st.snapshot["rid"] for st in states.values()]).tolist()) if states else set()
+        done = [int(n) for r, n in zip(req.rid.tolist(), req.target.tolist()) if r not in held]
+        # requests not on any server finished (or are moving): their length is known once finished; count only
+        # those the backends report finished
+        k = self.backend.finished_count(tick_deadline_s(self.settings.planning_interval_s))
+        done = done[:k] if len(done) > k else done
+        try:
+            return forecast.updated(np.asarray(done, dtype=float), running.astype(float), self.settings.forecast)
+        except ValueError:
+            return forecast
+
+    def _prompt_shifts(self, fc: LengthForecast, states, req: StepRequests, late: list[int]) -> dict[int, np.ndarray]:
+        """Per server, every request's log-offset from what its prompt's other samples have shown
+        (forecast.prompt_shifts): finished ones by their lengths, running ones by their tokens so far."""
+        if not self.settings.forecast.prompt_groups or req is None or not states or late:
+            return {}  # (a late server's requests would look finished)
+        share = prompt_share(self._prompt_steps, self._prompt_prior)
+        if share <= 0:
+            return {}
+        held = np.concatenate([st.snapshot["rid"] for st in states.values()])
+        done = ~np.isin(req.rid, held)
+        k = self.backend.finished_count()
+        di = np.nonzero(done)[0][:max(k, 0)]  # as _online: only as many as the backends report finished
+        run_idx = np.concatenate([st.snapshot["rid"] for st in states.values()]) - req.rid[0]
+        run_gen = np.concatenate([st.snapshot["generated"] for st in states.values()])
+        post = prompt_shifts(fc, share, req.prompt_id[di], req.target[di], req.prompt_id[run_idx], run_gen)
+        if not post:
+            return {}
+        out = {}
+        for s, st in states.items():
+            pid = req.prompt_id[st.snapshot["rid"] - req.rid[0]]
+            out[s] = np.array([post.get(int(p), 0.0) for p in pid.tolist()], dtype=np.float64)
+        return out
+
+
+def _after_moves(views: dict, rids: dict, moves: list) -> dict:
+    """The views of the servers that ``moves`` touched, with the moved requests where they went (the forecast
+    fields kept: the planner stratifies and looks ahead on them as on any load)."""
+    cur = {s: (views[s].load, np.asarray(rids[s])) for m in moves for s in (m.src, m.dst)}
+    for m in moves:
+        (ls, rs), (ld, rd) = cur[m.src], cur[m.dst]
+        hit = np.nonzero(rs == m.rid)[0]
+        if not len(hit):
+            continue
+        i = int(hit[0])
+        rep = -1 if m.dst_replica is None else int(m.dst_replica)
+        if m.src == m.dst:
+            cur[m.src] = (ls.without(i).plus_from(ls, i, rep), np.r_[np.delete(rs, i), rs[i]])
+        else:
+            cur[m.dst] = (ld.plus_from(ls, i, rep), np.r_[rd, rs[i]])
+            cur[m.src] = (ls.without(i), np.delete(rs, i))
+    return {s: ServerView(s, views[s].layout, ld, views[s].busy_until, views[s].last_switch_end)
+            for s, (ld, _) in cur.items()}
+
+
+def backend_cost(cm, gpus: int, engine):
+    from agents.engine import ModelledCost
+
+    return ModelledCost(cm, gpus, engine.switch_reinit_s)
