@@ -44,6 +44,7 @@ LINK_EFFICIENCY_MIN = 0.8  # a phase whose transfers take longer than modelled /
 SYNC_TIMEOUT_MIN_S, SYNC_TIMEOUT_FACTOR = 30.0, 20.0  # a weight sync's deadline: max(30 s, 20 x its modelled time)
 SYNC_RETRIES = 3  # a weight sync run again without the generators that failed under it, at most this often
 STATS_TIMEOUT_S = 10.0  # wall seconds: a state query outside a planning tick (which brings its own deadline)
+MIN_FAIL_WALL_S = 2.0  # the least wall time a per-tick call waits before its silent server is failed
 
 
 class EmulatedBackend(Backend):
@@ -116,8 +117,12 @@ class EmulatedBackend(Backend):
         if its call has no answer by then (AgentPool.gather); one whose process exited is failed at once."""
         live = [s for s in self.gen_servers if s not in self.pool.failed]
         wall = (STATS_TIMEOUT_S if deadline_s is None else deadline_s * self.tdf)
-        docs = self.pool.gather(live, "stats", lambda s: {"snapshot": True}, wall,
-                                fail_after_s=None if fail_after_s is None else fail_after_s * self.tdf)
+        # a silent agent is failed no sooner than MIN_FAIL_WALL_S of wall time after the call: in a compressed
+        # scenario an interval is a fraction of a second, and a healthy agent whose engine held its GIL for
+        # that long under a heavy layout was failed (static-TP1x8@1024 on the default, TDF 0.25: 0.5 s), which
+        # left every later run of a shared cluster one generator short. A process exit is seen at once anyway.
+        fail_wall = None if fail_after_s is None else max(fail_after_s * self.tdf, MIN_FAIL_WALL_S)
+        docs = self.pool.gather(live, "stats", lambda s: {"snapshot": True}, wall, fail_after_s=fail_wall)
         out = {}
         for s, st in docs.items():
             snap = {k: unpack_array(v, f"snapshot.{k}") for k, v in st.pop("snapshot").items()}
