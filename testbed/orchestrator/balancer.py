@@ -206,13 +206,20 @@ class Balancer:
     def _agent_like(self, g: "_Agent", load: ServerLoad, moved: tuple | None = None) -> "_Agent":
         """``g`` with ``load`` (same requests; ``moved``: request i moved to replica j, appended last) and its
         replicas' times computed from it."""
-        rids, mean = g.rids, g.mean
-        if moved is not None:
-            i, _ = moved
-            rids, mean = np.r_[np.delete(rids, i), rids[i]], np.r_[np.delete(mean, i), mean[i]]
-        (rep, times), = self.estimator.replica_times_many([(g.view.layout, load, g.view.layout)])
-        return _Agent(ServerView(g.view.server, g.view.layout, load, g.view.busy_until, g.view.last_switch_end),
-                      rids, rep, times, mean)
+        return self._agents_like([(g, load, moved)])[0]
+
+    def _agents_like(self, items: list) -> list:
+        """:meth:`_agent_like` of every (agent, load, moved) of ``items``, in one grouped estimator pass."""
+        many = self.estimator.replica_times_many([(g.view.layout, load, g.view.layout) for g, load, _ in items])
+        out = []
+        for (g, load, moved), (rep, times) in zip(items, many):
+            rids, mean = g.rids, g.mean
+            if moved is not None:
+                i, _ = moved
+                rids, mean = np.r_[np.delete(rids, i), rids[i]], np.r_[np.delete(mean, i), mean[i]]
+            out.append(_Agent(ServerView(g.view.server, g.view.layout, load, g.view.busy_until,
+                                         g.view.last_switch_end), rids, rep, times, mean))
+        return out
 
     def _try(self, A: "_Agent", a: int, ja: int, targets: list, ags: dict, loads: dict, busy_a: float, now: float,
              need: float):
@@ -253,12 +260,8 @@ class Balancer:
         multi = [a for a, g in ags.items() if len(g.times) > 1]
         lws = [ServerLoad(ags[a].view.load.ctx0, self.estimator.stratified_within(raw[a].load, ags[a].rep),
                           ags[a].view.load.running, ags[a].view.load.replica) for a in multi]
-        within = {}  # every server's within view, in one grouped estimator pass
-        for a, lw, (rep, times) in zip(multi, lws, self.estimator.replica_times_many(
-                [(ags[a].view.layout, lw, ags[a].view.layout) for a, lw in zip(multi, lws)])):
-            g = ags[a]
-            within[a] = _Agent(ServerView(a, g.view.layout, lw, g.view.busy_until, g.view.last_switch_end),
-                               g.rids, rep, times, g.mean)
+        # every server's within view, in one grouped estimator pass
+        within = dict(zip(multi, self._agents_like([(ags[a], lw, None) for a, lw in zip(multi, lws)])))
         loads = {a: g.load(now) for a, g in ags.items()}
         first = dict(loads)
         moves: list[Move] = []
