@@ -601,25 +601,88 @@ class LayoutSwitch:
         return self.start + self.switch_s
 
 
-class Engine:
+class ServerRequests:
+    """Which requests a server holds, across its replicas, and their hand-over to another server (migration's
+    final stop): a request leaves at once when no step of its replica is in flight, else at that step's end."""
+
+    def __init__(self) -> None:
+        self.replicas: list[Replica] = []
+        self.held: set[int] = set()  # ids of every request on this server (running or waiting)
+        self.detached: dict[int, NewRequest] = {}  # handed-over requests (migration), by id
+        self._detach_pending: set[int] = set()
+
+    def holds(self, rid: int) -> bool:
+        return rid in self.held
+
+    def detaching(self, rid: int) -> bool:
+        """Whether ``rid`` was asked to stop (:meth:`detach`) and leaves at the end of its step in flight."""
+        return rid in self._detach_pending
+
+    def footprint(self, rid: int) -> tuple[int, bool] | None:
+        """(KV tokens, decoding with its KV) of request ``rid`` here: a running request's ``prompt + generated``
+        and whether its prefill is done; (0, False) while it waits; None when it is not on this server."""
+        for rep in self.replicas:
+            i = rep.slot_of(rid)
+            if i is not None:
+                return int(rep.prompt[i] + rep.gen[i]), bool(rep.prefill_left[i] == 0)
+        return (0, False) if self.holds(rid) else None
+
+    def detach(self, rid: int, now: float) -> NewRequest | None:
+        """Hand a request over: removed now if it is not in a step in flight (the result is returned), else at
+        the end of that step (it then appears in ``detached``). None: pending."""
+        if rid not in self.held:
+            raise SpecError("rid", f"request {rid} is not on this server")
+        for rep in self.replicas:
+            for j, rec in enumerate(rep.waiting):
+                if rec.rid == rid:
+                    del rep.waiting[j]
+                    return self._record_detached(rec)
+            i = rep.slot_of(rid)
+            if i is not None:
+                if rep.step is not None:  # slots must not move during a step: hand over at its end
+                    self._detach_pending.add(rid)
+                    return None
+                return self._record_detached(rep._remove_slot(i))
+        raise SpecError("rid", f"request {rid} is not on this server")
+
+    def _record_detached(self, rec: Queued) -> NewRequest:
+        self.held.discard(rec.rid)
+        r = rec.request()
+        self.detached[r.rid] = r
+        return r
+
+    def _finish_detaches(self, rep: Replica, out: StepOutput) -> None:
+        """After ``rep``'s step: hand over the requests asked to stop during it (``out.detached``)."""
+        if not self._detach_pending:
+            return
+        got = []
+        for rid in list(self._detach_pending):
+            i = rep.slot_of(rid)
+            if i is not None:
+                self._record_detached(rep._remove_slot(i))
+                self._detach_pending.discard(rid)
+                got.append(rid)
+            elif rid in out.finished:  # it finished in its last step here: nothing to hand over
+                self._detach_pending.discard(rid)
+        out.detached = tuple(got)
+
+
+class Engine(ServerRequests):
     """One server's replicas. Not thread-safe: the caller serialises calls (the agent holds a lock)."""
 
     def __init__(self, cost: StepCost, gpus: int, layout: Layout, settings: EngineSettings = EngineSettings()):
         layout.check(gpus)
+        super().__init__()
         self.cost = cost
         self.gpus = gpus
         self.settings = settings
         self.layout = layout
-        self.replicas: list[Replica] = []
         self.paused_until = -math.inf
         self.switch: LayoutSwitch | None = None
         self.switches: list[dict] = []
-        self.detached: dict[int, NewRequest] = {}  # handed-over requests (migration), by id
-        self._detach_pending: set[int] = set()
         self.finished_total = 0
         self.finished_log: list[tuple[int, float]] = []  # (request id, finish time) seen by run_until
         self.last_end = -math.inf  # end of the last step completed (run_until: when the engine went idle)
-        self.held: set[int] = set()  # ids of every request on this server (running or waiting)
         self._base_preemptions = 0  # counters of replicas replaced by a layout switch
         self._base_seq_bound = False
         self._base_tokens = 0
@@ -681,46 +744,6 @@ class Engine:
             if rep.step is None and rep.has_work():
                 rep.plan(now)
 
-    def detach(self, rid: int, now: float) -> NewRequest | None:
-        """Hand a request over (migration's final stop): removed now if it is not in a step in flight (the
-        result is returned), else at the end of that step (it then appears in ``detached``). None: pending."""
-        if rid not in self.held:
-            raise SpecError("rid", f"request {rid} is not on this server")
-        for rep in self.replicas:
-            for j, rec in enumerate(rep.waiting):
-                if rec.rid == rid:
-                    del rep.waiting[j]
-                    return self._record_detached(rec)
-            i = rep.slot_of(rid)
-            if i is not None:
-                if rep.step is not None:  # slots must not move during a step: hand over at its end
-                    self._detach_pending.add(rid)
-                    return None
-                return self._record_detached(rep._remove_slot(i))
-        raise SpecError("rid", f"request {rid} is not on this server")
-
-    def _record_detached(self, rec: Queued) -> NewRequest:
-        self.held.discard(rec.rid)
-        r = rec.request()
-        self.detached[r.rid] = r
-        return r
-
-    def holds(self, rid: int) -> bool:
-        return rid in self.held
-
-    def detaching(self, rid: int) -> bool:
-        """Whether ``rid`` was asked to stop (:meth:`detach`) and leaves at the end of its step in flight."""
-        return rid in self._detach_pending
-
-    def footprint(self, rid: int) -> tuple[int, bool] | None:
-        """(KV tokens, decoding with its KV) of request ``rid`` here: a running request's ``prompt + generated``
-        and whether its prefill is done; (0, False) while it waits; None when it is not on this server."""
-        for rep in self.replicas:
-            i = rep.slot_of(rid)
-            if i is not None:
-                return int(rep.prompt[i] + rep.gen[i]), bool(rep.prefill_left[i] == 0)
-        return (0, False) if self.holds(rid) else None
-
     # ---- time ----
     def next_event(self) -> float | None:
         """When something happens next without new input (a step ends, a layout switch starts or ends)."""
@@ -751,20 +774,6 @@ class Engine:
                 if rep.step is None and rep.has_work():
                     rep.plan(now)
         return outs
-
-    def _finish_detaches(self, rep: Replica, out: StepOutput) -> None:
-        if not self._detach_pending:
-            return
-        got = []
-        for rid in list(self._detach_pending):
-            i = rep.slot_of(rid)
-            if i is not None:
-                self._record_detached(rep._remove_slot(i))
-                self._detach_pending.discard(rid)
-                got.append(rid)
-            elif rid in out.finished:  # it finished in its last step here: nothing to hand over
-                self._detach_pending.discard(rid)
-        out.detached = tuple(got)
 
     def run_until(self, horizon: float, sink: list | None = None) -> tuple[int, int]:
         """Run every event up to ``horizon`` (steps back to back, many at once where the batch cannot change):
