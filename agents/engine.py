@@ -35,11 +35,12 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 
+from emulation.orchestration import EngineSettings
 from emulation.validation import SpecError, require
 
 _LAYOUT_RE = re.compile(r"^(TP|EP)(\d+)x(\d+)$")
@@ -96,40 +97,6 @@ def dense_layouts(gpus: int) -> list[Layout]:
             out.append(Layout(tp=t))
         t *= 2
     return out
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """Scheduler knobs with vLLM's names. Defaults: veRL's rollout defaults, ``max_num_seqs`` 1024 (per replica,
-    vLLM semantics; vLLM's own default is 256) and ``max_num_batched_tokens`` 8192 (REFERENCE.md "Serving
-    engines", "Engine settings users run"); ``gpu_memory_utilization`` 0.9 and ``block_size`` 16 (vLLM's
-    defaults)."""
-
-    max_num_seqs: int = 1024
-    max_num_batched_tokens: int = 8192
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    rate_window_s: float = 2.0  # window of the recent decode tokens/s statistic
-    # Not a vLLM knob: the fixed part of a layout switch (communicators, allocator, CUDA graphs), seconds;
-    # None: the cost model's calibration (1 s). Published: live switches in milliseconds with pre-built
-    # communicator pools (Flying Serving), 1-7 s TP/PP switches for 7B-70B (ReMP), minutes for a restart
-    # (REFERENCE.md "Engine settings users run").
-    switch_reinit_s: float | None = None
-
-    def __post_init__(self) -> None:
-        for n in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
-            v = getattr(self, n)
-            require(isinstance(v, int) and v >= 1, n, f"must be an integer >= 1, got {v!r}")
-        require(self.max_num_batched_tokens >= self.max_num_seqs, "max_num_batched_tokens",
-                f"must be >= max_num_seqs ({self.max_num_seqs}) so every running request can decode each step")
-        require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization",
-                f"must be in (0, 1], got {self.gpu_memory_utilization}")
-        require(math.isfinite(self.rate_window_s) and self.rate_window_s > 0, "rate_window_s",
-                f"must be > 0, got {self.rate_window_s}")
-        if self.switch_reinit_s is not None:
-            require(isinstance(self.switch_reinit_s, (int, float)) and not isinstance(self.switch_reinit_s, bool)
-                    and math.isfinite(self.switch_reinit_s) and 0 <= self.switch_reinit_s <= 600, "switch_reinit_s",
-                    f"must be in [0, 600] seconds (or null: the calibration's), got {self.switch_reinit_s!r}")
 
 
 class StepCost(Protocol):

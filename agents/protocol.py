@@ -25,9 +25,10 @@ from typing import Any, Optional
 import msgpack
 import numpy as np
 
+from emulation.orchestration import MIGRATION_MODES, EngineSettings
 from emulation.validation import SpecError, from_dict, require, to_dict
 
-from .engine import EngineSettings, Layout
+from .engine import Layout
 from .realcompute import DecoderConfig
 
 PROTOCOL_VERSION = 1
@@ -36,7 +37,6 @@ MAX_TIMEOUT_S = 3600.0
 MAX_NBYTES = 4 * 2**30
 MAX_CHUNKS = 65535
 ROLES = ("train", "gen")
-MIGRATION_MODES = ("stop_copy", "multi_stage")
 ARRAY_DTYPES = ("<i8", "<i4", "<f8", "<f4", "|i1")
 
 

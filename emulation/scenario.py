@@ -17,6 +17,7 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 
+from .orchestration import OrchestratorSettings
 from .spec import MAX_DELAY_MS, PHASES, FabricSpec, JobLayout, check_delay_ms
 from .validation import SpecError, from_dict, require
 from .workload import WorkloadSpec, resolve_trace
@@ -84,9 +85,7 @@ class Scenario:
     layout: JobLayout = field(default_factory=JobLayout)
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     controller: ControllerSettings = field(default_factory=ControllerSettings)
-    # the orchestrator's settings: validated by testbed.orchestrator.settings (a floor above this one), which
-    # names the field path (orchestrator.planner.min_gain_s) of anything wrong before a run starts
-    orchestrator: dict[str, Any] = field(default_factory=dict)
+    orchestrator: OrchestratorSettings = field(default_factory=OrchestratorSettings)  # emulation.orchestration
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
     def __post_init__(self) -> None:

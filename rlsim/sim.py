@@ -42,15 +42,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from agents.costmodel import CostModel
-from agents.engine import EngineSettings
 from controller.ocs import diff
 from controller.phases import stripe_plan, sync_chains, train_plan
 from controller.switching import decide_switch
+from emulation.orchestration import EngineSettings
 from controller.traffic import (Group, TrainLayout, broadcast_tree, merge, phase_traffic, train_bytes, train_layout,
                                 train_traffic)
 from emulation.scenario import Scenario
 from emulation.spec import FabricSpec, JobLayout, check_delay_ms
-from emulation.validation import SpecError, from_dict, require
+from emulation.validation import SpecError, require
 from emulation.workload import LengthSchedule
 
 from .cost import fabric_cost
@@ -70,7 +70,7 @@ class SimSettings:
     latency_us: float = 5.0  # per lock-step of a collective (assumption: NIC + switch latency)
     sync_fanout: int = 1  # broadcast tree fan-out for weight sync (1: pipelined chains)
     sync_stripes: int = 0  # replicas a chain head pulls from (0: one per trainer ToR)
-    engine: EngineSettings | None = None  # the rollout engines' settings; None: the scenario's (scenario_engine)
+    engine: EngineSettings | None = None  # the rollout engines' settings; None: the scenario's (orchestrator.engine)
     fabric: FabricOptions = FabricOptions()
 
     def __post_init__(self) -> None:
@@ -78,13 +78,6 @@ class SimSettings:
         require(self.latency_us >= 0, "latency_us", f"must be >= 0, got {self.latency_us}")
         require(self.sync_stripes >= 0, "sync_stripes", f"must be >= 0, got {self.sync_stripes}")
         require(self.sync_fanout >= 1, "sync_fanout", f"must be >= 1, got {self.sync_fanout}")
-
-
-def scenario_engine(scn: Scenario) -> EngineSettings:
-    """The scenario's engine settings (``orchestrator.engine``; EngineSettings' defaults for what it leaves
-    out): the same knobs the engines of both backends run with, so RLSim batches with the scenario's
-    ``max_num_seqs``. SpecError naming ``orchestrator.engine.<field>`` for a bad value."""
-    return from_dict(EngineSettings, (scn.orchestrator or {}).get("engine") or {}, "orchestrator.engine")
 
 
 # ---- generation ----------------------------------------------------------------------------------
@@ -515,7 +508,7 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
         raise SpecError("fabric", f"must be one of {', '.join(FABRICS)}, got {fabric!r}")
     scn = scale_scenario(scn, gpus)
     if settings.engine is None:
-        settings = dataclasses.replace(settings, engine=scenario_engine(scn))
+        settings = dataclasses.replace(settings, engine=scn.orchestrator.engine)
     spec, layout, w = scn.fabric, scn.layout, scn.workload
     t_ocs_ms = scn.reconfig_delay_ms if settings.t_ocs_ms is None else settings.t_ocs_ms
     t_ocs = t_ocs_ms / 1e3

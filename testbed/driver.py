@@ -18,22 +18,21 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from agents.costmodel import CostModel
-from agents.engine import Layout
+from emulation.orchestration import OrchestratorSettings
 from emulation.workload import LengthSchedule, step_stats
 from testbed.backends.base import Backend, PhaseDecision, PhaseResult
 from testbed.backends.phase_model import PhaseModel
+from testbed.forecast_service import ForecastService
 from testbed.generation import GenerationPhase, wake_at
 from testbed.orchestrator.estimate import Estimator
-from testbed.forecast_service import ForecastService
 from testbed.orchestrator.forecast import ForecastErrors, LengthForecast, forecast_next
-from testbed.orchestrator.settings import OrchestratorSettings, Policy
+from testbed.orchestrator.policies import Policy
 from testbed.planning import PlanningTick
 from testbed.recovery import Recovery
 from testbed.ticks import tick_deadline_s

@@ -8,8 +8,9 @@ import threading
 import time
 from typing import Callable, Sequence
 
+from emulation.orchestration import ForecastSettings
 from emulation.workload import StepStats
-from testbed.orchestrator.forecast import ForecastSettings, LengthForecast, forecast_next
+from testbed.orchestrator.forecast import LengthForecast, forecast_next
 
 log = logging.getLogger(__name__)
 

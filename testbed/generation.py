@@ -11,12 +11,12 @@ from typing import Callable
 
 import numpy as np
 
+from emulation.orchestration import OrchestratorSettings
 from testbed.backends.base import Backend, StepRequests, deal, step_requests
 from testbed.orchestrator.balancer import freeness
 from testbed.orchestrator.estimate import Estimator
 from testbed.orchestrator.forecast import LengthForecast
 from testbed.orchestrator.planner import ServerView, loads_from_snapshot
-from testbed.orchestrator.settings import OrchestratorSettings
 from testbed.planning import PlanningTick
 from testbed.recovery import Recovery
 from testbed.ticks import TickClock, tick_fail_after_s

@@ -13,12 +13,13 @@ import time
 
 import numpy as np
 
+from emulation.orchestration import OrchestratorSettings
 from testbed.backends.base import Backend, StepRequests
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator, ServerLoad
 from testbed.orchestrator.forecast import LengthForecast, prompt_share, prompt_shifts
 from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshot, request_levels
-from testbed.orchestrator.settings import OrchestratorSettings, Policy, feasible_layouts
+from testbed.orchestrator.policies import Policy, feasible_layouts
 from testbed.recovery import Recovery
 from testbed.ticks import IntervalBudget, tick_deadline_s
 

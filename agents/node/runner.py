@@ -15,8 +15,9 @@ import time
 import numpy as np
 import zmq
 
-from agents.engine import Engine, EngineSettings, Layout, NewRequest, StepCost
+from agents.engine import Engine, Layout, NewRequest, StepCost
 from agents.protocol import AgentConfig, TokenBatch, token_ids
+from emulation.orchestration import EngineSettings
 
 from .fidelity import Fidelity
 

@@ -51,7 +51,7 @@ def step_requests(step: int, lengths: np.ndarray, prompt_ids: np.ndarray, prompt
 
 def deal(n: int, servers: list[int], rng: np.random.Generator, mode: str = "contiguous") -> dict[int, np.ndarray]:
     """A step's requests dealt to the generator servers, evenly: server -> request indices (``mode``: one of
-    ``orchestrator.settings.DISPATCH``).
+    ``emulation.orchestration.DISPATCH``).
 
     ``contiguous``: veRL's dispatch: the batch (prompt by prompt, each prompt's samples together) is cut in
     equal consecutive chunks, one per worker, so a worker gets whole prompt groups; ``random``: every request

@@ -22,15 +22,16 @@ import time
 
 import numpy as np
 
-from agents.costmodel import CostModel
 from agents.client import AgentError, AgentGone, AgentTimeout
-from agents.engine import EngineSettings, Layout
+from agents.costmodel import CostModel
+from agents.engine import Layout
 from agents.protocol import unpack_array
 from controller.ocs import Matching
 from controller.phases import SyncChain, stripe_plan, sync_chains
 from controller.reconfig.request import MAX_WINDOW_MS
 from controller.traffic import train_bytes, train_traffic
 from emulation.capacity import load_capacity
+from emulation.orchestration import EngineSettings
 from emulation.validation import to_dict
 
 from .base import (Backend, LayoutChange, MigrationResult, PhaseDecision, PhaseResult, PhaseTiming, ServerState,

@@ -27,8 +27,9 @@ import math
 import numpy as np
 
 from agents.costmodel import CostModel
-from agents.engine import Engine, EngineSettings, Layout, ModelledCost, NewRequest
+from agents.engine import Engine, Layout, ModelledCost, NewRequest
 from agents.migration_plan import StagePlan
+from emulation.orchestration import EngineSettings
 from emulation.validation import SpecError
 
 from .base import (Backend, Handover, Job, LayoutChange, MigrationResult, PhaseDecision, PhaseResult, ServerState,

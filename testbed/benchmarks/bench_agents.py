@@ -17,9 +17,8 @@ import statistics
 import time
 from typing import Callable
 
-import numpy as np
 
-from agents.engine import EngineSettings
+from emulation.orchestration import EngineSettings
 from emulation.scenario import ControllerSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.workload import WorkloadSpec

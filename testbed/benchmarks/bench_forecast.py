@@ -48,9 +48,10 @@ if "--fit-only" not in sys.argv:  # before numpy loads OpenBLAS; the --fit-only 
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from emulation.orchestration import ForecastSettings
 from emulation.scenario import load_scenario  # noqa: E402
 from emulation.workload import LengthComponent, LengthSchedule, WorkloadSpec, step_stats  # noqa: E402
-from testbed.orchestrator.forecast import ForecastSettings, LengthForecast, forecast_next  # noqa: E402
+from testbed.orchestrator.forecast import LengthForecast, forecast_next# noqa: E402
 
 
 def pct(xs, q):

@@ -24,16 +24,16 @@ import time
 import numpy as np
 
 from agents.costmodel import CostModel
-from agents.engine import Layout, ModelledCost
-from emulation.scenario import Scenario
+from agents.engine import ModelledCost
 from emulation.metrics import Scraper, serve_free
+from emulation.scenario import Scenario
 from testbed.driver import Timeline, settle_heap
-from testbed.runs.metrics import DriverMetrics
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator
 from testbed.orchestrator.forecast import LengthForecast
 from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshot
-from testbed.orchestrator.settings import feasible_layouts, orchestrator_settings
+from testbed.orchestrator.policies import feasible_layouts
+from testbed.runs.metrics import DriverMetrics
 
 
 def _tick_sample(now: float, views: dict, lay, gpus: int) -> dict:
@@ -53,7 +53,7 @@ def _tick_sample(now: float, views: dict, lay, gpus: int) -> dict:
 
 def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: int = 0,
                   progress=None, metrics: bool = False, scrape_interval_s: float = 1.0) -> dict:
-    st = orchestrator_settings(scn.orchestrator)
+    st = scn.orchestrator
     w = scn.workload
     cm = CostModel.for_names(w.model, w.gpu)
     gpus = scn.fabric.gpus_per_server

@@ -30,7 +30,6 @@ A benchmark reports; it asserts nothing. Simulated runs are deterministic: the s
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import statistics
@@ -43,7 +42,9 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from emulation.orchestration import OrchestratorSettings, orchestrator_settings  # noqa: E402
 from emulation.scenario import load_scenario  # noqa: E402
+from emulation.validation import to_dict  # noqa: E402
 from emulation.workload import LengthComponent  # noqa: E402
 from testbed.runs.experiment import ADAPTIVE, Experiment  # noqa: E402
 
@@ -62,11 +63,12 @@ CASES = {
 LONG_TAIL = ("default", "heavy-tail", "short-7b")  # the cases whose long tail the orchestrator is for
 
 
-def with_settings(orch: dict, sets: list[str]) -> dict:
-    """``orch`` (a scenario's orchestrator mapping) with ``a.b=value`` changes (values parsed as YAML)."""
+def with_settings(orch: OrchestratorSettings, sets: list[str]) -> OrchestratorSettings:
+    """``orch`` (a scenario's orchestrator settings) with ``a.b=value`` changes (values parsed as YAML),
+    validated as a scenario file's would be."""
     import yaml
 
-    out = copy.deepcopy(dict(orch or {}))
+    out = to_dict(orch)
     for item in sets:
         key, _, val = item.partition("=")
         node = out
@@ -74,7 +76,7 @@ def with_settings(orch: dict, sets: list[str]) -> dict:
         for k in path:
             node = node.setdefault(k, {})
         node[last] = yaml.safe_load(val)
-    return out
+    return orchestrator_settings(out)
 
 
 def case_scenario(case: str, seed: int, sets: list[str] = (), reinit: float | None = None):

@@ -34,11 +34,12 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from agents.client import AgentClient, AgentError, AgentGone, AgentTimeout, call_all, call_each
-from agents.engine import EngineSettings, Layout
+from agents.engine import Layout
 from agents.protocol import AgentConfig, Endpoint, unpack_array
 from agents.realcompute import DecoderConfig
 from controller.traffic import phase_traffic
 from emulation.builder import EmulatedFabric
+from emulation.orchestration import EngineSettings
 from emulation.registry import proc_start_time
 from emulation.scenario import Scenario
 from emulation.signals import shielded

@@ -35,7 +35,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub) -> None:
-    from testbed.orchestrator.settings import POLICIES
+    from testbed.orchestrator.policies import POLICIES
 
     r = sub.add_parser("run", help="run a scenario's RL steps under one policy (planner/balancer in the loop)")
     _common(r)
@@ -156,7 +156,7 @@ def _tune(args, exp) -> None:
 
 def _run(args) -> int:
     exp, steps = _prepare(args)
-    from testbed.orchestrator.settings import make_policy
+    from testbed.orchestrator.policies import make_policy
 
     make_policy(args.policy, exp.layouts, exp.gpus, tuned=make_policy("static-low", exp.layouts, exp.gpus))  # exit 2 now
     if args.policy in ("static-tuned", "balancer"):
@@ -184,7 +184,7 @@ def _compare(args) -> int:
     if len([k for k in (getattr(args, "fabric", None) or "").split(",") if k.strip()]) > 1:  # several fabrics: testbed/runs/fabric_compare.py
         return _compare_fabrics(args)
     exp, steps = _prepare(args)
-    from testbed.orchestrator.settings import make_policy
+    from testbed.orchestrator.policies import make_policy
 
     names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else None
     for n in names or ():  # bad names: exit 2 before the tuning runs

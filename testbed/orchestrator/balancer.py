@@ -26,39 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agents.protocol import MIGRATION_MODES
-from emulation.validation import require
+from emulation.orchestration import BalancerSettings
 
 from .estimate import Estimator, ServerLoad
 from .planner import ServerView
-
-
-@dataclass(frozen=True)
-class BalancerSettings:
-    """``orchestrator.balancer`` in a scenario (see the module docstring for the rule)."""
-
-    threshold: float = 0.15
-    min_gap_s: float = 1.0
-    # a move must be predicted to save this much (s) of the two servers' makespan, and gain_margin of the source's
-    # load index: smaller predicted gains are within the estimator's error and the move's own cost (the
-    # simulated backend's counterfactual found most of them realised nothing or lost: docs/orchestrator.md)
-    min_gain_s: float = 0.5
-    gain_margin: float = 0.01
-    max_migrations: int = 4
-    candidates: int = 8
-    mode: str = "multi_stage"
-
-    def __post_init__(self) -> None:
-        require(math.isfinite(self.threshold) and 0 <= self.threshold < 1, "threshold",
-                f"must be in [0, 1), got {self.threshold}")
-        require(math.isfinite(self.min_gap_s) and self.min_gap_s >= 0, "min_gap_s", f"must be >= 0, got {self.min_gap_s}")
-        require(math.isfinite(self.min_gain_s) and self.min_gain_s >= 0, "min_gain_s",
-                f"must be >= 0, got {self.min_gain_s}")
-        require(math.isfinite(self.gain_margin) and 0 <= self.gain_margin < 1, "gain_margin",
-                f"must be in [0, 1), got {self.gain_margin}")
-        require(0 <= self.max_migrations <= 1000, "max_migrations", f"must be in 0..1000, got {self.max_migrations}")
-        require(1 <= self.candidates <= 1000, "candidates", f"must be in 1..1000, got {self.candidates}")
-        require(self.mode in MIGRATION_MODES, "mode", f"must be one of {', '.join(MIGRATION_MODES)}, got {self.mode!r}")
 
 
 @dataclass

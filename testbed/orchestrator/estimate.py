@@ -41,7 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agents.engine import EngineSettings, Layout
+from agents.engine import Layout
+from emulation.orchestration import EngineSettings
 
 
 @dataclass(frozen=True)

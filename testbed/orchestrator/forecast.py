@@ -44,11 +44,12 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Sequence
 
 import numpy as np
 from scipy.special import log_ndtr, ndtr, ndtri_exp
 
+from emulation.orchestration import ForecastSettings
 from emulation.validation import require
 from emulation.workload import LOG_QUANTILE_LEVELS, LengthComponent, StepStats, WorkloadSpec
 
@@ -58,69 +59,6 @@ log = logging.getLogger(__name__)
 GUARD_MIN_LOG = 0.05
 # Pseudo-sample weight of the prior in the online update is clipped to this range.
 PRIOR_WEIGHT_RANGE = (0.0, 1.0e6)
-
-
-@dataclass(frozen=True)
-class ForecastSettings:
-    """How the forecaster works (``orchestrator.forecast`` in a scenario); every field has a default.
-
-    order, trend: the ARIMA's (p, d, q) and trend. (1, 1, 1) without a trend (``n``): the AR term on the
-      step-to-step changes carries the recent growth forward and lets it fade, as DAPO's and R1's growth
-      slows. With a drift (``t``) it extrapolated the window's average slope past a slowing growth: walk-forward
-      MAPE 3.95% against 3.61% (``n``) on the dapo-drift case, 5.33% against 5.07% on a stationary one
-      (testbed/benchmarks/bench_forecast.py cases, seeds 100-103; the benchmark's own seeds are 0-4). ``c`` / ``ct``
-      suit only d = 0 (statsmodels allows trend terms of degree >= d only).
-    history_steps: the fit uses at most the last 32 steps: a fit stays at tens of ms (PLATFORM.md: 20
-      points, 30-40 ms) and follows a drift whose slope changes (DAPO's growth stalls and falls).
-    min_arima_steps: fewer steps of history than this use ``fallback`` (8: see the module docstring).
-    fallback: ``drift`` (needs >= 3 steps; fewer use ``last``) or ``last``.
-    shape, shape_steps: ``empirical`` carries the shape of the last ``shape_steps`` steps (their
-      log-quantiles, standardised and averaged: 8 steps average out the noise of a small step's tail and
-      still follow a shape that changes over training) into the forecast, so a bimodal, heavy-tailed or
-      capped step is forecast as such; ``lognormal`` assumes a lognormal (steps without log-quantiles too).
-    min_sigma: floor on the forecast log-std (a near-uniform step has sigma ~0; a zero would make every
-      request's remaining length a step function).
-    online_update, online_max_iter, online_tol: :meth:`LengthForecast.updated`'s switch (the planner reads
-      it), its EM iteration limit and its convergence tolerance on mu and sigma (log scale).
-    """
-    order: tuple[int, int, int] = (1, 1, 1)
-    trend: Literal["n", "c", "t", "ct"] = "n"
-    history_steps: int = 32
-    min_arima_steps: int = 8
-    fallback: Literal["drift", "last"] = "drift"
-    shape: Literal["empirical", "lognormal"] = "empirical"
-    shape_steps: int = 8
-    min_sigma: float = 0.01
-    online_update: bool = True
-    online_max_iter: int = 50
-    online_tol: float = 1e-4
-    # prompt_groups: each running request's length is shifted by what its prompt's other samples have shown
-    # (:func:`prompt_shifts`: a hard prompt's samples all run long); its share of the length's spread is
-    # estimated from the run's finished steps (the workload's prompt_sigma is the prior before any).
-    prompt_groups: bool = True
-
-    def __post_init__(self) -> None:
-        p, d, q = self.order
-        for i, (name, v, hi) in enumerate((("p", p, 5), ("d", d, 2), ("q", q, 5))):
-            require(0 <= v <= hi, f"order[{i}]", f"{name} must be in [0, {hi}], got {v}")
-        lowest = {"n": None, "c": 0, "t": 1, "ct": 0}[self.trend]
-        require(lowest is None or lowest >= d, "trend",
-                f"{self.trend!r} has a trend term of degree {lowest}, which ARIMA does not allow with d = {d}; "
-                f"use 'n'{' or t' if d <= 1 else ''}")
-        params = p + q + (0 if self.trend == "n" else len(self.trend))
-        require(self.min_arima_steps >= d + params + 2, "min_arima_steps",
-                f"must be >= d + parameters + 2 = {d + params + 2} for order {self.order} with trend "
-                f"{self.trend!r}, got {self.min_arima_steps}")
-        require(self.history_steps >= self.min_arima_steps, "history_steps",
-                f"must be >= min_arima_steps ({self.min_arima_steps}), got {self.history_steps}")
-        require(self.history_steps <= 10_000, "history_steps", f"must be <= 10000, got {self.history_steps}")
-        require(1 <= self.shape_steps <= 10_000, "shape_steps", f"must be in [1, 10000], got {self.shape_steps}")
-        require(math.isfinite(self.min_sigma) and 0 < self.min_sigma <= 1, "min_sigma",
-                f"must be in (0, 1], got {self.min_sigma}")
-        require(1 <= self.online_max_iter <= 1000, "online_max_iter",
-                f"must be in [1, 1000], got {self.online_max_iter}")
-        require(math.isfinite(self.online_tol) and self.online_tol > 0, "online_tol",
-                f"must be > 0, got {self.online_tol}")
 
 
 # ---- the laws a forecast can have -------------------------------------------------------------------------

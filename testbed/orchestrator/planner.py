@@ -21,52 +21,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agents.engine import Layout, dense_layouts
-from emulation.validation import SpecError, require
+from emulation.orchestration import PlannerSettings
+from emulation.validation import SpecError
 
 from .estimate import Estimator, ServerLoad
-
-
-@dataclass(frozen=True)
-class PlannerSettings:
-    """``orchestrator.planner`` in a scenario.
-
-    layouts: candidate layout names ([] = every TP split of a server: TP1x8, TP2x4, TP4x2, TP8x1 for 8 GPUs;
-      MoE models add the EP layouts).
-    min_gain_s: a switch must save at least this much (seconds of remaining makespan) beyond its cost.
-    gain_margin: ... and at least this fraction of the server's remaining makespan (hysteresis: a switch
-      that only breaks even on a noisy forecast is not made).
-    cooldown_s: no second switch of a server within this time after the first one ended.
-    lookahead: before switching, predict the server one planning interval later (estimate.Estimator.advance)
-      and wait if switching then (to the then-best layout) is predicted to finish sooner: the best layout
-      drifts towards larger TP as the batch drains, and a switch made too early pays its cost again later.
-    initial_margin: at a step's start another layout than the throughput one (smallest TP) is taken only when
-      predicted faster by this fraction: nothing of the step is known yet but its forecast, so the estimates
-      are at their least certain, and a wrong start is paid over the whole bulk of the step.
-    """
-
-    layouts: tuple[str, ...] = ()
-    min_gain_s: float = 0.5
-    gain_margin: float = 0.05
-    cooldown_s: float = 2.0
-    lookahead: bool = True
-    initial_margin: float = 0.10
-    # a candidate predicted more than prune_ratio x slower than a server's best at a tick is skipped for that
-    # server's next prune_ticks ticks (then looked at again): most candidates are far off most of the time, and
-    # the decision path is the estimator's passes (0 ticks: every candidate every tick)
-    prune_ratio: float = 1.25
-    prune_ticks: int = 5
-
-    def __post_init__(self) -> None:
-        for n in ("min_gain_s", "gain_margin", "cooldown_s"):
-            v = getattr(self, n)
-            require(math.isfinite(v) and v >= 0, n, f"must be a finite number >= 0, got {v}")
-        require(self.gain_margin < 1, "gain_margin", f"must be < 1, got {self.gain_margin}")
-        require(math.isfinite(self.initial_margin) and 0 <= self.initial_margin < 1, "initial_margin",
-                f"must be in [0, 1), got {self.initial_margin}")
-        require(math.isfinite(self.prune_ratio) and self.prune_ratio > 1, "prune_ratio",
-                f"must be > 1, got {self.prune_ratio}")
-        require(isinstance(self.prune_ticks, int) and 0 <= self.prune_ticks <= 1000, "prune_ticks",
-                f"must be in 0..1000, got {self.prune_ticks!r}")
 
 
 def request_levels(rids: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from agents.costmodel import CostModel
-from testbed.orchestrator.settings import (Policy, feasible_layouts, make_policy, orchestrator_settings)
+from testbed.orchestrator.policies import Policy, feasible_layouts, make_policy
 from testbed.runs.report import plot_makespans, write_json, write_run
 from testbed.runs.tuning import GRID, GridPoint, best, cache_key, cached, static_name, tune
 
@@ -37,7 +37,7 @@ class Experiment:
         self.scn = scenario
         self.backend_name = backend
         self.metrics = metrics  # testbed.runs.metrics.DriverMetrics: every run's timeline feeds it (or None)
-        self.settings = orchestrator_settings(scenario.orchestrator)
+        self.settings = scenario.orchestrator
         w = scenario.workload
         self.cm = CostModel.for_names(w.model, w.gpu)
         self.gpus = scenario.fabric.gpus_per_server

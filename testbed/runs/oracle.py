@@ -39,11 +39,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agents.costmodel import CostModel
-from agents.engine import Engine, EngineSettings, Layout, ModelledCost, NewRequest
+from agents.engine import Engine, Layout, ModelledCost, NewRequest
+from emulation.orchestration import EngineSettings
 from emulation.workload import LengthSchedule
 from testbed.backends.base import deal
 from testbed.orchestrator.estimate import Estimator, ServerLoad
-from testbed.orchestrator.settings import feasible_layouts, orchestrator_settings
+from testbed.orchestrator.policies import feasible_layouts
 from testbed.runs.tuning import GRID
 
 SWITCH_STEP = 0.1
@@ -86,7 +87,7 @@ class Oracle:
         self.scn = scenario
         w = scenario.workload
         self.w = w
-        self.settings = orchestrator_settings(scenario.orchestrator)
+        self.settings = scenario.orchestrator
         self.cm = CostModel.for_names(w.model, w.gpu)
         self.gpus = scenario.fabric.gpus_per_server
         self.cost = ModelledCost(self.cm, self.gpus, self.settings.engine.switch_reinit_s)

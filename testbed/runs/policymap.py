@@ -15,10 +15,12 @@ computes the new ones. Writes ``map.json`` and ``map-<panel>.png`` (per panel, o
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 from pathlib import Path
+
+from emulation.orchestration import orchestrator_settings
+from emulation.validation import to_dict
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +63,12 @@ def apply(scenario, knob: str, value):
         if path[0] == "prompt_sigma":
             value = min(float(value), w.response_sigma)
         return dataclasses.replace(scenario, workload=dataclasses.replace(w, **{path[0]: value}))
-    orch = json.loads(json.dumps(scenario.orchestrator or {}))
+    orch = to_dict(scenario.orchestrator)
     node = orch
     for k in path[:-1]:
         node = node.setdefault(k, {})
     node[path[-1]] = value
-    return dataclasses.replace(scenario, orchestrator=orch)
+    return dataclasses.replace(scenario, orchestrator=orchestrator_settings(orch))
 
 
 def point(scenario, steps: int = 1, use_cache: bool = True) -> dict:

@@ -15,8 +15,10 @@ import time
 
 import pytest
 
+from emulation.orchestration import orchestrator_settings
 from emulation.scenario import ControllerSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
+from emulation.validation import to_dict
 from emulation.workload import WorkloadSpec
 from testbed.benchmarks.bench_faults import fault_run
 
@@ -32,10 +34,10 @@ SCN = Scenario(
     workload=WorkloadSpec(model="Qwen2.5-7B", prompts_per_step=12, samples_per_prompt=8, response_median_tokens=150,
                           response_sigma=0.8, prompt_sigma=0.4, max_response_tokens=1500, steps=1),
     controller=ControllerSettings(initial_phase="train"),
-    orchestrator={"planning_interval_s": INTERVAL, "engine": {"max_num_seqs": 8},
+    orchestrator=orchestrator_settings({"planning_interval_s": INTERVAL, "engine": {"max_num_seqs": 8},
                   # an eager balancer (no floor on a move's predicted gain): moves at every tick, up to the limit
                   "balancer": {"threshold": 0.05, "min_gap_s": 0.2, "max_migrations": MAX_MIGRATIONS,
-                               "min_gain_s": 0.0, "gain_margin": 0.0}})
+                               "min_gain_s": 0.0, "gain_margin": 0.0}}))
 
 
 def _check(got: dict) -> None:
@@ -67,7 +69,7 @@ def test_kill_during_generation(tmp_path):
 # a longer tail and an eager planner: both generators switch to TP8x1 in the first second (simulated: at 1.0 s)
 SCN_SWITCH = dataclasses.replace(
     SCN, workload=dataclasses.replace(SCN.workload, max_response_tokens=3000, response_sigma=1.0),
-    orchestrator={**SCN.orchestrator, "planner": {"min_gain_s": 0.2, "gain_margin": 0.02, "cooldown_s": 0.5}})
+    orchestrator=orchestrator_settings({**to_dict(SCN.orchestrator), "planner": {"min_gain_s": 0.2, "gain_margin": 0.02, "cooldown_s": 0.5}}))
 
 
 def test_kill_during_a_layout_switch(tmp_path):
@@ -130,7 +132,7 @@ def test_a_late_agent_is_left_out_and_a_silent_one_failed():
 
 
 # the asynchronous step mode: step 0's weight sync runs beside step 1's generation
-SCN_ASYNC = dataclasses.replace(SCN, orchestrator={**SCN.orchestrator, "step_mode": "async"})
+SCN_ASYNC = dataclasses.replace(SCN, orchestrator=orchestrator_settings({**to_dict(SCN.orchestrator), "step_mode": "async"}))
 
 
 def test_kill_during_a_weight_sync_beside_generation(tmp_path):

@@ -19,6 +19,7 @@ import pytest
 
 from controller.process import free_port
 from emulation import registry
+from emulation.orchestration import orchestrator_settings
 from emulation.scenario import ControllerSettings, MetricsSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.workload import WorkloadSpec
@@ -35,7 +36,7 @@ SCN = Scenario(
     workload=WorkloadSpec(model="Qwen2.5-7B", prompts_per_step=12, samples_per_prompt=8, response_median_tokens=150,
                           response_sigma=0.8, prompt_sigma=0.4, max_response_tokens=600, steps=1),
     controller=ControllerSettings(initial_phase="train"),
-    orchestrator={"planning_interval_s": 0.5, "engine": {"max_num_seqs": 8}})
+    orchestrator=orchestrator_settings({"planning_interval_s": 0.5, "engine": {"max_num_seqs": 8}}))
 
 PROMETHEUS = shutil.which("prometheus")
 ROOT = Path(__file__).resolve().parents[2]

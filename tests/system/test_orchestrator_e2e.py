@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from emulation.orchestration import orchestrator_settings
 from emulation.scenario import ControllerSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.workload import WorkloadSpec
@@ -26,7 +27,7 @@ SCN = Scenario(
     workload=WorkloadSpec(model="Qwen2.5-7B", prompts_per_step=12, samples_per_prompt=8, response_median_tokens=150,
                           response_sigma=0.8, prompt_sigma=0.4, max_response_tokens=600, steps=2),
     controller=ControllerSettings(initial_phase="train"),
-    orchestrator={"planning_interval_s": 0.5, "engine": {"max_num_seqs": 8}})
+    orchestrator=orchestrator_settings({"planning_interval_s": 0.5, "engine": {"max_num_seqs": 8}}))
 
 
 def test_two_policies_end_to_end_every_response_exactly_once(tmp_path):

@@ -16,13 +16,17 @@ import sys
 import numpy as np
 
 from agents.costmodel import CostModel
-from agents.engine import EngineSettings, Layout, ModelledCost
+from agents.engine import ModelledCost
+from emulation.orchestration import EngineSettings
+from emulation.orchestration import BalancerSettings
+from emulation.orchestration import ForecastSettings
+from emulation.orchestration import PlannerSettings
 from emulation.workload import WorkloadSpec
-from testbed.orchestrator.balancer import Balancer, BalancerSettings
+from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator, ServerLoad
-from testbed.orchestrator.forecast import ForecastSettings, LengthForecast
-from testbed.orchestrator.planner import Planner, PlannerSettings, ServerView, loads_from_snapshot
-from testbed.orchestrator.settings import feasible_layouts
+from testbed.orchestrator.forecast import LengthForecast
+from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshot
+from testbed.orchestrator.policies import feasible_layouts
 
 GPUS = 8
 SERVERS = (4, 5, 6, 7)

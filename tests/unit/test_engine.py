@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from agents.costmodel import CostModel
-from agents.engine import Engine, EngineSettings, Layout, ModelledCost, NewRequest, dense_layouts
+from agents.engine import Engine, Layout, ModelledCost, NewRequest, dense_layouts
+from emulation.orchestration import EngineSettings
 from emulation.validation import SpecError
 
 

@@ -8,11 +8,12 @@ import threading
 import numpy as np
 import pytest
 
+from emulation.orchestration import ForecastSettings
 from emulation.validation import SpecError, from_dict, to_dict
 from emulation.workload import LOG_QUANTILE_LEVELS, LengthComponent, LengthSchedule, StepStats, WorkloadSpec, step_stats
-from testbed.orchestrator import forecast as fc
 from testbed.forecast_service import ForecastService
-from testbed.orchestrator.forecast import ForecastErrors, ForecastSettings, LengthForecast, forecast_next
+from testbed.orchestrator import forecast as fc
+from testbed.orchestrator.forecast import ForecastErrors, LengthForecast, forecast_next
 
 CAP = 16384
 

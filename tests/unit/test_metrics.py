@@ -19,6 +19,7 @@ from controller.metrics import CONTROLLER_METRICS, ControllerMetrics
 from controller.rest import RestApp
 from controller.runtime import FabricController, NotReady
 from emulation.metrics import MetricDef, bind_port, registered, serve, serve_free
+from emulation.orchestration import orchestrator_settings
 from emulation.scenario import ControllerSettings, MetricsSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, from_dict
@@ -232,7 +233,7 @@ SMALL = Scenario(
     workload=WorkloadSpec(model="Qwen2.5-7B", prompts_per_step=12, samples_per_prompt=8, response_median_tokens=150,
                           response_sigma=0.8, prompt_sigma=0.4, max_response_tokens=600, steps=2),
     controller=ControllerSettings(initial_phase="train"),
-    orchestrator={"planning_interval_s": 0.5, "engine": {"max_num_seqs": 8}, "step_mode": "sync"})
+    orchestrator=orchestrator_settings({"planning_interval_s": 0.5, "engine": {"max_num_seqs": 8}, "step_mode": "sync"}))
 
 
 def test_a_simulated_run_exports_what_its_run_json_says(tmp_path):

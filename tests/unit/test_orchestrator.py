@@ -5,15 +5,19 @@ import numpy as np
 import pytest
 
 from agents.costmodel import CostModel
-from agents.engine import Engine, EngineSettings, Layout, ModelledCost, NewRequest
+from agents.engine import Engine, Layout, ModelledCost, NewRequest
+from emulation.orchestration import EngineSettings
+from emulation.orchestration import BalancerSettings
+from emulation.orchestration import PlannerSettings
+from emulation.orchestration import orchestrator_settings
 from emulation.scenario import ControllerSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError
 from emulation.workload import WorkloadSpec
-from testbed.orchestrator.balancer import Balancer, BalancerSettings
+from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator, ServerLoad
-from testbed.orchestrator.planner import Planner, PlannerSettings, ServerView
-from testbed.orchestrator.settings import feasible_layouts, make_policy, orchestrator_settings
+from testbed.orchestrator.planner import Planner, ServerView
+from testbed.orchestrator.policies import feasible_layouts, make_policy
 
 CM = CostModel.for_names("Qwen2.5-7B", "H800")
 SETTINGS = EngineSettings(max_num_seqs=64)
@@ -186,7 +190,7 @@ def small_scenario(mode="sync"):
                      response_sigma=0.8, max_response_tokens=1024, prompt_sigma=0.4, steps=2)
     return Scenario(name="tiny", seed=3, fabric=fabric, layout=JobLayout((0,), (1,)), workload=w,
                     controller=ControllerSettings(initial_phase="train"),
-                    orchestrator={"step_mode": mode, "planning_interval_s": 0.5, "engine": {"max_num_seqs": 16}})
+                    orchestrator=orchestrator_settings({"step_mode": mode, "planning_interval_s": 0.5, "engine": {"max_num_seqs": 16}}))
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -60,7 +60,7 @@ def _violations(name: str, case: dict) -> list[str]:
     """What no correct decision path may give, whatever its implementation (the pinned figures check only
     that it did not change): a switch the estimator's predictions do not pay for, or a migration that does
     not narrow the gap between its two servers' predicted finish times."""
-    from testbed.orchestrator.planner import PlannerSettings
+    from emulation.orchestration import PlannerSettings
 
     min_gain = PlannerSettings().min_gain_s  # orchestrator_cases.py runs the planner at the defaults
     bad = []
@@ -133,7 +133,8 @@ def test_every_pinned_case_is_run():
 import numpy as np  # noqa: E402
 
 from agents.costmodel import CostModel  # noqa: E402
-from agents.engine import EngineSettings, Layout  # noqa: E402
+from agents.engine import Layout# noqa: E402
+from emulation.orchestration import EngineSettings
 from testbed.orchestrator.estimate import DecodeTable, Estimator, ServerLoad, engine_deal  # noqa: E402
 
 

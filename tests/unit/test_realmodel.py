@@ -73,7 +73,8 @@ def test_bad_context_lengths_name_the_field(lens, field):
 def test_the_engine_runs_on_real_decode_steps():
     # real-compute mode: the agent's engine times every decode step on the torch decoder (tiny, CPU)
     from agents.costmodel import CostModel
-    from agents.engine import Engine, EngineSettings, Layout, NewRequest
+    from agents.engine import Engine, Layout, NewRequest
+    from emulation.orchestration import EngineSettings
     from agents.node.realmodel import RealStepCost
 
     cost = RealStepCost(DecoderConfig(layers=1, hidden=64, ffn=128, q_heads=2, kv_heads=1, vocab=128,

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from agents.costmodel import CostModel
-from agents.engine import EngineSettings
-from emulation.scenario import ControllerSettings, Scenario, load_scenario
+from emulation.orchestration import EngineSettings, orchestrator_settings
+from emulation.scenario import ControllerSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError
 from emulation.workload import WorkloadSpec
@@ -318,7 +318,8 @@ def _both_generation_s(model: str, n: int, median: int, tp: int, slots: int) -> 
     (agents.engine in virtual time, the simulated backend's), the same responses in the same order, and the
     engine's preemptions."""
     from agents.costmodel import CostModel
-    from agents.engine import Engine, EngineSettings, Layout, ModelledCost, NewRequest
+    from agents.engine import Engine, Layout, ModelledCost, NewRequest
+    from emulation.orchestration import EngineSettings
     from rlsim.sim import generation_compute
 
     cm = CostModel.for_names(model, "H800")
@@ -352,14 +353,12 @@ def test_rlsim_is_optimistic_where_the_kv_cache_binds():
 def test_rlsim_batches_with_the_scenarios_max_num_seqs():
     """`orchestrrl sim` and simulate_iteration take orchestrator.engine from the scenario (one home:
     EngineSettings), not a setting of their own: fewer sequences at a time make generation longer."""
-    from rlsim.sim import scenario_engine
-
     s = small()
     s = dataclasses.replace(s, workload=dataclasses.replace(s.workload, prompts_per_step=256))  # 16 per replica
-    few = dataclasses.replace(s, orchestrator={"engine": {"max_num_seqs": 2}})
-    assert scenario_engine(few).max_num_seqs == 2 and scenario_engine(s).max_num_seqs == EngineSettings().max_num_seqs
+    few = dataclasses.replace(s, orchestrator=orchestrator_settings({"engine": {"max_num_seqs": 2}}))
+    assert s.orchestrator.engine.max_num_seqs == EngineSettings().max_num_seqs
     assert (simulate_iteration(few, "fat-tree")["phases"]["gen_s"]
             > simulate_iteration(s, "fat-tree")["phases"]["gen_s"])
     with pytest.raises(SpecError) as ei:
-        simulate_iteration(dataclasses.replace(s, orchestrator={"engine": {"max_num_seqs": 0}}), "fat-tree")
+        orchestrator_settings({"engine": {"max_num_seqs": 0}})
     assert ei.value.field == "orchestrator.engine.max_num_seqs"

@@ -28,14 +28,12 @@ def test_default_scenario_is_emulatable():
 
 @pytest.mark.parametrize("name", sorted(n for n in os.listdir(SCEN) if n.endswith(".yaml")))
 def test_every_shipped_scenario_loads(name):
-    """A shipped scenario is runnable as shipped: its orchestrator section builds the typed settings, RLSim can
+    """A shipped scenario is runnable as shipped: its orchestrator section loads as the typed settings, RLSim can
     size it, its layout splits every server into trainers and generators, and loading it twice gives one
     scenario."""
     from rlsim.limits import check_simulatable
-    from testbed.orchestrator.settings import orchestrator_settings
 
-    s = load_scenario(os.path.join(SCEN, name))
-    orchestrator_settings(s.orchestrator)  # SpecError naming the field otherwise
+    s = load_scenario(os.path.join(SCEN, name))  # the orchestrator section too: SpecError naming its field
     check_simulatable(s)
     train, gen = s.layout.train_servers(s.fabric), s.layout.gen_servers(s.fabric)
     assert train and gen and not set(train) & set(gen) and len(train) + len(gen) == s.fabric.n_servers
@@ -45,6 +43,7 @@ def test_every_shipped_scenario_loads(name):
 def test_empty_mapping_gives_defaults(tmp_path):
     s = load_scenario(write(tmp_path, {"name": "x"}))
     assert s == Scenario(name="x")
+    assert s.orchestrator.engine.max_num_seqs == 1024  # veRL's rollout default, typed at load
 
 
 @pytest.mark.parametrize("data, field, text", [
@@ -58,6 +57,11 @@ def test_empty_mapping_gives_defaults(tmp_path):
     ({"fabric": {"pods": 3}}, "layout", "have no role"),
     ({"seed": -1}, "seed", ">= 0"),
     ({"extra": 1}, "extra", "unknown key"),
+    # the orchestrator's section is checked at load too, not first when a run builds its settings
+    ({"orchestrator": {"planner": {"min_gain_s": -1}}}, "orchestrator.planner.min_gain_s", "must be a finite"),
+    ({"orchestrator": {"balancer": {"tresh": 0.1}}}, "orchestrator.balancer.tresh", "unknown key"),
+    ({"orchestrator": {"engine": {"max_num_seqs": 0}}}, "orchestrator.engine.max_num_seqs", "must be an integer"),
+    ({"orchestrator": {"dispatch": "round-robin"}}, "orchestrator.dispatch", "must be one of"),
 ])
 def test_errors_name_the_dotted_field(tmp_path, data, field, text):
     with pytest.raises(SpecError) as e:

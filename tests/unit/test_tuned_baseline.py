@@ -5,11 +5,13 @@ import numpy as np
 import pytest
 
 from agents.engine import Layout
+from emulation.orchestration import orchestrator_settings
 from emulation.scenario import Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.workload import WorkloadSpec
 from orchestrator_cases import _bench_state, _setup
-from testbed.orchestrator.balancer import Balancer, BalancerSettings
+from emulation.orchestration import BalancerSettings
+from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.planner import ServerView
 from testbed.runs import tuning
 
@@ -133,7 +135,7 @@ def _tiny(**kw):
                      max_response_tokens=512, steps=1, **kw)
     return Scenario(name="tiny", seed=1, fabric=FabricSpec(pods=2, tors_per_pod=1, servers_per_tor=2),
                     layout=JobLayout(train_pods=(0,), gen_pods=(1,)), workload=w,
-                    orchestrator={"step_mode": "sync"})
+                    orchestrator=orchestrator_settings({"step_mode": "sync"}))
 
 
 def test_the_tuning_grid_picks_the_best_and_skips_only_identical_runs(tmp_path, monkeypatch):
@@ -180,7 +182,8 @@ def test_the_tuning_grid_on_the_simulated_backend_and_the_oracle_bounds_it(tmp_p
 
 
 def test_a_candidate_far_off_is_skipped_for_a_few_ticks_then_looked_at_again():
-    from testbed.orchestrator.planner import Planner, PlannerSettings
+    from testbed.orchestrator.planner import Planner
+    from emulation.orchestration import PlannerSettings
 
     w, est, lays, full, _ = _setup(4096, 1024)
     views, _ = _bench_state(w, est, lays, np.random.default_rng(5), 1024, [Layout(8)] * 4)

@@ -1,57 +1,17 @@
-"""The orchestrator's settings (``orchestrator:`` in a scenario) and the policies (pure).
-
-A scenario keeps its ``orchestrator`` section as a plain mapping (emulation/ is below this floor and cannot
-name these types); :func:`orchestrator_settings` validates it, and an unknown key, a wrong type or an
-impossible value is a SpecError naming the path (``orchestrator.planner.min_gain_s: must be ...``).
+"""The policies a run compares (pure): static layouts, the planner, the balancer and both, and the layouts
+a server may take. Their settings are the scenario's ``orchestrator:`` section, typed and validated when the
+scenario loads (emulation.orchestration).
 """
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from dataclasses import dataclass
 
-from agents.engine import EngineSettings, Layout, dense_layouts
-from emulation.validation import SpecError, from_dict, require
+from agents.engine import Layout, dense_layouts
+from emulation.orchestration import EngineSettings
+from emulation.validation import SpecError
 
-from .balancer import BalancerSettings
-from .forecast import ForecastSettings
-from .planner import PlannerSettings
-
-STEP_MODES = ("sync", "async")
-DISPATCH = ("contiguous", "random")  # how a step's batch is dealt to the servers (backends.base.deal)
 POLICIES = ("static-low", "static-high", "planner", "balancer", "orchestrrl")
-
-
-@dataclass(frozen=True)
-class OrchestratorSettings:
-    """planning_interval_s: how often the planner and the balancer look (backend seconds).
-    step_mode: ``sync`` (generate -> train -> sync weights, one after the other: on-policy) or ``async``
-      (one step off policy: generation of step k+1 overlaps training of step k; the weights of step k go
-      out when its training ends, and step k+2's generation waits for them).
-    engine: the generation engines' vLLM-style knobs (max_num_seqs, max_num_batched_tokens, ...).
-    dispatch: ``contiguous`` (veRL: equal consecutive chunks of the batch, whole prompt groups per server)
-      or ``random``.
-    """
-
-    planning_interval_s: float = 1.0
-    step_mode: Literal[STEP_MODES] = "sync"
-    engine: EngineSettings = field(default_factory=EngineSettings)
-    planner: PlannerSettings = field(default_factory=PlannerSettings)
-    balancer: BalancerSettings = field(default_factory=BalancerSettings)
-    forecast: ForecastSettings = field(default_factory=ForecastSettings)
-    sync_bucket_mb: float = 512.0  # veRL's update_weights_bucket_megabytes (real MB; scaled on the fabric)
-    dispatch: Literal[DISPATCH] = "contiguous"  # how a step's batch is dealt to the servers
-
-    def __post_init__(self) -> None:
-        require(math.isfinite(self.planning_interval_s) and 0.01 <= self.planning_interval_s <= 600,
-                "planning_interval_s", f"must be in [0.01, 600], got {self.planning_interval_s}")
-        require(math.isfinite(self.sync_bucket_mb) and 0 < self.sync_bucket_mb <= 65536, "sync_bucket_mb",
-                f"must be in (0, 65536], got {self.sync_bucket_mb}")
-
-
-def orchestrator_settings(data: Mapping[str, Any] | None) -> OrchestratorSettings:
-    return from_dict(OrchestratorSettings, dict(data or {}), "orchestrator")
 
 
 @dataclass(frozen=True)
