@@ -66,7 +66,8 @@ TOKEN_STREAM_BYTES = 8  # per generated token: token id + log-prob (4 + 4 bytes)
 
 @dataclass(frozen=True)
 class SimSettings:
-    t_ocs_ms: float | None = None  # OCS switching time (RLSim's T_ocs); None: the scenario's reconfig_delay_ms
+    # the OCS switching time (the reference's T_ocs), ms; None: the scenario's (Scenario.reconfig_delay_ms)
+    reconfig_delay_ms: float | None = None
     latency_us: float = 5.0  # per lock-step of a collective (assumption: NIC + switch latency)
     sync_fanout: int = 1  # broadcast tree fan-out for weight sync (1: pipelined chains)
     sync_stripes: int = 0  # replicas a chain head pulls from (0: one per trainer ToR)
@@ -74,7 +75,7 @@ class SimSettings:
     fabric: FabricOptions = FabricOptions()
 
     def __post_init__(self) -> None:
-        check_delay_ms(self.t_ocs_ms, "t_ocs_ms")  # the controller's rule: finite, 0..MAX_DELAY_MS
+        check_delay_ms(self.reconfig_delay_ms, "reconfig_delay_ms")  # the controller's rule: finite, 0..MAX_DELAY_MS
         require(self.latency_us >= 0, "latency_us", f"must be >= 0, got {self.latency_us}")
         require(self.sync_stripes >= 0, "sync_stripes", f"must be >= 0, got {self.sync_stripes}")
         require(self.sync_fanout >= 1, "sync_fanout", f"must be >= 1, got {self.sync_fanout}")
@@ -419,7 +420,7 @@ UNCHANGED = {"action": "unchanged", "decision": None, "changed_bundles": 0, "win
              "stall_s": 0.0}
 
 
-def decide(prev: PhaseRun, nxt: PhaseRun, old: PhaseRun | None, removed: set, added: set, t_ocs_s: float) -> dict:
+def decide(prev: PhaseRun, nxt: PhaseRun, old: PhaseRun | None, removed: set, added: set, delay_s: float) -> dict:
     """One transition, by the controller's rule ``controller.switching.decide_switch``: the window is the
     changed circuits' idle window, the gain what the next phase saves on the new topology (``nxt``) against
     the old one (``old``; None: the old topology cannot carry that phase, an infinite gain). The report calls
@@ -428,7 +429,7 @@ def decide(prev: PhaseRun, nxt: PhaseRun, old: PhaseRun | None, removed: set, ad
         return dict(UNCHANGED)
     window = idle_window_s(prev, nxt, removed, added)
     gain = math.inf if old is None else old.duration - nxt.duration
-    d = decide_switch(window * 1e3, t_ocs_s * 1e3, gain * 1e3)
+    d = decide_switch(window * 1e3, delay_s * 1e3, gain * 1e3)
     return {"action": "kept" if d.action == "deferred" else d.action, "decision": d.action,
             "changed_bundles": len(removed | added), "window_ms": window * 1e3,
             "gain_ms": gain * 1e3 if math.isfinite(gain) else None, "old_topology_carries": old is not None,
@@ -437,7 +438,7 @@ def decide(prev: PhaseRun, nxt: PhaseRun, old: PhaseRun | None, removed: set, ad
 
 
 def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec: FabricSpec,
-                   t_ocs: float) -> tuple[dict, dict, str]:
+                   delay_s: float) -> tuple[dict, dict, str]:
     """One steady-state iteration gen -> train -> sync -> (next) gen on RFabric, starting with topology
     ``start`` installed for generation. Returns the phase runs, the decisions, and the topology installed
     at the next generation."""
@@ -460,7 +461,7 @@ def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec:
             continue
         removed, added = changed_bundles(spec, matchings[installed], matchings[ph])
         old = attempt(ph, installed)
-        d = decide(prev, target, old, removed, added, t_ocs)
+        d = decide(prev, target, old, removed, added, delay_s)
         d["topology"] = installed if d["action"] == "kept" else ph
         decisions[f"{_prev_name(ph)}->{ph}"] = d
         if d["action"] == "kept":
@@ -474,7 +475,7 @@ def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec:
         end = start
     else:
         removed, added = changed_bundles(spec, matchings[installed], matchings[start])
-        d = decide(prev, gen, attempt("gen", installed), removed, added, t_ocs)
+        d = decide(prev, gen, attempt("gen", installed), removed, added, delay_s)
         end = installed if d["action"] == "kept" else start
         d["topology"] = end
     decisions["sync->gen"] = d
@@ -510,8 +511,8 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
     if settings.engine is None:
         settings = dataclasses.replace(settings, engine=scn.orchestrator.engine)
     spec, layout, w = scn.fabric, scn.layout, scn.workload
-    t_ocs_ms = scn.reconfig_delay_ms if settings.t_ocs_ms is None else settings.t_ocs_ms
-    t_ocs = t_ocs_ms / 1e3
+    reconfig_delay_ms = scn.reconfig_delay_ms if settings.reconfig_delay_ms is None else settings.reconfig_delay_ms
+    delay_s = reconfig_delay_ms / 1e3
     cm = CostModel.for_names(w.model, w.gpu)
     rng = scn.rng()
     lengths = LengthSchedule(w).lengths_for_step(0, rng)  # the run's first step (a trace's too)
@@ -538,11 +539,11 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
     if fabric == "rfabric":
         # steady state: start with the generation topology; if the iteration ends keeping another topology
         # for the next generation, run once more starting from that one (and report where it started)
-        runs, reconfig, end = _rfabric_cycle("gen", runners, nets, matchings, spec, t_ocs)
+        runs, reconfig, end = _rfabric_cycle("gen", runners, nets, matchings, spec, delay_s)
         start = "gen"
         if end != "gen":
             start = end
-            runs, reconfig, end = _rfabric_cycle(start, runners, nets, matchings, spec, t_ocs)
+            runs, reconfig, end = _rfabric_cycle(start, runners, nets, matchings, spec, delay_s)
         steady_start = start
         gen, train, sync = runs["gen"], runs["train"], runs["sync"]
     else:  # static for the job (MixNet's regional OCSes included: see the module docstring)
@@ -554,7 +555,7 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
     cost = fabric_cost(fabric, spec, cm.gpu.nic_gbps, opts=settings.fabric)
     wall = time.perf_counter() - t0
     return {
-        "scenario": scn.name, "fabric": fabric, "gpus": spec.n_gpus, "t_ocs_ms": t_ocs_ms,
+        "scenario": scn.name, "fabric": fabric, "gpus": spec.n_gpus, "reconfig_delay_ms": reconfig_delay_ms,
         "iteration_s": iteration, "phases": phases, "cost_usd": cost["total_usd"],
         "perf_per_musd": (1.0 / iteration) / (cost["total_usd"] / 1e6) if iteration > 0 else None,
         "wall_s": wall,

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 # 1 us .. 10 s: CALIENT-class bulk reconfiguration takes up to 200 ms; beyond a few seconds the switching time
 # exceeds the slack windows of this workload and decisions turn from switched to stalled to kept
-DEFAULT_T_OCS_MS = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0)
+DEFAULT_RECONFIG_DELAYS_MS = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0)
 RECONFIGURING = ("rfabric",)  # MixNet is modelled static for the job (docs/rlsim.md)
 CONFIGURABLE = ("rfabric",)  # fabrics swept over uplinks per ToR and OCS count
 RADIX_FABRICS = tuple(OVERSUB) + ("mixnet",)  # fabrics whose cost depends on the packet switch radix
@@ -46,7 +46,7 @@ MAX_UPLINKS = 1024  # per ToR (and OCSes): far beyond any switch, small enough t
 class Point:
     fabric: str
     gpus: int
-    t_ocs_ms: float
+    reconfig_delay_ms: float
     uplinks: int | None = None  # uplinks per ToR (None: the scenario's)
     ocs: int | None = None  # OCS count (None: the scenario's)
     radix: int | None = None  # packet switch radix (None: prices.yaml's)
@@ -69,7 +69,7 @@ def default_ocs(scn: Scenario, uplinks: int) -> int:
     return uplinks // k if uplinks % k == 0 else uplinks
 
 
-def plan(scn: Scenario, fabrics: Sequence[str], scales: Sequence[int], t_ocs_ms: Sequence[float],
+def plan(scn: Scenario, fabrics: Sequence[str], scales: Sequence[int], reconfig_delay_ms: Sequence[float],
          uplinks: Sequence[int] | None = None, ocs: Sequence[int] | None = None,
          radix: Sequence[int] | None = None) -> list[Point]:
     """Every point to simulate. Combinations of ``uplinks`` and ``ocs`` where the OCS count does not divide
@@ -80,8 +80,8 @@ def plan(scn: Scenario, fabrics: Sequence[str], scales: Sequence[int], t_ocs_ms:
             raise SpecError("fabrics", f"must be in {', '.join(FABRICS)}, got {f!r}")
     for n in scales:
         scale_scenario(scn, n)  # validates the scale (exit 2 before any work)
-    for t in t_ocs_ms:
-        SimSettings(t_ocs_ms=t)  # validates it (finite, 0 .. the controller's limit)
+    for t in reconfig_delay_ms:
+        SimSettings(reconfig_delay_ms=t)  # validates it (finite, 0 .. the controller's limit)
     ups = _ints_in(uplinks, "uplinks", 1, MAX_UPLINKS)
     ocss = _ints_in(ocs, "ocs", 1, MAX_UPLINKS)
     radices = _ints_in(radix, "radix", 4, 4096)
@@ -100,7 +100,7 @@ def plan(scn: Scenario, fabrics: Sequence[str], scales: Sequence[int], t_ocs_ms:
     pts = []
     for n in scales:
         for f in fabrics:
-            for t in (t_ocs_ms if f in RECONFIGURING else [default_t]):
+            for t in (reconfig_delay_ms if f in RECONFIGURING else [default_t]):
                 for u, o in (configs if f in CONFIGURABLE else [(None, None)]):
                     for r in (radices if f in RADIX_FABRICS else [None]):
                         pts.append(Point(f, n, float(t), u, o, r))
@@ -118,10 +118,10 @@ def point_scenario(scn: Scenario, p: Point) -> Scenario:
 
 def _one(scn: Scenario, p: Point, settings: SimSettings) -> dict:
     fab = settings.fabric if p.radix is None else dataclasses.replace(settings.fabric, switch_radix=p.radix)
-    s = dataclasses.replace(settings, t_ocs_ms=p.t_ocs_ms, fabric=fab)
+    s = dataclasses.replace(settings, reconfig_delay_ms=p.reconfig_delay_ms, fabric=fab)
     sc = point_scenario(scn, p)
     spec = scale_scenario(sc, p.gpus).fabric
-    base = {"fabric": p.fabric, "gpus": p.gpus, "t_ocs_ms": p.t_ocs_ms, "uplinks_per_tor": spec.uplinks_per_tor,
+    base = {"fabric": p.fabric, "gpus": p.gpus, "reconfig_delay_ms": p.reconfig_delay_ms, "uplinks_per_tor": spec.uplinks_per_tor,
             "ocs_count": spec.ocs_count, "ocs_radix": spec.ports_per_ocs,
             "taper": spec.servers_per_tor * spec.server_gbps / (spec.uplinks_per_tor * spec.uplink_gbps),
             "switch_radix": p.radix, "swept_config": p.uplinks is not None or p.ocs is not None}
@@ -219,7 +219,7 @@ def summarise(results: Sequence[dict]) -> dict:
             for r in ok:
                 if r["gpus"] != n or (r["fabric"] in RADIX_FABRICS and r.get("switch_radix") != b.get("switch_radix")):
                     continue
-                rows.append({"fabric": r["fabric"], "label": _label(r), "t_ocs_ms": r["t_ocs_ms"],
+                rows.append({"fabric": r["fabric"], "label": _label(r), "reconfig_delay_ms": r["reconfig_delay_ms"],
                              "uplinks_per_tor": r.get("uplinks_per_tor"), "ocs_count": r.get("ocs_count"),
                              "fat_tree_radix": b.get("switch_radix"), "iteration_s": r["iteration_s"],
                              "slowdown_vs_fat_tree": r["iteration_s"] / b["iteration_s"] - 1,
@@ -234,7 +234,7 @@ def summarise(results: Sequence[dict]) -> dict:
             for row in rows:
                 if row["fat_tree_radix"] == rad and row["fabric"] != "fat-tree":
                     k = row["label"]
-                    if k not in near or abs(row["t_ocs_ms"] - 10.0) < abs(near[k]["t_ocs_ms"] - 10.0):
+                    if k not in near or abs(row["reconfig_delay_ms"] - 10.0) < abs(near[k]["reconfig_delay_ms"] - 10.0):
                         near[k] = row
             cands = [row for row in near.values() if row["slowdown_vs_fat_tree"] <= SLOWDOWN_GOAL]
             if cands:
@@ -268,7 +268,7 @@ ACTION_STYLE = {"switched": ("#2ca02c", "o"), "stalled": ("#ff7f0e", "^"), "kept
 
 
 def _near_10ms(rs: Sequence[dict]) -> dict:
-    return min(rs, key=lambda r: abs(r["t_ocs_ms"] - 10.0))
+    return min(rs, key=lambda r: abs(r["reconfig_delay_ms"] - 10.0))
 
 
 def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = None) -> dict:
@@ -371,7 +371,7 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
     for r in ok:
         if r["fabric"] in RECONFIGURING:
             series.setdefault((r["gpus"], r["fabric"], r.get("uplinks_per_tor"), r.get("ocs_count")), []).append(r)
-    series = {k: sorted(v, key=lambda r: r["t_ocs_ms"]) for k, v in sorted(series.items()) if len(v) >= 2}
+    series = {k: sorted(v, key=lambda r: r["reconfig_delay_ms"]) for k, v in sorted(series.items()) if len(v) >= 2}
     transitions = ("gen->train", "train->sync", "sync->gen")
     strip_rows = [(k, t) for k in series for t in transitions]
     fig, (ax, axd) = plt.subplots(2, 1, figsize=(9, 4.5 + 0.22 * max(len(strip_rows), 3)), sharex=True,
@@ -380,17 +380,17 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
         n, f, u, o = key
         base = [r for r in ok if r["gpus"] == n and r["fabric"] == "fat-tree"]
         ref = base[0]["iteration_s"] if base else rs[0]["iteration_s"]
-        ax.plot([r["t_ocs_ms"] for r in rs], [100 * (r["iteration_s"] / ref - 1) for r in rs],
+        ax.plot([r["reconfig_delay_ms"] for r in rs], [100 * (r["iteration_s"] / ref - 1) for r in rs],
                 marker="os^Dv<>ph*"[si % 10], label=f"{f} u{u}/o{o}, {n} GPUs")
         if len(series) == 1:  # one curve: a dotted line where any transition's decision changes
             for a_, b_ in zip(rs, rs[1:]):
                 if a_["decisions"] != b_["decisions"]:
-                    ax.axvline(b_["t_ocs_ms"], color="gray", ls=":", lw=0.8)
+                    ax.axvline(b_["reconfig_delay_ms"], color="gray", ls=":", lw=0.8)
     for yi, (key, t) in enumerate(strip_rows):
         for r in series[key]:
             a = r["decisions"].get(t, "unchanged")
             c, m = ACTION_STYLE.get(a, ("k", "."))
-            axd.scatter(r["t_ocs_ms"], yi, color=c, marker=m, s=28)
+            axd.scatter(r["reconfig_delay_ms"], yi, color=c, marker=m, s=28)
     axd.set_yticks(range(len(strip_rows)))
     axd.set_yticklabels([f"{k[0]} u{k[2]}/o{k[3]}: {t}" for k, t in strip_rows], fontsize=6)
     axd.invert_yaxis()
@@ -410,7 +410,7 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     fig.tight_layout()
-    files["t_ocs"] = os.path.join(out_dir, "t_ocs.png")
-    fig.savefig(files["t_ocs"], dpi=110)
+    files["reconfig_delay"] = os.path.join(out_dir, "reconfig_delay.png")
+    fig.savefig(files["reconfig_delay"], dpi=110)
     plt.close(fig)
     return files

@@ -1,7 +1,7 @@
 """RLSim benchmark: every figure of docs/rlsim.md's Results, as one JSON document (it asserts nothing).
 
     PYTHONPATH=. .venv/bin/python testbed/benchmarks/bench_rlsim.py [--scenario scenarios/dapo-32b.yaml] [--runs 3]
-        [--taper-scenario scenarios/dapo-32b-taper.yaml] [--sections scales,perf_cost,t_ocs,timing,sensitivity]
+        [--taper-scenario scenarios/dapo-32b-taper.yaml] [--sections scales,perf_cost,reconfig_delay,timing,sensitivity]
 
 Sections (T_ocs = 10 ms unless swept; the Fat-Tree's tier count is the default, radix-derived one):
 
@@ -11,7 +11,7 @@ Sections (T_ocs = 10 ms unless swept; the Fat-Tree's tier count is the default, 
 * ``perf_cost``: at 1,024 and 2,048 GPUs the sweep over RFabric uplinks per ToR (the taper) and OCS count,
   beside the Fat-Trees, with perf/cost against the non-blocking Fat-Tree counted by radix (the default)
   and by the MixNet calculator's 3 tiers; the best configuration within 5%; the taper scenario file's figures;
-* ``t_ocs``: at 2,048 GPUs, each transition's decision (switched / stalled / kept) from 1 us to 10 s, for
+* ``reconfig_delay``: at 2,048 GPUs, each transition's decision (switched / stalled / kept) from 1 us to 10 s, for
   the scenario and the taper scenario;
 * ``timing``: the simulator's wall time (median of ``--runs``) and peak RSS *per fabric*: every run is a
   fresh ``orchestrrl sim --json`` process whose ``peak_rss_mib`` is its own VmHWM (``ru_maxrss`` would
@@ -45,9 +45,9 @@ from rlsim.cost import fabric_cost, load_prices  # noqa: E402
 from rlsim.fabrics import FabricOptions  # noqa: E402
 from rlsim.limits import scale_scenario  # noqa: E402
 from rlsim.sim import SimSettings, sync_phase, simulate_iteration  # noqa: E402
-from rlsim.sweep import DEFAULT_T_OCS_MS, plan, run_sweep, summarise  # noqa: E402
+from rlsim.sweep import DEFAULT_RECONFIG_DELAYS_MS, plan, run_sweep, summarise  # noqa: E402
 
-SECTIONS = ("scales", "perf_cost", "t_ocs", "timing", "sensitivity", "traffic")
+SECTIONS = ("scales", "perf_cost", "reconfig_delay", "timing", "sensitivity", "traffic")
 TRAFFIC_FABRICS = ("fat-tree", "topoopt", "mixnet", "rfabric")
 
 
@@ -75,7 +75,7 @@ def own_topology_sync(scn, n: int) -> dict:
 
 def scales_section(scn, scales) -> list:
     out = []
-    st = SimSettings(t_ocs_ms=10.0)
+    st = SimSettings(reconfig_delay_ms=10.0)
     for n in scales:
         ft = simulate_iteration(scn, "fat-tree", n, st)
         rf = simulate_iteration(scn, "rfabric", n, st)
@@ -106,8 +106,8 @@ def perf_cost_section(scn, taper, scales, uplinks) -> dict:
     if taper is not None:
         rows = []
         for n in scales:
-            ft = simulate_iteration(taper, "fat-tree", n, SimSettings(t_ocs_ms=10.0))
-            rf = simulate_iteration(taper, "rfabric", n, SimSettings(t_ocs_ms=10.0))
+            ft = simulate_iteration(taper, "fat-tree", n, SimSettings(reconfig_delay_ms=10.0))
+            rf = simulate_iteration(taper, "rfabric", n, SimSettings(reconfig_delay_ms=10.0))
             spec = scale_scenario(taper, n).fabric
             rows.append({"gpus": n, "uplinks_per_tor": spec.uplinks_per_tor, "ocs_count": spec.ocs_count,
                          "ocs_ports_each": spec.ports_per_ocs, "rfabric_iteration_s": rf["iteration_s"],
@@ -120,12 +120,12 @@ def perf_cost_section(scn, taper, scales, uplinks) -> dict:
     return out
 
 
-def t_ocs_section(scn, n: int) -> dict:
-    ft = simulate_iteration(scn, "fat-tree", n, SimSettings(t_ocs_ms=10.0))
+def reconfig_delay_section(scn, n: int) -> dict:
+    ft = simulate_iteration(scn, "fat-tree", n, SimSettings(reconfig_delay_ms=10.0))
     rows = []
-    for t in DEFAULT_T_OCS_MS:
-        rf = simulate_iteration(scn, "rfabric", n, SimSettings(t_ocs_ms=t))
-        rows.append({"t_ocs_ms": t, "iteration_s": rf["iteration_s"],
+    for t in DEFAULT_RECONFIG_DELAYS_MS:
+        rf = simulate_iteration(scn, "rfabric", n, SimSettings(reconfig_delay_ms=t))
+        rows.append({"reconfig_delay_ms": t, "iteration_s": rf["iteration_s"],
                      "slowdown_vs_fat_tree": rf["iteration_s"] / ft["iteration_s"] - 1,
                      "decisions": {k: v["action"] for k, v in rf["detail"]["reconfig"].items()},
                      "stall_ms": sum(v["stall_s"] for v in rf["detail"]["reconfig"].values()) * 1e3})
@@ -134,7 +134,7 @@ def t_ocs_section(scn, n: int) -> dict:
         for k, v in b["decisions"].items():
             if a["decisions"].get(k) != v:
                 changes.append({"transition": k, "from": a["decisions"].get(k), "to": v,
-                                "between_ms": [a["t_ocs_ms"], b["t_ocs_ms"]]})
+                                "between_ms": [a["reconfig_delay_ms"], b["reconfig_delay_ms"]]})
     return {"gpus": n, "rows": rows, "changes": changes}
 
 
@@ -159,7 +159,7 @@ def timing_section(scenario_path: str, scales, fabrics, runs: int) -> list:
 
 def sensitivity_section(scn, n: int) -> dict:
     sens = {}
-    settings = SimSettings(t_ocs_ms=10.0)
+    settings = SimSettings(reconfig_delay_ms=10.0)
     ft = simulate_iteration(scn, "fat-tree", n, settings)
     to = simulate_iteration(scn, "topoopt", n, settings)
     pp = dataclasses.replace(load_prices(), ocs_port=load_prices().patch_panel_port)
@@ -188,7 +188,7 @@ def traffic_section(paths: list[str], scales, uplinks) -> dict:
         scn = load_scenario(path)
         rows = []
         for n in scales:
-            rs = {f: simulate_iteration(scn, f, n, SimSettings(t_ocs_ms=10.0)) for f in TRAFFIC_FABRICS}
+            rs = {f: simulate_iteration(scn, f, n, SimSettings(reconfig_delay_ms=10.0)) for f in TRAFFIC_FABRICS}
             ft, rf = rs["fat-tree"], rs["rfabric"]
             rows.append({"gpus": n,
                          "fabrics": {f: {"iteration_s": r["iteration_s"], "train_s": r["phases"]["train_s"],
@@ -201,11 +201,11 @@ def traffic_section(paths: list[str], scales, uplinks) -> dict:
                          "rfabric_train_vs_mixnet": rf["phases"]["train_s"] / rs["mixnet"]["phases"]["train_s"],
                          "rfabric_transitions": transitions(rf), "wall_s": {f: r["wall_s"] for f, r in rs.items()}})
         made = []
-        for t in DEFAULT_T_OCS_MS:
-            rf = simulate_iteration(scn, "rfabric", 2048, SimSettings(t_ocs_ms=t))
+        for t in DEFAULT_RECONFIG_DELAYS_MS:
+            rf = simulate_iteration(scn, "rfabric", 2048, SimSettings(reconfig_delay_ms=t))
             for k, v in rf["detail"]["reconfig"].items():
                 if v["action"] in ("switched", "stalled") and v["gain_ms"] is not None:
-                    made.append({"t_ocs_ms": t, "transition": k, "action": v["action"], "gain_ms": v["gain_ms"]})
+                    made.append({"reconfig_delay_ms": t, "transition": k, "action": v["action"], "gain_ms": v["gain_ms"]})
         pts = plan(scn, ["fat-tree"] + [f for f in OVERSUB if f != "fat-tree"] + ["rfabric"], [1024, 2048], [10.0],
                    uplinks=uplinks)
         summ = summarise(run_sweep(scn, pts, SimSettings(), use_ray=False, progress=False))
@@ -248,10 +248,10 @@ def main(argv=None) -> int:
         out["scales"] = scales_section(scn, args.scales)
     if "perf_cost" in sections:
         out["perf_cost"] = perf_cost_section(scn, taper, args.goal_scales, args.uplinks)
-    if "t_ocs" in sections:
-        out["t_ocs"] = {scn.name: t_ocs_section(scn, 2048)}
+    if "reconfig_delay" in sections:
+        out["reconfig_delay"] = {scn.name: reconfig_delay_section(scn, 2048)}
         if taper is not None:
-            out["t_ocs"][taper.name] = t_ocs_section(taper, 2048)
+            out["reconfig_delay"][taper.name] = reconfig_delay_section(taper, 2048)
     if "timing" in sections:
         out["timing"] = timing_section(args.scenario, args.timing_scales, args.fabrics.split(","), args.runs)
     if "sensitivity" in sections:

@@ -1,7 +1,7 @@
 """`orchestrrl sim`: RLSim from the command line.
 
-    orchestrrl sim SCENARIO --fabric F [--gpus N] [--t-ocs-ms T] [--fat-tree-tiers auto|2|3] [--json]
-    orchestrrl sim sweep SCENARIO --out DIR [--fabrics a,b] [--scales 256,512] [--t-ocs-list 0.001,10]
+    orchestrrl sim SCENARIO --fabric F [--gpus N] [--reconfig-delay-ms T] [--fat-tree-tiers auto|2|3] [--json]
+    orchestrrl sim sweep SCENARIO --out DIR [--fabrics a,b] [--scales 256,512] [--reconfig-delay-list 0.001,10]
                                             [--uplinks-list 4,8,32] [--ocs-list 4,8] [--radix-list 32,64]
                                             [--ray-address ADDR | --no-ray]
 """
@@ -42,7 +42,8 @@ def register(subparsers) -> None:
     p.add_argument("scenario", nargs="?", metavar="SWEEP_SCENARIO", help=argparse.SUPPRESS)
     p.add_argument("--fabric", choices=FABRICS, default="rfabric", help="fabric (default rfabric)")
     p.add_argument("--gpus", type=int, default=None, help="re-size the scenario to N GPUs (whole pods)")
-    p.add_argument("--t-ocs-ms", type=float, default=None, help="OCS switching time (default: scenario's)")
+    p.add_argument("--reconfig-delay-ms", "--t-ocs-ms", dest="reconfig_delay_ms", type=float, default=None,
+                   help="OCS switching time, ms (the reference's T_ocs; default: the scenario's reconfig_delay_ms)")
     p.add_argument("--fat-tree-tiers", choices=FAT_TREE_TIERS, default="auto",
                    help="packet tiers counted in the cost: auto (default: the fewest tiers of prices.yaml's "
                         "switch_radix-port switches that cover the NICs), 2 (ToR + spine), or 3 (the MixNet "
@@ -51,7 +52,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", help="sweep: output directory (sweep.json and plots)")
     p.add_argument("--fabrics", type=_names, default=None, help="sweep: fabrics (default all)")
     p.add_argument("--scales", type=_ints, default=None, help="sweep: GPU counts (default: 2, 4 and 8 pods and the scenario's size)")
-    p.add_argument("--t-ocs-list", type=_floats, default=None,
+    p.add_argument("--reconfig-delay-list", "--t-ocs-list", dest="reconfig_delay_list", type=_floats, default=None,
                    help="sweep: T_ocs values in ms (default 0.001 .. 10000: 1 us to 10 s)")
     p.add_argument("--uplinks-list", type=_ints, default=None,
                    help="sweep: RFabric uplinks per ToR (the taper against its server ports; default: the scenario's)")
@@ -82,14 +83,14 @@ def run(args) -> int:
 
     scn = load_scenario(args.target)
     check_simulatable(scn, args.gpus)  # a size that cannot fit is an error naming the field, not a MemoryError
-    settings = SimSettings(t_ocs_ms=args.t_ocs_ms, fabric=FabricOptions(fat_tree_tiers=args.fat_tree_tiers))
+    settings = SimSettings(reconfig_delay_ms=args.reconfig_delay_ms, fabric=FabricOptions(fat_tree_tiers=args.fat_tree_tiers))
     r = simulate_iteration(scn, args.fabric, args.gpus, settings)
     if args.json:
         json.dump(r, sys.stdout, indent=1)
         print()
     else:
         ph = r["phases"]
-        print(f"{r['scenario']} on {r['fabric']} at {r['gpus']} GPUs (T_ocs {r['t_ocs_ms']:g} ms): "
+        print(f"{r['scenario']} on {r['fabric']} at {r['gpus']} GPUs (OCS switching {r['reconfig_delay_ms']:g} ms): "
               f"iteration {r['iteration_s']:.3f} s = gen {ph['gen_s']:.3f} + train {ph['train_s']:.3f} + "
               f"sync {ph['sync_s']:.3f}; network cost ${r['cost_usd'] / 1e6:.2f}M; simulated in {r['wall_s']:.2f} s")
         for name, d in r["detail"]["reconfig"].items():
@@ -102,7 +103,7 @@ def run(args) -> int:
 
 def _sweep(args) -> int:
     from rlsim.fabrics import FABRICS
-    from rlsim.sweep import DEFAULT_T_OCS_MS, plan, ray_available, run_sweep, write_outputs
+    from rlsim.sweep import DEFAULT_RECONFIG_DELAYS_MS, plan, ray_available, run_sweep, write_outputs
 
     scn = load_scenario(args.scenario)
     fabrics = args.fabrics or list(FABRICS)
@@ -113,7 +114,7 @@ def _sweep(args) -> int:
     scales = args.scales or sorted({pod_gpus(scn.fabric) * k for k in (2, 4, 8)} | {scn.fabric.n_gpus})
     for g in scales:
         check_simulatable(scn, g)
-    t_list = args.t_ocs_list or list(DEFAULT_T_OCS_MS)
+    t_list = args.reconfig_delay_list or list(DEFAULT_RECONFIG_DELAYS_MS)
     points = plan(scn, fabrics, scales, t_list, uplinks=args.uplinks_list, ocs=args.ocs_list, radix=args.radix_list)
     use_ray = False if args.no_ray else ray_available()
     from rlsim.fabrics import FabricOptions
@@ -122,7 +123,7 @@ def _sweep(args) -> int:
     settings = SimSettings(fabric=FabricOptions(fat_tree_tiers=args.fat_tree_tiers))
     results = run_sweep(scn, points, settings, use_ray=use_ray, ray_address=args.ray_address)
     files = write_outputs(results, args.out, {"scenario": args.scenario, "fabrics": fabrics, "scales": scales,
-                                              "t_ocs_ms": t_list, "ray": use_ray,
+                                              "reconfig_delay_ms": t_list, "ray": use_ray,
                                               "uplinks": args.uplinks_list, "ocs": args.ocs_list,
                                               "radix": args.radix_list, "fat_tree_tiers": args.fat_tree_tiers})
     for k, v in files.items():

@@ -136,8 +136,8 @@ def test_decide_switches_into_slack_else_stalls_for_a_gain_else_keeps():
 
 
 def test_rfabric_iteration_reports_each_transition():
-    fast = simulate_iteration(small(), "rfabric", settings=SimSettings(t_ocs_ms=0.0))
-    slow = simulate_iteration(small(), "rfabric", settings=SimSettings(t_ocs_ms=60000.0))
+    fast = simulate_iteration(small(), "rfabric", settings=SimSettings(reconfig_delay_ms=0.0))
+    slow = simulate_iteration(small(), "rfabric", settings=SimSettings(reconfig_delay_ms=60000.0))
     assert {v["action"] for v in fast["detail"]["reconfig"].values()} == {"switched"}
     rec = slow["detail"]["reconfig"]
     assert set(rec) == {"gen->train", "train->sync", "sync->gen"}
@@ -151,13 +151,13 @@ def test_rfabric_iteration_reports_each_transition():
         assert all(v["action"] in ("switched", "stalled", "kept", "unchanged") for v in r["detail"]["reconfig"].values())
 
 
-def test_train_to_sync_turns_from_switched_to_stalled_to_kept_as_t_ocs_grows():
+def test_train_to_sync_turns_from_switched_to_stalled_to_kept_as_reconfig_delay_grows():
     """The train -> sync window is 0 (the all-reduce runs to the end of training, sync starts at once). With
     4 uplinks per ToR the sync phase saves hundreds of ms on its own topology (the train topology spends the
     trainer ToRs' uplinks on training): a 1 ms switch stalls (charged to sync); a 1 s one costs more than it
     saves, so sync runs on the kept train topology."""
     s = dataclasses.replace(small(), fabric=dataclasses.replace(small().fabric, uplinks_per_tor=4, ocs_count=4))
-    runs = {t: simulate_iteration(s, "rfabric", settings=SimSettings(t_ocs_ms=t)) for t in (0.0, 1.0, 1000.0)}
+    runs = {t: simulate_iteration(s, "rfabric", settings=SimSettings(reconfig_delay_ms=t)) for t in (0.0, 1.0, 1000.0)}
     d = {t: r["detail"]["reconfig"]["train->sync"] for t, r in runs.items()}
     gain = d[0.0]["gain_ms"]
     assert 1.0 < gain < 1000.0 and d[1.0]["gain_ms"] == pytest.approx(gain)
@@ -249,7 +249,7 @@ def test_rfabric_sync_meets_the_fabric_bound():
     """``wide``: 4 trainer and 4 generator ToRs of 2 servers, 16 uplinks: every generator ToR gets 4 circuits
     from each trainer ToR (800 GB/s for its 2 servers of 400 GB/s), so each server heads its own chain fed
     by 8 circuits: the broadcast takes W / B, the fabric's own bound."""
-    r = simulate_iteration(wide(), "rfabric", settings=SimSettings(t_ocs_ms=0.0))
+    r = simulate_iteration(wide(), "rfabric", settings=SimSettings(reconfig_delay_ms=0.0))
     W = CostModel.for_names("Qwen2.5-7B", "H800").weight_bytes()
     sync = r["detail"]["sync"]
     assert sync["plan"] == "sync_chains" and sync["chains"] == 8 and sync["longest_chain"] == 1
@@ -263,7 +263,7 @@ def test_tapered_rfabric_sync_relays_inside_the_tor_at_the_circuit_bound(uplinks
     servers, fed by every circuit: the broadcast is bound by W / (circuits x uplink), and meets it."""
     s = dataclasses.replace(wide(), fabric=dataclasses.replace(wide().fabric, uplinks_per_tor=uplinks,
                                                              ocs_count=min(4, uplinks)))
-    r = simulate_iteration(s, "rfabric", settings=SimSettings(t_ocs_ms=0.0))
+    r = simulate_iteration(s, "rfabric", settings=SimSettings(reconfig_delay_ms=0.0))
     W = CostModel.for_names("Qwen2.5-7B", "H800").weight_bytes()
     bound = W / (uplinks * 400 * GBPS)
     sync = r["detail"]["sync"]
@@ -294,13 +294,13 @@ def test_cli_json_and_errors(capsys):
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf", "60001"])
-def test_cli_bad_t_ocs_is_exit_2_naming_it(capsys, value):
-    assert main(["sim", DEFAULT, f"--t-ocs-ms={value}"]) == 2
-    assert "t_ocs_ms" in capsys.readouterr().err
+def test_cli_bad_reconfig_delay_is_exit_2_naming_it(capsys, value):
+    assert main(["sim", DEFAULT, f"--reconfig-delay-ms={value}"]) == 2
+    assert "reconfig_delay_ms" in capsys.readouterr().err
 
 
 def test_cli_json_reports_every_transition_with_its_gain(capsys):
-    assert main(["sim", DEFAULT, "--fabric", "rfabric", "--t-ocs-ms", "10", "--json"]) == 0
+    assert main(["sim", DEFAULT, "--fabric", "rfabric", "--reconfig-delay-ms", "10", "--json"]) == 0
     rec = json.loads(capsys.readouterr().out)["detail"]["reconfig"]
     assert set(rec) == {"gen->train", "train->sync", "sync->gen"}
     for d in rec.values():
