@@ -166,7 +166,7 @@ class PlannerSettings:
 
 @dataclass(frozen=True)
 class BalancerSettings:
-    """``orchestrator.balancer`` in a scenario (see the module docstring for the rule)."""
+    """``orchestrator.balancer`` in a scenario (testbed/orchestrator/balancer.py's docstring gives the rule)."""
 
     threshold: float = 0.15
     min_gap_s: float = 1.0
