@@ -16,28 +16,20 @@ import time
 import pytest
 
 from emulation.orchestration import orchestrator_settings
-from emulation.scenario import ControllerSettings, Scenario
-from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import to_dict
-from emulation.workload import WorkloadSpec
 from testbed.benchmarks.bench_faults import fault_run
+from small_scenario import small_scenario
 
 pytestmark = pytest.mark.system
 
 INTERVAL = 0.5
 MAX_MIGRATIONS = 4
-# 2 pods x 1 ToR x 2 servers: trainers 0, 1, generators 2, 3; 96 responses of up to 1,500 tokens, one step
-SCN = Scenario(
-    name="faults-small", seed=5,
-    fabric=FabricSpec(pods=2, tors_per_pod=1, servers_per_tor=2, ocs_count=1, uplinks_per_tor=2),
-    layout=JobLayout((0,), (1,)),
-    workload=WorkloadSpec(model="Qwen2.5-7B", prompts_per_step=12, samples_per_prompt=8, response_median_tokens=150,
-                          response_sigma=0.8, prompt_sigma=0.4, max_response_tokens=1500, steps=1),
-    controller=ControllerSettings(initial_phase="train"),
-    orchestrator=orchestrator_settings({"planning_interval_s": INTERVAL, "engine": {"max_num_seqs": 8},
-                  # an eager balancer (no floor on a move's predicted gain): moves at every tick, up to the limit
-                  "balancer": {"threshold": 0.05, "min_gap_s": 0.2, "max_migrations": MAX_MIGRATIONS,
-                               "min_gain_s": 0.0, "gain_margin": 0.0}}))
+# tests/small_scenario.py with responses of up to 1,500 tokens, one step, and an eager balancer (no floor on a
+# move's predicted gain): it moves at every tick, up to the limit
+SCN = small_scenario("faults-small", max_response_tokens=1500, orchestrator={
+    "planning_interval_s": INTERVAL,
+    "balancer": {"threshold": 0.05, "min_gap_s": 0.2, "max_migrations": MAX_MIGRATIONS, "min_gain_s": 0.0,
+                 "gain_margin": 0.0}})
 
 
 def _check(got: dict) -> None:

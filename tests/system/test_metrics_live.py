@@ -19,24 +19,14 @@ import pytest
 
 from controller.process import free_port
 from emulation import registry
-from emulation.orchestration import orchestrator_settings
-from emulation.scenario import ControllerSettings, MetricsSettings, Scenario
-from emulation.spec import FabricSpec, JobLayout
-from emulation.workload import WorkloadSpec
+from emulation.scenario import MetricsSettings
 from testbed.runs.experiment import Experiment
 from testbed.runs.metrics import DriverMetrics
+from small_scenario import small_scenario
 
 pytestmark = pytest.mark.system
 
-# 2 pods x 1 ToR x 2 servers: trainers 0, 1, generators 2, 3; 96 responses of up to 600 tokens: seconds a step
-SCN = Scenario(
-    name="metrics-small", seed=5,
-    fabric=FabricSpec(pods=2, tors_per_pod=1, servers_per_tor=2, ocs_count=1, uplinks_per_tor=2),
-    layout=JobLayout((0,), (1,)),
-    workload=WorkloadSpec(model="Qwen2.5-7B", prompts_per_step=12, samples_per_prompt=8, response_median_tokens=150,
-                          response_sigma=0.8, prompt_sigma=0.4, max_response_tokens=600, steps=1),
-    controller=ControllerSettings(initial_phase="train"),
-    orchestrator=orchestrator_settings({"planning_interval_s": 0.5, "engine": {"max_num_seqs": 8}}))
+SCN = small_scenario("metrics-small")  # tests/small_scenario.py: seconds a step
 
 PROMETHEUS = shutil.which("prometheus")
 ROOT = Path(__file__).resolve().parents[2]

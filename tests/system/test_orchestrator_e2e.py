@@ -11,23 +11,14 @@ import time
 
 import pytest
 
-from emulation.orchestration import orchestrator_settings
-from emulation.scenario import ControllerSettings, Scenario
-from emulation.spec import FabricSpec, JobLayout
+from emulation.scenario import Scenario
 from emulation.workload import WorkloadSpec
 from testbed.runs.experiment import Experiment
+from small_scenario import small_scenario
 
 pytestmark = pytest.mark.system
 
-# 2 pods x 1 ToR x 2 servers: trainers 0, 1, generators 2, 3; 96 responses of up to 600 tokens per step
-SCN = Scenario(
-    name="e2e-small", seed=5,
-    fabric=FabricSpec(pods=2, tors_per_pod=1, servers_per_tor=2, ocs_count=1, uplinks_per_tor=2),
-    layout=JobLayout((0,), (1,)),
-    workload=WorkloadSpec(model="Qwen2.5-7B", prompts_per_step=12, samples_per_prompt=8, response_median_tokens=150,
-                          response_sigma=0.8, prompt_sigma=0.4, max_response_tokens=600, steps=2),
-    controller=ControllerSettings(initial_phase="train"),
-    orchestrator=orchestrator_settings({"planning_interval_s": 0.5, "engine": {"max_num_seqs": 8}}))
+SCN = small_scenario("e2e-small", steps=2)  # tests/small_scenario.py: seconds a step
 
 
 def test_two_policies_end_to_end_every_response_exactly_once(tmp_path):

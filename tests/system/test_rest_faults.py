@@ -4,8 +4,6 @@ not have is refused; a scenario describing an OCS the emulator would not build i
 starts, and a controller whose spec says more OCS ports than the switch has never gets ready."""
 from __future__ import annotations
 
-import json
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +18,7 @@ from emulation.builder import EmulatedFabric
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError
 from testbed.cluster.fabric import running_testbed
+from raw_http import raw_post
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,21 +28,7 @@ LAYOUT = JobLayout((0,), (1,))
 
 
 def _post(ctl, body: bytes, declared: int, then: str) -> tuple[int, dict, float]:
-    s = socket.create_connection(("127.0.0.1", ctl.rest_port), timeout=READ_TIMEOUT_S + 10)
-    try:
-        s.sendall(f"POST /api/v1/phase HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ctl.token}\r\n"
-                  f"Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n".encode() + body)
-        t0 = time.monotonic()
-        if then == "half-close":
-            s.shutdown(socket.SHUT_WR)
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-        took = time.monotonic() - t0
-    finally:
-        s.close()
-    head, _, payload = data.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(payload), took
+    return raw_post(("127.0.0.1", ctl.rest_port), ctl.token, body, declared, then, timeout=READ_TIMEOUT_S + 10)
 
 
 def test_truncated_and_stalled_bodies_and_a_port_that_does_not_exist(orl_leftovers):

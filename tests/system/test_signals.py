@@ -134,33 +134,34 @@ def test_sigterm_to_a_demo_tears_everything_down(scenario, env, tmp_path, orl_st
         raise
 
 
-def test_sighup_to_a_run_mid_generation_tears_everything_down(scenario, env, tmp_path, orl_state_dir,
-                                                               orl_leftovers):
+def _signal_a_run(scenario, env, tmp_path, orl_leftovers, policy: str, server: int, send, status: int,
+                  group: bool = False) -> str:
+    """Start ``orchestrrl run`` of ``policy`` on the emulated backend, ``send(p)`` once ``server`` generates, and
+    check that everything is torn down with exit ``status``; the command's output."""
     before = _ours_in_tmp()
-    p = _start(["run", str(scenario), "--policy", "orchestrrl", "--backend", "emulated", "--out",
-                str(tmp_path / "run"), "-q"], env)
+    p = _start(["run", str(scenario), "--policy", policy, "--backend", "emulated", "--out",
+                str(tmp_path / "run"), "-q"], env, group=group)
     try:
-        _wait(lambda: _generating(2), 120, "generation under way", p)
-        p.send_signal(signal.SIGHUP)
-        _check_torn_down(p, 129, env, before, orl_leftovers)
+        _wait(lambda: _generating(server), 120, "generation under way", p)
+        send(p)
+        return _check_torn_down(p, status, env, before, orl_leftovers)
     except BaseException:
         _guard(p, env)
         raise
+
+
+def test_sighup_to_a_run_mid_generation_tears_everything_down(scenario, env, tmp_path, orl_state_dir,
+                                                               orl_leftovers):
+    _signal_a_run(scenario, env, tmp_path, orl_leftovers, "orchestrrl", 2,
+                  lambda p: p.send_signal(signal.SIGHUP), 129)
 
 
 def test_ctrl_c_to_the_process_group_tears_everything_down(scenario, env, tmp_path, orl_state_dir,
                                                           orl_leftovers):
-    before = _ours_in_tmp()
-    p = _start(["run", str(scenario), "--policy", "balancer", "--backend", "emulated", "--out",
-                str(tmp_path / "run"), "-q"], env, group=True)
-    try:
-        _wait(lambda: _generating(3), 120, "generation under way", p)
-        os.killpg(p.pid, signal.SIGINT)  # a terminal's Ctrl-C: SIGINT to the whole foreground group
-        out = _check_torn_down(p, 130, env, before, orl_leftovers)
-        assert "controller files kept" not in out  # the controller was stopped, not killed by the Ctrl-C
-    except BaseException:
-        _guard(p, env)
-        raise
+    # a terminal's Ctrl-C: SIGINT to the whole foreground group
+    out = _signal_a_run(scenario, env, tmp_path, orl_leftovers, "balancer", 3,
+                        lambda p: os.killpg(p.pid, signal.SIGINT), 130, group=True)
+    assert "controller files kept" not in out  # the controller was stopped, not killed by the Ctrl-C
 
 
 def test_a_killed_fabric_up_takes_its_controller_with_it(scenario, env, tmp_path, orl_state_dir, orl_leftovers):

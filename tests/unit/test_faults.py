@@ -4,6 +4,7 @@ per agent figures, a simulated server failure), calls that give up when the agen
 (client abort, an agent's migration to a failed peer), and the OCS port bound."""
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -239,19 +240,32 @@ def test_a_call_gives_up_as_soon_as_its_abort_says_so():
         c.close()
 
 
-def test_a_migration_to_a_failed_peer_gives_up_at_once_and_the_request_stays(tmp_path):
-    """An agent on loopback migrates a request (stop and copy) to a peer that never answers; told that the
-    peer failed (peer_down), its call gives up at once and it serves the request itself again."""
+@contextlib.contextmanager
+def _loopback_agent(tmp_path, layout: str, **extra):
+    """A generator agent process on loopback (server 0, ``layout``, the config's ``extra`` keys); yields
+    (its RPC port, a client, the process) and kills it if the test did not shut it down."""
     port = _free_port()
     cfg = {"index": 0, "server": 0, "role": "gen", "gpus": 8, "model": "Qwen2.5-7B", "gpu": "H800",
            "rpc": {"host": "127.0.0.1", "port": port}, "fabric_ip": "127.0.0.1", "fabric_intf": "lo",
-           "layout": "TP1x8", "collectors": [{"host": "127.0.0.1", "port": _free_port()}]}
+           "layout": layout, "collectors": [{"host": "127.0.0.1", "port": _free_port()}], **extra}
     p = tmp_path / "agent.json"
     p.write_text(json.dumps(cfg))
     agent = subprocess.Popen([sys.executable, "-m", "agents.node", "--config", str(p), "--log",
                               str(tmp_path / "agent.log")], cwd=ROOT)
     c = AgentClient(f"tcp://127.0.0.1:{port}", "agent0", timeout_s=30.0)
     try:
+        yield port, c, agent
+    finally:
+        c.close()
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+
+
+def test_a_migration_to_a_failed_peer_gives_up_at_once_and_the_request_stays(tmp_path):
+    """An agent on loopback migrates a request (stop and copy) to a peer that never answers; told that the
+    peer failed (peer_down), its call gives up at once and it serves the request itself again."""
+    with _loopback_agent(tmp_path, "TP1x8") as (port, c, agent):
         assert c.call("ping")["pid"] == agent.pid
         c.call("submit", {"requests": [{"rid": 11, "prompt": 64, "target": 100_000, "dest": 0}]})
         import threading
@@ -282,27 +296,13 @@ def test_a_migration_to_a_failed_peer_gives_up_at_once_and_the_request_stays(tmp
             c.call("migrate", {"rid": 11, "dst": 1, "dst_rpc": {"host": "127.0.0.1", "port": 9}})
         c.call("shutdown")
         assert agent.wait(timeout=10) == 0
-    finally:
-        c.close()
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
 
 
 def test_a_stop_asked_of_a_request_in_its_last_step_answers_at_once(tmp_path):
     """A migration's stop waits for the step in flight; if the request finishes in that step, the waiter is told
     then (it used to sleep out its whole timeout: a 30 s planning tick on the default scenario). Time dilated
     x5, so the request's one step (its prefill) is still in flight when the migrate call arrives."""
-    port = _free_port()
-    cfg = {"index": 0, "server": 0, "role": "gen", "gpus": 8, "model": "Qwen2.5-7B", "gpu": "H800",
-           "rpc": {"host": "127.0.0.1", "port": port}, "fabric_ip": "127.0.0.1", "fabric_intf": "lo",
-           "layout": "TP1x8", "collectors": [{"host": "127.0.0.1", "port": _free_port()}], "time_dilation": 5.0}
-    p = tmp_path / "agent.json"
-    p.write_text(json.dumps(cfg))
-    agent = subprocess.Popen([sys.executable, "-m", "agents.node", "--config", str(p), "--log",
-                              str(tmp_path / "agent.log")], cwd=ROOT)
-    c = AgentClient(f"tcp://127.0.0.1:{port}", "agent0", timeout_s=30.0)
-    try:
+    with _loopback_agent(tmp_path, "TP1x8", time_dilation=5.0) as (port, c, agent):
         c.call("ping")
         results = []
         for k in range(3):
@@ -317,29 +317,14 @@ def test_a_stop_asked_of_a_request_in_its_last_step_answers_at_once(tmp_path):
         assert any(r == "finished" for r, _ in results), results  # the case under test did happen
         c.call("shutdown")
         agent.wait(timeout=10)
-    finally:
-        c.close()
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
 
 
 def test_reset_gives_the_engine_a_runs_settings_and_refuses_bad_ones(tmp_path):
     """A run of another configuration on the same agents (the tuned baseline's max_num_seqs on a cluster
     started with the scenario's): reset gives the fresh engine its settings, which bound the running batch;
     a bad one is refused naming the field and changes nothing."""
-    port = _free_port()
-    cfg = {"index": 0, "server": 0, "role": "gen", "gpus": 8, "model": "Qwen2.5-7B", "gpu": "H800",
-           "rpc": {"host": "127.0.0.1", "port": port}, "fabric_ip": "127.0.0.1", "fabric_intf": "lo",
-           "layout": "TP8x1", "collectors": [{"host": "127.0.0.1", "port": _free_port()}],
-           "engine": {"max_num_seqs": 64}}
-    p = tmp_path / "agent.json"
-    p.write_text(json.dumps(cfg))
-    agent = subprocess.Popen([sys.executable, "-m", "agents.node", "--config", str(p), "--log",
-                              str(tmp_path / "agent.log")], cwd=ROOT)
-    c = AgentClient(f"tcp://127.0.0.1:{port}", "agent0", timeout_s=30.0)
     reqs = [{"rid": k, "prompt": 64, "target": 100_000, "dest": 0} for k in range(10)]
-    try:
+    with _loopback_agent(tmp_path, "TP8x1", engine={"max_num_seqs": 64}) as (port, c, agent):
         c.call("ping")
 
         def batch() -> tuple[int, int]:
@@ -359,11 +344,6 @@ def test_reset_gives_the_engine_a_runs_settings_and_refuses_bad_ones(tmp_path):
         assert batch() == (3, 7)
         c.call("shutdown")
         agent.wait(timeout=10)
-    finally:
-        c.close()
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
 
 
 # ---- the OCS's ports ----------------------------------------------------------------------------------------

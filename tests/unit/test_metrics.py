@@ -19,15 +19,14 @@ from controller.metrics import CONTROLLER_METRICS, ControllerMetrics
 from controller.rest import RestApp
 from controller.runtime import FabricController, NotReady
 from emulation.metrics import MetricDef, bind_port, registered, serve, serve_free
-from emulation.orchestration import orchestrator_settings
-from emulation.scenario import ControllerSettings, MetricsSettings, Scenario
+from emulation.scenario import MetricsSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, from_dict
-from emulation.workload import WorkloadSpec
 from testbed import cli
 from testbed.driver import Timeline
 from testbed.runs.metrics import DRIVER_METRICS, DriverMetrics, markdown_table
 from fakes_controller import FakeClock, FakeDriver
+from small_scenario import small_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = FabricSpec()
@@ -226,14 +225,7 @@ def test_datapath_flushes_are_counted_by_result():
 
 
 # ---- the driver: a run's timeline becomes metrics ------------------------------------------------------------
-SMALL = Scenario(
-    name="metrics-small", seed=3,
-    fabric=FabricSpec(pods=2, tors_per_pod=1, servers_per_tor=2, ocs_count=1, uplinks_per_tor=2),
-    layout=JobLayout((0,), (1,)),
-    workload=WorkloadSpec(model="Qwen2.5-7B", prompts_per_step=12, samples_per_prompt=8, response_median_tokens=150,
-                          response_sigma=0.8, prompt_sigma=0.4, max_response_tokens=600, steps=2),
-    controller=ControllerSettings(initial_phase="train"),
-    orchestrator=orchestrator_settings({"planning_interval_s": 0.5, "engine": {"max_num_seqs": 8}, "step_mode": "sync"}))
+SMALL = small_scenario("metrics-small", seed=3, steps=2, orchestrator={"step_mode": "sync"})
 
 
 def test_a_simulated_run_exports_what_its_run_json_says(tmp_path):

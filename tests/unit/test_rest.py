@@ -14,6 +14,7 @@ from controller.rest import MAX_BODY_BYTES, RestApp
 from controller.runtime import FabricController
 from emulation.spec import FabricSpec, JobLayout
 from fakes_controller import FakeClock, FakeDriver
+from raw_http import raw_post
 
 SPEC = FabricSpec()
 LAYOUT = JobLayout()
@@ -280,36 +281,10 @@ def test_a_client_that_stops_sending_is_cut_off_and_others_are_served(served):
         slow.close()
 
 
-def _raw_post(addr, body: bytes, declared: int, then: str):
-    """POST /phase declaring ``declared`` bytes but sending ``body``; ``then``: "half-close" (shut the write side)
-    or "stall" (keep the connection open, send nothing more). (status, JSON answer, seconds to the answer)."""
-    import socket
-    import time
-
-    s = socket.create_connection(addr, timeout=10)
-    try:
-        s.sendall(f"POST /api/v1/phase HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-                  f"Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n".encode() + body)
-        t0 = time.monotonic()
-        if then == "half-close":
-            s.shutdown(socket.SHUT_WR)
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        took = time.monotonic() - t0
-    finally:
-        s.close()
-    head, _, payload = data.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(payload), took
-
-
 def test_a_body_shorter_than_its_content_length_is_refused_and_never_executed(served):
     addr, core = served
     body = json.dumps({"phase": "gen"}).encode()  # 16 bytes of a declared 50
-    st, err, _ = _raw_post(addr, body, 50, "half-close")
+    st, err, _ = raw_post(addr, TOKEN, body, 50, "half-close")
     assert st == 400 and err["field"] == "body" and "ended after 16 of the 50 bytes" in err["error"]
     assert core.phase == "train"  # not executed
     assert core.history()[-1]["status"] == "rejected" and "ended after" in core.history()[-1]["error"]
@@ -317,7 +292,7 @@ def test_a_body_shorter_than_its_content_length_is_refused_and_never_executed(se
 
 def test_a_stalled_body_gets_408_within_the_read_deadline(served):
     addr, core = served  # the fixture's server reads with a 0.5 s deadline
-    st, err, took = _raw_post(addr, b'{"phase": ', 50, "stall")
+    st, err, took = raw_post(addr, TOKEN, b'{"phase": ', 50, "stall")
     assert st == 408 and err["field"] == "body" and "10 of the 50 bytes" in err["error"]
     assert took < 5.0
     assert core.phase == "train" and core.history()[-1]["status"] == "rejected"
