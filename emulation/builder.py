@@ -225,6 +225,26 @@ def _link_exists(name: str) -> bool:
     return os.path.exists(f"/sys/class/net/{name}")
 
 
+def port_bytes(bridge: str, timeout_s: float = 10.0) -> dict[str, dict[str, int]]:
+    """``{port: {"rx": bytes, "tx": bytes}}`` of every port of ``bridge``, live from the datapath (OpenFlow port
+    stats, ``ovs-ofctl dump-ports``); raises RuntimeError naming the command if it cannot be read."""
+    return parse_port_bytes(_run(["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", bridge], timeout_s=timeout_s))
+
+
+def parse_port_bytes(dump: str) -> dict[str, dict[str, int]]:
+    """``ovs-ofctl dump-ports`` output -> ``{port: {"rx": bytes, "tx": bytes}}`` (pure)."""
+    out: dict[str, dict[str, int]] = {}
+    port = None
+    for line in dump.splitlines():
+        line = line.strip()
+        if line.startswith("port"):  # "port  1: rx pkts=.., bytes=.., ..."; its tx counters on the next line
+            port = line.split(":")[0].split()[-1]
+            out[port] = {"rx": 0, "tx": 0}
+        if port is not None and "bytes=" in line:
+            out[port]["tx" if line.startswith("tx") else "rx"] = int(line.split("bytes=")[1].split(",")[0])
+    return out
+
+
 # ---- the builder --------------------------------------------------------------------------------
 class EmulatedFabric:
     """The emulated fabric of ``spec`` (context manager). Needs root and Open vSwitch.

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import subprocess
 import time
 
 import numpy as np
@@ -30,6 +31,7 @@ from controller.ocs import Matching
 from controller.phases import SyncChain, stripe_plan, sync_chains
 from controller.reconfig.request import MAX_WINDOW_MS
 from controller.traffic import train_bytes, train_traffic
+from emulation.builder import port_bytes
 from emulation.capacity import load_capacity
 from emulation.orchestration import EngineSettings
 from emulation.validation import to_dict
@@ -338,19 +340,14 @@ class EmulatedBackend(Backend):
         return self.pool.stranded(col, held=held)
 
     def _port_bytes(self) -> dict[str, int]:
-        import subprocess
-
+        """Bytes sent by every port of every bridge, ``{"bridge:port": tx bytes}``; a bridge that cannot be read
+        (it is being torn down) counts as none."""
         out = {}
         for br in self.tb.fabric.bridge_names():
-            r = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", br], capture_output=True, text=True,
-                               timeout=10)
-            port = None
-            for line in r.stdout.splitlines():
-                line = line.strip()
-                if line.startswith("port"):
-                    port = f"{br}:{line.split(':')[0].split()[-1]}"
-                if port is not None and line.startswith("tx") and "bytes=" in line:
-                    out[port] = int(line.split("bytes=")[1].split(",")[0])
+            try:
+                out.update({f"{br}:{port}": c["tx"] for port, c in port_bytes(br).items()})
+            except (RuntimeError, subprocess.TimeoutExpired):
+                pass
         return out
 
     def _utilisation(self, phase: str, before: dict[str, int], wall_equiv_s: float, modelled_s: float | None = None,

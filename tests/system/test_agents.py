@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 import pytest
 
+from emulation.builder import port_bytes
 from emulation.scenario import ControllerSettings, Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.workload import WorkloadSpec
@@ -41,17 +41,7 @@ def wait_until(cond, timeout_s, what, poll_s=0.1):
 
 def ocs_port_bytes(bridge="orlo0"):
     """rx + tx bytes of every port of ``bridge``, live from the datapath (OpenFlow port stats)."""
-    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", bridge], capture_output=True, text=True,
-                         check=True).stdout
-    total, port = {}, None
-    for line in out.splitlines():
-        line = line.strip()
-        if line.startswith("port"):
-            port = line.split(":")[0].split()[-1]
-            total[port] = 0
-        if port is not None and "bytes=" in line:
-            total[port] += int(line.split("bytes=")[1].split(",")[0])
-    return total
+    return {port: c["rx"] + c["tx"] for port, c in port_bytes(bridge).items()}
 
 
 def idle(pool, agents):

@@ -3,13 +3,13 @@ ToRs) a training step runs a real Gloo all-to-all of the scaled expert activatio
 the gradient all-reduce, the traffic RLSim models (controller.traffic)."""
 from __future__ import annotations
 
-import subprocess
 
 import numpy as np
 import pytest
 
 from agents.engine import Layout
 from controller.traffic import train_bytes, train_traffic
+from emulation.builder import port_bytes
 from emulation.scenario import load_scenario
 from testbed.backends.emulated import EmulatedBackend
 from testbed.cluster.agent_pool import running_cluster
@@ -20,10 +20,7 @@ SCN = load_scenario("scenarios/moe-small.yaml")
 
 
 def ocs_bytes(bridge: str) -> int:
-    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", bridge], capture_output=True, text=True,
-                         check=True).stdout
-    return sum(int(line.split("bytes=")[1].split(",")[0]) for line in out.splitlines()
-               if line.strip().startswith("tx") and "bytes=" in line)
+    return sum(c["tx"] for c in port_bytes(bridge).values())
 
 
 def test_moe_training_step_runs_its_all_to_all_across_the_fabric():

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
-import time
 
 import numpy as np
 import pytest
 
+from emulation.builder import port_bytes
 from emulation.scenario import load_scenario
 from testbed.cluster.agent_pool import running_cluster
 
@@ -20,16 +20,7 @@ SCN = dataclasses.replace(BASE, fabric=dataclasses.replace(BASE.fabric, kind="fa
 
 
 def port_tx_bytes(bridge: str) -> dict[str, int]:
-    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", bridge], capture_output=True, text=True,
-                         check=True).stdout
-    total, port = {}, None
-    for line in out.splitlines():
-        line = line.strip()
-        if line.startswith("port"):
-            port = line.split(":")[0].split()[-1]
-        if port is not None and line.startswith("tx") and "bytes=" in line:
-            total[port] = int(line.split("bytes=")[1].split(",")[0])
-    return total
+    return {port: c["tx"] for port, c in port_bytes(bridge).items()}
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from emulation.builder import host_batch, mgmt_root_batch, plan_fabric
+from emulation.builder import host_batch, mgmt_root_batch, plan_fabric, parse_port_bytes
 from emulation.spec import FabricSpec
 from emulation.validation import SpecError
 
@@ -83,3 +83,15 @@ def test_bad_spec_rejected_before_anything_is_built():
         EmulatedFabric(FabricSpec(), controller_port=70000)
     with pytest.raises(SpecError, match="controller_host"):
         EmulatedFabric(FabricSpec(), controller_port=6653, controller_host="localhost:1")
+
+
+def test_port_counters_are_read_per_port_and_direction():
+    dump = """OFPST_PORT reply (OF1.3) (xid=0x2): 2 ports
+  port LOCAL: rx pkts=0, bytes=0, drop=0, errs=0, frame=0, over=0, crc=0
+           tx pkts=3, bytes=210, drop=0, errs=0, coll=0
+           duration=12.5s
+  port  1: rx pkts=10, bytes=15140, drop=0, errs=0, frame=0, over=0, crc=0
+           tx pkts=7, bytes=518, drop=0, errs=0, coll=0
+           duration=12.5s
+"""
+    assert parse_port_bytes(dump) == {"LOCAL": {"rx": 0, "tx": 210}, "1": {"rx": 15140, "tx": 518}}
