@@ -40,9 +40,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
-import numpy as np
-
-from emulation.spec import PHASES, FabricSpec, JobLayout, check_phase  # noqa: F401 - PHASES: phases.PHASES
+from emulation.spec import FabricSpec, JobLayout, check_phase
 from emulation.validation import SpecError
 
 from .ocs import Matching
@@ -239,25 +237,47 @@ def _phase_matchings(spec: FabricSpec, layout: JobLayout, phase: str, traffic) -
     return circ.matchings()
 
 
-def _components(circ: _Circuits, tors: Iterable[int]) -> int:
-    tors = list(tors)
-    parent = {t: t for t in tors}
+class _DisjointSets:
+    """Union-find over ToRs (path halving); a union keeps the smaller root, so a set's root is its least ToR."""
 
-    def find(x: int) -> int:
+    def __init__(self, items: Iterable[int]):
+        self.parent = {x: x for x in items}
+
+    def __contains__(self, x: int) -> bool:
+        return x in self.parent
+
+    def find(self, x: int) -> int:
+        parent = self.parent
         while parent[x] != x:
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
 
+    def union(self, a: int, b: int) -> bool:
+        """Join the sets of ``a`` and ``b``; False if they were one already."""
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return False
+        self.parent[max(ra, rb)] = min(ra, rb)
+        return True
+
+    def sets(self) -> list[tuple[int, ...]]:
+        """The sets, each in the items' order, ordered by their roots."""
+        out: dict[int, list[int]] = {}
+        for x in self.parent:
+            out.setdefault(self.find(x), []).append(x)
+        return [tuple(v) for _, v in sorted(out.items())]
+
+
+def _components(circ: _Circuits, tors: Iterable[int]) -> int:
+    tors = list(tors)
+    ds = _DisjointSets(tors)
     comps = len(tors)
     for t in tors:
         for u in range(circ.spec.uplinks_per_tor):
             peer = circ.circ.get((t, u))
-            if peer is not None and peer[0] in parent:
-                ra, rb = find(t), find(peer[0])
-                if ra != rb:
-                    parent[ra] = rb
-                    comps -= 1
+            if peer is not None and peer[0] in ds and ds.union(t, peer[0]):
+                comps -= 1
     return comps
 
 
@@ -379,27 +399,15 @@ def _tor_demand(spt: int, demands: Iterable[Demand]) -> dict[tuple[int, int], fl
 def _cells(spt: int, tors: list[int], tt: TrainTraffic) -> list[tuple[int, ...]]:
     """Trainer ToRs joined (union-find) by all-to-all and point-to-point groups: model-parallel traffic
     stays inside a cell; only the DP rings (AllReduce, whose ring order the library chooses) cross cells."""
-    parent = {t: t for t in tors}
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
+    ds = _DisjointSets(tors)
     for st in tt.stages:
         for g in st.groups:
             if g.kind == "ring":
                 continue
             ts = sorted({m // spt for m in g.members})
             for t in ts[1:]:
-                ra, rb = find(ts[0]), find(t)
-                if ra != rb:
-                    parent[max(ra, rb)] = min(ra, rb)
-    out: dict[int, list[int]] = {}
-    for t in tors:
-        out.setdefault(find(t), []).append(t)
-    return [tuple(v) for _, v in sorted(out.items())]
+                ds.union(ts[0], t)
+    return ds.sets()
 
 
 def _split(total: int, weights: list[float]) -> list[int]:

@@ -10,9 +10,9 @@ import math
 import numpy as np
 
 from agents.costmodel import CostModel
-from controller.phases import PHASES
 from controller.switching import decide_switch
 from controller.traffic import phase_traffic
+from emulation.spec import PHASES
 from rlsim.fabrics import CircuitNetwork, Unreachable, build_network, rfabric_counts
 from rlsim.sim import SimSettings, sync_phase, train_phase
 

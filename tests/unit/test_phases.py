@@ -2,10 +2,10 @@
 import pytest
 
 from controller.ocs import Matching
-from controller.phases import (PHASES, all_pairs_reachable, bfs_depth, bisection_circuits, circuit_graph,
+from controller.phases import (all_pairs_reachable, bfs_depth, bisection_circuits, circuit_graph,
                                inter_pod_circuits, phase_matchings, reachable, round_order, round_pairs,
                                sync_chains, unchanged_matchings)
-from emulation.spec import FabricSpec, JobLayout
+from emulation.spec import PHASES, FabricSpec, JobLayout
 from emulation.validation import SpecError
 
 CASES = [  # (spec kwargs, train pods)

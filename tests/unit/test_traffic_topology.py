@@ -6,13 +6,13 @@ import itertools
 import numpy as np
 import pytest
 
-from controller.phases import (PHASES, _Circuits, all_pairs_reachable, circuit_graph, phase_matchings,
+from controller.phases import (_Circuits, all_pairs_reachable, circuit_graph, phase_matchings,
                                stripe_plan, train_plan)
 from controller.traffic import (Group, TrainBytes, TrainStage, TrainTraffic, phase_traffic, ring_allreduce,
                                 train_layout, train_traffic)
 from emulation.builder import plan_fabric, static_flows
 from emulation.scenario import load_scenario
-from emulation.spec import EMULATED_FABRICS, FabricSpec, JobLayout
+from emulation.spec import EMULATED_FABRICS, PHASES, FabricSpec, JobLayout
 from emulation.validation import SpecError
 from emulation.workload import WorkloadSpec
 
