@@ -1,4 +1,4 @@
-"""`orchestrrl bench reconfig|fabric|faults`: benchmarks that print JSON figures (they never assert)."""
+"""`orchestrrl bench reconfig|fabric|faults|crosscheck|...`: benchmarks that print JSON figures (they never assert)."""
 from __future__ import annotations
 
 import argparse
@@ -63,6 +63,23 @@ def _faults(args: argparse.Namespace) -> int:
     return 0
 
 
+def _crosscheck(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from testbed.benchmarks.bench_crosscheck import bench_crosscheck
+
+    if not Path(args.scenario).is_file():
+        raise UsageError(f"scenario: no such file {args.scenario!r}")
+    positive("timeout-s", args.timeout_s)
+    out = Path(args.out or f"runs/bench-crosscheck-{time.strftime('%Y%m%d-%H%M%S')}")
+    with tqdm(total=1, desc="crosscheck (demo, then simulated)", file=sys.stderr, disable=args.quiet) as bar:
+        res = bench_crosscheck(Path(args.scenario), out, timeout_s=args.timeout_s)
+        bar.update(1)
+    _emit(res, args.json)
+    return 0 if res["demo_exit"] == 0 else 1
+
+
 def _emit(res: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(res))
@@ -115,6 +132,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--json", action="store_true", help="print one JSON object")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     f.set_defaults(func=_fabric)
+    x = bsub.add_parser("crosscheck", help="`orchestrrl demo SCENARIO`, then the simulated backend on the same "
+                                           "policies: per-policy makespan and phase times side by side (root)")
+    x.add_argument("scenario", nargs="?", default="scenarios/default.yaml", help="scenario YAML")
+    x.add_argument("--out", default=None, help="run folders (default runs/bench-crosscheck-<time>)")
+    x.add_argument("--timeout-s", type=float, default=1800.0, help="the demo's time limit (default 1800)")
+    x.add_argument("--json", action="store_true", help="print one JSON object")
+    x.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    x.set_defaults(func=_crosscheck)
     register_agents(bsub)
     register_orchestrator(bsub)
 

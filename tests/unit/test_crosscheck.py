@@ -1,0 +1,59 @@
+"""testbed/runs/crosscheck.py: what counts as the two backends disagreeing."""
+from __future__ import annotations
+
+import json
+
+from testbed.runs.crosscheck import crosscheck
+
+
+def _policy(makespan, gen, train, sync, lost=0, fidelity=None):
+    return {"step_makespan_s": [makespan, makespan], "lost_requests": lost,
+            "phases": [{"gen_s": gen, "train_s": train, "sync_s": sync}] * 2,
+            "fidelity": fidelity or {"links": [], "distorted": False, "verdict": "faithful"}}
+
+
+SLOW_SYNC = {"links": [{"phase": "sync", "efficiency": 0.3}], "distorted": True,
+             "verdict": "distorted: sync at 30% of the modelled rate; run with time_dilation >= 4"}
+
+
+def test_agreeing_runs_pass_and_their_figures_are_reported(tmp_path):
+    emu = {"policies": {"orchestrrl": _policy(20.5, 15.2, 3.0, 1.0)}}
+    sim = {"policies": {"orchestrrl": _policy(20.0, 15.0, 3.0, 1.0)}}
+    figures, problems = crosscheck(emu, sim, tmp_path)
+    assert problems == [] and figures["orchestrrl"]["makespan"] == [20.5, 20.0, 1.025]
+
+
+def test_a_makespan_off_by_more_than_the_tolerance_is_a_problem_whatever_the_monitor_says(tmp_path):
+    emu = {"policies": {"planner": _policy(23.0, 15.0, 3.0, 1.0, fidelity=SLOW_SYNC)}}
+    sim = {"policies": {"planner": _policy(20.0, 15.0, 3.0, 1.0)}}
+    _, problems = crosscheck(emu, sim, tmp_path)
+    assert len(problems) == 1 and problems[0].startswith("planner makespan")
+
+
+def test_a_slow_sync_is_let_off_only_when_the_monitor_flagged_it_and_named_the_fix(tmp_path):
+    sim = {"policies": {"balancer": _policy(20.0, 15.0, 3.0, 1.0)}}
+    flagged = {"policies": {"balancer": _policy(20.0, 15.0, 3.0, 2.0, fidelity=SLOW_SYNC)}}
+    assert crosscheck(flagged, sim, tmp_path)[1] == []
+    unflagged = {"policies": {"balancer": _policy(20.0, 15.0, 3.0, 2.0)}}
+    assert [p.split(":")[0] for p in crosscheck(unflagged, sim, tmp_path)[1]] == ["balancer sync_s"]
+
+
+def test_a_slow_train_is_let_off_only_if_its_compute_lasted_what_the_model_says(tmp_path):
+    slow_train = {**SLOW_SYNC, "links": [{"phase": "train", "efficiency": 0.3}]}
+    sim = {"policies": {"orchestrrl": _policy(20.0, 15.0, 3.0, 1.0)}}
+    emu = {"policies": {"orchestrrl": _policy(20.0, 15.0, 4.0, 1.0, fidelity=slow_train)}}
+    run = tmp_path / "orchestrrl"
+    run.mkdir()
+    run.joinpath("run.json").write_text(json.dumps({"steps": [{"train": {"compute_s": 2.0, "modelled_compute_s": 2.0}}]}))
+    assert crosscheck(emu, sim, tmp_path)[1] == []
+    run.joinpath("run.json").write_text(json.dumps({"steps": [{"train": {"compute_s": 2.5, "modelled_compute_s": 2.0}}]}))
+    assert [p.split(":")[0] for p in crosscheck(emu, sim, tmp_path)[1]] == ["orchestrrl train_s"]
+
+
+def test_lost_requests_and_different_policies_are_problems(tmp_path):
+    sim = {"policies": {"orchestrrl": _policy(20.0, 15.0, 3.0, 1.0)}}
+    lost = {"policies": {"orchestrrl": _policy(20.0, 15.0, 3.0, 1.0, lost=2)}}
+    assert crosscheck(lost, sim, tmp_path)[1] == ["orchestrrl: 2 requests lost on the emulated backend"]
+    other = {"policies": {"planner": _policy(20.0, 15.0, 3.0, 1.0)}}
+    figures, problems = crosscheck(other, sim, tmp_path)
+    assert figures == {} and problems and "policies differ" in problems[0]
