@@ -156,24 +156,26 @@ def plot(doc: dict, out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
 
     files = []
     for name, p in doc["panels"].items():
         xs, ys = p["x_values"], p["y_values"]
         fig, axes = plt.subplots(1, len(QUANTITIES), figsize=(3.1 * len(QUANTITIES), 3.0 + 0.25 * len(ys)),
                                  squeeze=False)
-        vmax = max([1.05] + [pt.get(q, 0) or 0 for pt in p["points"] for q in QUANTITIES if "error" not in pt])
+        vals = [pt[q] for pt in p["points"] for q in QUANTITIES if "error" not in pt and pt.get(q) is not None]
+        # centred on 1.0x: a loss (below the tuned static) red, a gain green, no gain pale
+        norm = TwoSlopeNorm(vmin=min([0.95] + vals), vcenter=1.0, vmax=max([1.05] + vals))
         for col, (ax, q) in enumerate(zip(axes[0], QUANTITIES)):
             grid = np.full((len(ys), len(xs)), np.nan)
             for pt in p["points"]:
                 if "error" not in pt and pt.get(q) is not None:
                     grid[ys.index(pt[p["y"]]), xs.index(pt[p["x"]])] = pt[q]
-            im = ax.imshow(grid, origin="lower", cmap="viridis", vmin=1.0, vmax=vmax, aspect="auto")
+            im = ax.imshow(grid, origin="lower", cmap="RdYlGn", norm=norm, aspect="auto")
             for i in range(len(ys)):
                 for j in range(len(xs)):
                     v = grid[i, j]
-                    ax.text(j, i, "n/a" if math.isnan(v) else f"{v:.2f}x", ha="center", va="center", fontsize=8,
-                            color="white" if (not math.isnan(v) and v < 1 + 0.6 * (vmax - 1)) else "black")
+                    ax.text(j, i, "n/a" if math.isnan(v) else f"{v:.2f}x", ha="center", va="center", fontsize=8)
             ax.set_xticks(range(len(xs)), [str(x) for x in xs], fontsize=7)
             ax.set_yticks(range(len(ys)), [str(y) for y in ys], fontsize=7)
             ax.set_xlabel(p["x"], fontsize=8)
