@@ -45,9 +45,9 @@ from agents.costmodel import CostModel
 from controller.ocs import diff
 from controller.phases import stripe_plan, sync_chains, train_plan
 from controller.switching import decide_switch
-from emulation.orchestration import EngineSettings
 from controller.traffic import (Group, TrainLayout, broadcast_tree, merge, phase_traffic, train_bytes, train_layout,
                                 train_traffic)
+from emulation.orchestration import EngineSettings
 from emulation.scenario import Scenario
 from emulation.spec import FabricSpec, JobLayout, check_delay_ms
 from emulation.validation import SpecError, require

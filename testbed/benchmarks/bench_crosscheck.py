@@ -18,12 +18,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_demo(scenario: Path, out: Path, timeout_s: float, env: dict | None = None) -> tuple[int, str, str]:
+def run_demo(scenario: Path, out: Path, timeout_s: float) -> tuple[int, str, str]:
     """`orchestrrl demo SCENARIO --out OUT -q` in a child process: (exit code, stdout, stderr). On a timeout,
     or if the caller is interrupted, the demo gets SIGINT (it takes its cluster down) and, if that does not end
     it within a minute, is killed and this installation's records cleaned."""
     p = subprocess.Popen([sys.executable, "-m", "testbed.cli", "demo", str(scenario), "--out", str(out), "-q"],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         so, se = p.communicate(timeout=timeout_s)
         return p.returncode, so, se

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from testbed.backends.emulated import LINK_EFFICIENCY_MIN
+
 TOLERANCE = 0.10
 # a flagged train phase is let off only if its compute lasted what the model says, within this share: the
 # compute is a wall-clock wait of modelled time x time dilation (0.5 s of wall time for 2.1 s of compute at the
@@ -29,13 +31,13 @@ def _mean_phase(policy: dict, phase: str) -> float:
     return float(np.mean([p[phase] for p in policy["phases"]]))
 
 
-def _excused(emulated: dict, run_dir: Path, key: str, link_efficiency_min: float) -> bool:
+def _excused(emulated: dict, run_dir: Path, key: str) -> bool:
     """Whether a train or sync disagreement is one the monitor flagged and named the fix for."""
     if key not in ("sync_s", "train_s"):
         return False
     fid = emulated["fidelity"]
     phase = key[:-2]
-    slow = [u for u in fid["links"] if u["phase"] == phase and u.get("efficiency", 1) < link_efficiency_min]
+    slow = [u for u in fid["links"] if u["phase"] == phase and u.get("efficiency", 1) < LINK_EFFICIENCY_MIN]
     flagged = bool(slow) and fid["distorted"] and "time_dilation >=" in fid["verdict"]
     if flagged and phase == "train":  # only the all-reduce may be off: the compute lasts what the model says
         steps = json.loads((run_dir / "run.json").read_text())["steps"]
@@ -47,8 +49,6 @@ def _excused(emulated: dict, run_dir: Path, key: str, link_efficiency_min: float
 def crosscheck(emulated: dict, simulated: dict, out: Path, tolerance: float = TOLERANCE) -> tuple[dict, list[str]]:
     """Compare two report.json objects of the same policies; ``out`` is the emulated compare's folder (its
     per-policy run.json). Returns ({policy: {figure: [emulated, simulated, ratio]}}, the disagreements)."""
-    from testbed.backends.emulated import LINK_EFFICIENCY_MIN
-
     if set(emulated["policies"]) != set(simulated["policies"]):
         return {}, [f"policies differ: emulated {sorted(emulated['policies'])}, "
                     f"simulated {sorted(simulated['policies'])}"]
@@ -63,7 +63,7 @@ def crosscheck(emulated: dict, simulated: dict, out: Path, tolerance: float = TO
             row[ph] = (_mean_phase(e, ph), _mean_phase(s, ph))
         figures[name] = {k: [round(a, 3), round(b, 3), round(a / b, 3)] for k, (a, b) in row.items()}
         for k, (a, b) in row.items():
-            if abs(a / b - 1) <= tolerance or _excused(e, out / name, k, LINK_EFFICIENCY_MIN):
+            if abs(a / b - 1) <= tolerance or _excused(e, out / name, k):
                 continue
             problems.append(f"{name} {k}: emulated {a:.3f} s vs simulated {b:.3f} s ({a / b:.3f}x)")
     return figures, problems

@@ -20,6 +20,7 @@ import pytest
 
 from testbed.benchmarks.bench_crosscheck import run_demo, simulated_compare
 from testbed.runs.crosscheck import crosscheck
+from testbed.runs.oracle import KIND_OF_POLICY
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,9 +45,8 @@ def test_demo_of_the_small_default_agrees_with_the_simulated_backend(tmp_path, m
     assert {"planner", "balancer", "orchestrrl"} <= set(emu["policies"])
     for name in ("planner", "balancer", "orchestrrl"):
         p = emu["policies"][name]
-        kind = {"planner": "switch", "balancer": "placement", "orchestrrl": "both"}[name]
         assert p["oracle_fraction"] == pytest.approx(p["speedup_vs_best_static"] /
-                                                     emu["oracle"]["kinds"][kind]["speedup"])
+                                                     emu["oracle"]["kinds"][KIND_OF_POLICY[name]]["speedup"])
 
     sim = simulated_compare(SMALL, list(emu["policies"]), tmp_path / "sim")
     figures, problems = crosscheck(emu, sim, out)
