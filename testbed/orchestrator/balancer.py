@@ -4,8 +4,8 @@ agents when the gap is large, bounded per interval, made only where the gap shri
 Load index of an agent = its predicted remaining makespan in seconds (testbed.orchestrator.estimate): the
 forecast remaining tokens of its queue and of its running requests, drained by continuous batching at the
 decode speed the cost model gives its layout and batch, with concurrency capped by ``max_num_seqs`` and by
-its KV headroom (a replica runs at most as many requests as its KV cache holds at their final footprint;
-the rest wait). So queue length, KV headroom and decode speed all enter through one number with a unit, and
+its KV headroom (a replica runs at most as many requests as its KV cache holds, estimate.kv_slots; the
+rest wait). So queue length, KV headroom and decode speed all enter through one number with a unit, and
 two agents' indices can be compared and subtracted. The published anchor is Llumnix's *freeness* (free KV
 blocks per running request, OSDI'24): it measures KV headroom alone; the stats report it next to this index.
 

@@ -15,7 +15,7 @@ from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError
 from emulation.workload import WorkloadSpec
 from testbed.orchestrator.balancer import Balancer
-from testbed.orchestrator.estimate import Estimator, ServerLoad
+from testbed.orchestrator.estimate import KV_BAND, Estimator, ServerLoad, kv_slots, peak_kv
 from testbed.orchestrator.planner import Planner, ServerView
 from testbed.orchestrator.policies import feasible_layouts, make_policy
 
@@ -39,6 +39,47 @@ def test_estimator_matches_the_engine_with_exact_lengths():
         est = Estimator(CM, 8, SETTINGS)
         pred = est.server_s(Layout(tp), load(np.full(400, 256), lengths, np.full(400, -1), running=False))
         assert pred == pytest.approx(actual, rel=0.06)
+
+
+def test_kv_slots_let_everything_run_that_fits_at_once_and_turn_over_far_beyond():
+    """The KV bound of a replica's batch (estimate.kv_slots): requests whose all-at-once peak fits the cache all
+    run, though their mean final footprint times their count is far beyond it (the old bound queued them);
+    far beyond the cache the batch is the cache over a slot's time-averaged footprint; in between it falls
+    without a jump as the peak grows."""
+    c = np.full(100, 200.0)
+    r = np.r_[np.full(10, 8000.0), np.full(90, 200.0)]  # a few long ones: at once they peak early, low
+    g, cnt = np.zeros(100, np.int64), np.array([100])
+    peak = float(peak_kv(g, c, r, 1)[0])
+    assert peak == pytest.approx(max(float(np.sum(c[r >= x] + x)) for x in r))
+    assert np.floor(peak / np.mean(c + r)) < 75  # the old bound (the cache over the mean final footprint)
+    assert kv_slots(g, c, r, cnt, 1, peak)[0] == 100
+    tavg = float(np.sum(c * r + r * r / 2) / np.sum(r))
+    far = peak * (1 + KV_BAND) * 2
+    assert kv_slots(g, c, r, cnt, 1, peak / 3)[0] == np.floor(peak / 3 / tavg)
+    assert kv_slots(g, c, r, cnt, 1, far)[0] == 100  # beyond the peak: everything
+    caches = np.linspace(peak / 3, peak, 200)
+    slots = np.array([kv_slots(g, c, r, cnt, 1, kv)[0] for kv in caches])
+    assert (np.diff(slots) >= 0).all()  # a larger cache never runs fewer
+    assert np.abs(np.diff(slots)).max() <= 3  # and no jump between neighbouring caches
+
+
+def test_a_replica_whose_requests_fit_at_once_is_predicted_as_the_engine_runs_it():
+    """Qwen2.5-14B at TP4 (1.3M tokens of KV per replica): 512 long responses whose final footprints sum to
+    ~3M tokens but never hold more than the cache at once; the engine preempts none, and the estimate is
+    within 2% of it (the old bound, the cache over the mean final footprint, queued half of them: +14%)."""
+    cm = CostModel.for_names("Qwen2.5-14B", "H800")
+    st = EngineSettings(max_num_seqs=1024)
+    rng = np.random.default_rng(0)
+    n = 512
+    lengths = np.minimum(np.exp(np.log(4000) + 0.9 * rng.standard_normal(n)), 16384).astype(int)
+    lengths[:25] = 16384
+    e = Engine(ModelledCost(cm, 8), 8, Layout(4, 1), st)
+    e.add([NewRequest(i, 256, int(x)) for i, x in enumerate(lengths)], 0.0, replica=0)
+    e.run_until(1e12)
+    assert sum(rep.preemptions for rep in e.replicas) == 0
+    est = Estimator(cm, 8, st)
+    pred = est.replica_s(Layout(4, 1), np.full(n, 256.0), lengths.astype(float), np.zeros(n, bool))
+    assert pred == pytest.approx(e.last_end, rel=0.02)
 
 
 def test_stratified_lengths_are_ranked_per_server_whatever_the_layout():

@@ -1,0 +1,112 @@
+"""How well does the planner's estimator rank layouts? For one generator server and a fresh step (every
+request queued at its prompt, every length known), the estimator's predicted makespan of each candidate
+layout (testbed.orchestrator.estimate.Estimator.server_s) against the engine's own (agents.engine.Engine run to
+the end on the cost model: what the simulated backend runs). Prints one JSON document: per case and layout the
+engine's and the estimator's seconds and their ratio, the layout each picks, and the *regret* (the engine's
+time of the estimator's pick over the engine's best); then the worst regret and the largest error over every
+case. The cases span the models, loads, length distributions and max_num_seqs of the map (long responses
+where KV capacity binds at small TP and where it does not).
+
+    .venv/bin/python testbed/benchmarks/bench_estimator.py [--cases 0,3,7]
+
+A benchmark reports; it asserts nothing. Deterministic: the same cases give the same figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from agents.costmodel import CostModel  # noqa: E402
+from agents.engine import Engine, ModelledCost, NewRequest, dense_layouts  # noqa: E402
+from emulation.orchestration import EngineSettings  # noqa: E402
+from emulation.validation import SpecError  # noqa: E402
+from testbed.orchestrator.estimate import Estimator, ServerLoad  # noqa: E402
+
+PROMPT = 256
+# (model, requests on the server, response median, log-sigma, cap, share at the cap, max_num_seqs, seed)
+CASES = [
+    ("Qwen2.5-14B", 1024, 4000, 0.9, 16384, 0.05, 1024, 0),
+    ("Qwen2.5-14B", 256, 1500, 0.9, 16384, 0.05, 1024, 0),
+    ("Qwen2.5-14B", 1024, 1500, 0.9, 16384, 0.05, 1024, 0),
+    ("Qwen2.5-32B", 1024, 4000, 0.9, 16384, 0.05, 1024, 0),
+    ("Qwen2.5-7B", 1024, 3000, 0.9, 16384, 0.05, 1024, 0),
+    ("Qwen2.5-14B", 512, 3000, 1.2, 20000, 0.1, 256, 0),
+    ("Qwen2.5-32B", 512, 6000, 0.9, 20000, 0.1, 1024, 0),
+    ("Qwen2.5-32B", 2048, 3000, 0.9, 16384, 0.05, 1024, 0),
+    ("Qwen2.5-14B", 2048, 4000, 1.0, 16384, 0.05, 1024, 0),
+    ("Qwen2.5-14B", 1024, 4000, 0.9, 16384, 0.05, 1024, 1),
+    ("Qwen2.5-14B", 1024, 2500, 0.7, 16384, 0.02, 512, 2),
+    ("Qwen2.5-32B", 1024, 2000, 0.9, 16384, 0.05, 256, 3),
+    ("Qwen2.5-7B", 2048, 6000, 0.8, 20000, 0.1, 1024, 4),
+    ("Qwen2.5-14B", 512, 8000, 0.6, 20000, 0.15, 1024, 5),
+    ("Qwen2.5-32B", 256, 4000, 0.9, 16384, 0.05, 1024, 6),
+]
+
+
+def lengths(n: int, median: float, sigma: float, cap: int, cap_share: float, seed: int) -> np.ndarray:
+    """Log-normal response lengths capped at ``cap``, ``cap_share`` of them at the cap."""
+    rng = np.random.default_rng(seed)
+    x = np.minimum(np.maximum(np.exp(np.log(median) + sigma * rng.standard_normal(n)), 1.0), cap)
+    x[: int(cap_share * n)] = cap
+    rng.shuffle(x)
+    return x.astype(np.int64)
+
+
+def run_case(model: str, n: int, median: float, sigma: float, cap: int, cap_share: float, mns: int,
+             seed: int) -> dict:
+    target = lengths(n, median, sigma, cap, cap_share, seed)
+    cm = CostModel.for_names(model, "H800")
+    st = EngineSettings(max_num_seqs=mns)
+    cost = ModelledCost(cm, 8)
+    est = Estimator(cm, 8, st)
+    load = ServerLoad(np.full(n, float(PROMPT)), target.astype(float), np.zeros(n, bool), np.full(n, -1),
+                      np.zeros(n), np.linspace(0.0, 1.0, n))
+    rows = {}
+    for lay in dense_layouts(8):
+        try:
+            e = Engine(cost, 8, lay, st)
+            e.add([NewRequest(i, PROMPT, int(target[i])) for i in range(n)], 0.0, chunked=True)
+        except SpecError:  # the layout does not hold the model or a longest request
+            continue
+        e.run_until(1e12)
+        engine_s, est_s = e.last_end, est.server_s(lay, load)
+        rows[lay.name(8)] = {"engine_s": round(engine_s, 3), "estimate_s": round(est_s, 3),
+                             "ratio": round(est_s / engine_s, 4)}
+    best = min(rows, key=lambda k: rows[k]["engine_s"])
+    pick = min(rows, key=lambda k: rows[k]["estimate_s"])
+    return {"model": model, "requests": n, "median": median, "sigma": sigma, "cap": cap, "cap_share": cap_share,
+            "max_num_seqs": mns, "seed": seed, "layouts": rows, "engine_best": best, "estimator_pick": pick,
+            "regret": round(rows[pick]["engine_s"] / rows[best]["engine_s"], 4),
+            "max_error": round(max(abs(r["ratio"] - 1.0) for r in rows.values()), 4)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=None, help="comma-separated case indices (default: all)")
+    a = ap.parse_args(argv)
+    try:
+        idx = list(range(len(CASES))) if a.cases is None else [int(x) for x in a.cases.split(",") if x]
+        bad = [i for i in idx if not 0 <= i < len(CASES)]
+    except ValueError:
+        bad, idx = [a.cases], []
+    if bad or not idx:
+        print(f"--cases: unknown {bad or 'empty'} (0..{len(CASES) - 1})", file=sys.stderr)
+        return 2
+    out = [run_case(*CASES[i]) for i in tqdm(idx, desc="estimator vs engine", file=sys.stderr)]
+    doc = {"cases": out, "worst_regret": max(c["regret"] for c in out),
+           "median_max_error": float(np.median([c["max_error"] for c in out])),
+           "max_error": max(c["max_error"] for c in out)}
+    print(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
