@@ -4,7 +4,8 @@ through the Backend interface (layout switches, migrations), and the layouts cho
 The estimator's forecast is the tick's: the step's forecast updated online with what the step has shown
 (``forecast.online_update``), and every request's offset from its prompt's other samples
 (``forecast.prompt_groups``). The decision time (``decision_ms``) counts the planner's and the balancer's
-computing, not the calls to the servers.
+computing, not the calls to the servers (the snapshots, the collectors' finished count: asked before the clock
+starts).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ class PlanningTick:
         self.budget: IntervalBudget | None = None  # this generation phase's max_migrations per interval of time
         self.deadline: float | None = None  # this generation phase's per-tick call deadline
         self._thinking = 0.0  # this tick's decision time so far
+        self._finished = 0  # requests the collectors had complete when this tick began (finished_count)
         self._prompt_steps: list = []  # (lengths, prompt ids) of every finished step: the prompt share's data
         # before any: the workload's own split of the spread (its prior, as the length forecast's is)
         self._prompt_prior = (0.0 if w.mixture or w.trace or w.response_sigma <= 0
@@ -105,6 +107,9 @@ class PlanningTick:
         """One planning tick at ``now`` on the servers' ``states``: the tick's forecast (``fc`` updated from the
         step's ``forecast``, unless a server is ``late``: its requests are unknown this tick), then the
         decisions, carried out. Returns (the tick's forecast, layout switches, migrations)."""
+        # what the collectors have complete: asked once per tick, before the clock starts (a call to the
+        # servers, like the snapshots in ``states``; the forecast's update and the prompt shifts both read it)
+        self._finished = self.backend.finished_count(tick_deadline_s(self.settings.planning_interval_s))
         t_dec = time.perf_counter()
         if not late:  # a late server's requests are unknown this tick: the forecast waits for them
             fc = self._online(forecast, states, req)
@@ -225,7 +230,7 @@ class PlanningTick:
         done = [int(n) for r, n in zip(req.rid.tolist(), req.target.tolist()) if r not in held]
         # requests not on any server finished (or are moving): their length is known once finished; count only
         # those the backends report finished
-        k = self.backend.finished_count(tick_deadline_s(self.settings.planning_interval_s))
+        k = self._finished
         done = done[:k] if len(done) > k else done
         try:
             return forecast.updated(np.asarray(done, dtype=float), running.astype(float), self.settings.forecast)
@@ -242,7 +247,7 @@ class PlanningTick:
             return {}
         held = np.concatenate([st.snapshot["rid"] for st in states.values()])
         done = ~np.isin(req.rid, held)
-        k = self.backend.finished_count()
+        k = self._finished
         di = np.nonzero(done)[0][:max(k, 0)]  # as _online: only as many as the backends report finished
         run_idx = np.concatenate([st.snapshot["rid"] for st in states.values()]) - req.rid[0]
         run_gen = np.concatenate([st.snapshot["generated"] for st in states.values()])
