@@ -16,6 +16,7 @@ import numpy as np
 
 from emulation.orchestration import OrchestratorSettings
 from testbed.backends.base import Backend, StepRequests
+from testbed.decision_priority import raised_priority
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator, ServerLoad
 from testbed.orchestrator.forecast import LengthForecast, prompt_share, prompt_shifts
@@ -110,11 +111,12 @@ class PlanningTick:
         # what the collectors have complete: asked once per tick, before the clock starts (a call to the
         # servers, like the snapshots in ``states``; the forecast's update and the prompt shifts both read it)
         self._finished = self.backend.finished_count(tick_deadline_s(self.settings.planning_interval_s))
-        t_dec = time.perf_counter()
-        if not late:  # a late server's requests are unknown this tick: the forecast waits for them
-            fc = self._online(forecast, states, req)
-        self._thinking = time.perf_counter() - t_dec
-        sw, mg = self._decide(now, states, fc, req, late)
+        with raised_priority():  # the tick's thread first on a shared CPU (testbed/decision_priority.py)
+            t_dec = time.perf_counter()
+            if not late:  # a late server's requests are unknown this tick: the forecast waits for them
+                fc = self._online(forecast, states, req)
+            self._thinking = time.perf_counter() - t_dec
+            sw, mg = self._decide(now, states, fc, req, late)
         self.decision_ms.append(self._thinking * 1e3)
         return fc, sw, mg
 

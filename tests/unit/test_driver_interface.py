@@ -109,3 +109,40 @@ def test_the_phase_model_decides_with_the_switching_rule(small_exp):
     d = m.decide("gen", "train", 0.0, 1e6)  # no window, a large gain: the rule stalls for the switch
     assert isinstance(d, PhaseDecision) and d.changed and d.delay_ms == m.delay_ms and d.stall_ms == m.delay_ms
     assert not m.decide("train", "train", 0.0, 1e6).changed
+
+
+def test_a_tick_runs_at_real_time_priority_and_restores_the_threads_own():
+    import os
+    import threading
+
+    from testbed import decision_priority as dp
+
+    tid = threading.get_native_id()
+    before = (os.sched_getscheduler(tid), os.sched_getparam(tid).sched_priority, os.getpriority(os.PRIO_PROCESS, tid))
+    with pytest.raises(RuntimeError):  # restored whatever the block raised
+        with dp.raised_priority() as raised:
+            inside = (os.sched_getscheduler(tid), os.sched_getparam(tid).sched_priority)
+            raise RuntimeError("the tick failed")
+    assert (os.sched_getscheduler(tid), os.sched_getparam(tid).sched_priority,
+            os.getpriority(os.PRIO_PROCESS, tid)) == before
+    if raised:  # root (CI): the thread ran real-time
+        assert inside == (os.SCHED_RR, dp.DECISION_RT_PRIORITY)
+    else:  # not permitted: the tick ran as it was
+        assert inside == before[:2]
+
+
+def test_a_refused_priority_leaves_the_tick_to_run(monkeypatch):
+    import os
+    import threading
+
+    from testbed import decision_priority as dp
+
+    def refuse(*a):
+        raise PermissionError(1, "Operation not permitted")
+
+    tid = threading.get_native_id()
+    before = os.sched_getscheduler(tid)
+    monkeypatch.setattr(dp.os, "sched_setscheduler", refuse)
+    with dp.raised_priority() as raised:
+        assert not raised
+    assert os.sched_getscheduler(tid) == before
