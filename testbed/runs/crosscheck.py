@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.backends.emulated import LINK_EFFICIENCY_MIN
 
 TOLERANCE = 0.10
 # a flagged train phase is let off only if its compute lasted what the model says, within this share: the
@@ -31,13 +30,17 @@ def _mean_phase(policy: dict, phase: str) -> float:
     return float(np.mean([p[phase] for p in policy["phases"]]))
 
 
-def _excused(emulated: dict, run_dir: Path, key: str) -> bool:
-    """Whether a train or sync disagreement is one the monitor flagged and named the fix for."""
+def _excused(emulated: dict, run_dir: Path, key: str, tolerance: float) -> bool:
+    """Whether a train or sync disagreement is one the monitor flagged and named the fix for: the run is
+    flagged (a phase's transfers below the monitor's line, testbed.backends.emulated.LINK_EFFICIENCY_MIN, and
+    the time dilation that removes it named) and this phase's own transfers ran more than ``tolerance`` below their modelled rates,
+    so its time cannot be held to that tolerance (a small default's train phase at 0.81 of the rates, just
+    above the monitor's line in a run it flagged, took 1.147x the modelled time: CI, 2026-12-03)."""
     if key not in ("sync_s", "train_s"):
         return False
     fid = emulated["fidelity"]
     phase = key[:-2]
-    slow = [u for u in fid["links"] if u["phase"] == phase and u.get("efficiency", 1) < LINK_EFFICIENCY_MIN]
+    slow = [u for u in fid["links"] if u["phase"] == phase and u.get("efficiency", 1) < 1 - tolerance]
     flagged = bool(slow) and fid["distorted"] and "time_dilation >=" in fid["verdict"]
     if flagged and phase == "train":  # only the all-reduce may be off: the compute lasts what the model says
         steps = json.loads((run_dir / "run.json").read_text())["steps"]
@@ -63,7 +66,7 @@ def crosscheck(emulated: dict, simulated: dict, out: Path, tolerance: float = TO
             row[ph] = (_mean_phase(e, ph), _mean_phase(s, ph))
         figures[name] = {k: [round(a, 3), round(b, 3), round(a / b, 3)] for k, (a, b) in row.items()}
         for k, (a, b) in row.items():
-            if abs(a / b - 1) <= tolerance or _excused(e, out / name, k):
+            if abs(a / b - 1) <= tolerance or _excused(e, out / name, k, tolerance):
                 continue
             problems.append(f"{name} {k}: emulated {a:.3f} s vs simulated {b:.3f} s ({a / b:.3f}x)")
     return figures, problems

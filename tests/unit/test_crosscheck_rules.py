@@ -50,6 +50,19 @@ def test_a_slow_train_is_let_off_only_if_its_compute_lasted_what_the_model_says(
     assert [p.split(":")[0] for p in crosscheck(emu, sim, tmp_path)[1]] == ["orchestrrl train_s"]
 
 
+def test_a_phase_whose_own_links_ran_within_the_tolerance_is_not_let_off(tmp_path):
+    # the run is flagged (its sync at 30%); the train phase's own transfers at 0.85 of the rates are more than
+    # the 10% tolerance below them, so its time is let off; at 0.95 they are not, and a slow train is a problem
+    sim = {"policies": {"orchestrrl": _policy(20.0, 15.0, 3.0, 1.0)}}
+    run = tmp_path / "orchestrrl"
+    run.mkdir()
+    run.joinpath("run.json").write_text(json.dumps({"steps": [{"train": {"compute_s": 2.0, "modelled_compute_s": 2.0}}]}))
+    for eff, problems in ((0.85, []), (0.95, ["orchestrrl train_s"])):
+        fid = {**SLOW_SYNC, "links": SLOW_SYNC["links"] + [{"phase": "train", "efficiency": eff}]}
+        emu = {"policies": {"orchestrrl": _policy(20.0, 15.0, 3.5, 1.0, fidelity=fid)}}
+        assert [p.split(":")[0] for p in crosscheck(emu, sim, tmp_path)[1]] == problems
+
+
 def test_lost_requests_and_different_policies_are_problems(tmp_path):
     sim = {"policies": {"orchestrrl": _policy(20.0, 15.0, 3.0, 1.0)}}
     lost = {"policies": {"orchestrrl": _policy(20.0, 15.0, 3.0, 1.0, lost=2)}}
