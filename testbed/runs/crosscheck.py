@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 TOLERANCE = 0.10
 # a flagged train phase is let off only if its compute lasted what the model says, within this share: the
 # compute is a wall-clock wait of modelled time x time dilation (0.5 s of wall time for 2.1 s of compute at the
@@ -33,9 +32,10 @@ def _mean_phase(policy: dict, phase: str) -> float:
 def _excused(emulated: dict, run_dir: Path, key: str, tolerance: float) -> bool:
     """Whether a train or sync disagreement is one the monitor flagged and named the fix for: the run is
     flagged (a phase's transfers below the monitor's line, testbed.backends.emulated.LINK_EFFICIENCY_MIN, and
-    the time dilation that removes it named) and this phase's own transfers ran more than ``tolerance`` below their modelled rates,
-    so its time cannot be held to that tolerance (a small default's train phase at 0.81 of the rates, just
-    above the monitor's line in a run it flagged, took 1.147x the modelled time: CI, 2026-12-03)."""
+    the time dilation that removes it named) and this phase's own transfers ran more than ``tolerance``
+    below their modelled rates, so its time cannot be held to that tolerance (a small default's train phase
+    at 0.81 of the rates, just above the monitor's line in a run it flagged, took 1.147x the modelled time:
+    CI, 2026-12-03)."""
     if key not in ("sync_s", "train_s"):
         return False
     fid = emulated["fidelity"]

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from emulation.scenario import load_scenario
+from testbed import decision_priority as dp
 from testbed.backends.base import (Backend, Handover, LayoutChange, MigrationResult, PhaseDecision, PhaseTiming)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,11 +115,6 @@ def test_the_phase_model_decides_with_the_switching_rule(small_exp):
 
 
 def test_a_tick_runs_at_real_time_priority_and_restores_the_threads_own():
-    import os
-    import threading
-
-    from testbed import decision_priority as dp
-
     tid = threading.get_native_id()
     before = (os.sched_getscheduler(tid), os.sched_getparam(tid).sched_priority, os.getpriority(os.PRIO_PROCESS, tid))
     with pytest.raises(RuntimeError):  # restored whatever the block raised
@@ -132,11 +130,6 @@ def test_a_tick_runs_at_real_time_priority_and_restores_the_threads_own():
 
 
 def test_a_refused_priority_leaves_the_tick_to_run(monkeypatch):
-    import os
-    import threading
-
-    from testbed import decision_priority as dp
-
     def refuse(*a):
         raise PermissionError(1, "Operation not permitted")
 
