@@ -197,31 +197,43 @@ class SimulatedBackend(Backend):
         """What the move really saves, held against the same state without it: both servers copied now and run
         to the end of their work with no later decision, once with the move (its stages, stop and resume as
         they will happen) and once without; the gain is the later of the two servers' finish times without
-        the move minus with it. (Other moves in flight are left out of both branches alike.)"""
+        the move minus with it. Moves already in flight to, from or inside the two servers (earlier moves of
+        the same tick, still copying) happen in both branches alike, as they will: left out, a tick's second
+        move off a replica was judged in a state that still held its first move's request. (A move in flight
+        from a third server into one of the two cannot be followed without that server: left out of both.)"""
         servers = sorted({src, dst})
+        # a detach's payload[1] is its source (whose engine it stops), an arrival's its destination
+        pending = [ev for ev in self.events if ev[2] in ("detach", "arrive") and ev[3][1] in servers]
 
         def copies() -> dict:
             return {s: copy.deepcopy(self.engines[s], {id(self.cost): self.cost, id(self.settings): self.settings})
                     for s in servers}
 
-        def finish(engines: dict) -> float:
+        def finish(engines: dict, extra: list) -> float:
+            seq = itertools.count()
+            evs = [(t, next(seq), kind, copy.deepcopy(payload)) for t, _, kind, payload in sorted(pending + extra)]
+            heapq.heapify(evs)
+            while evs:
+                t, _, kind, payload = heapq.heappop(evs)
+                for e in engines.values():
+                    e.run_until(t)
+                if kind == "detach":
+                    r, s0, s1, _, stg, _, rep = payload
+                    got = self._handover(engines, t, r, s0, s1, stg)
+                    if got is not None and s1 in engines:
+                        heapq.heappush(evs, (got[2], next(seq), "arrive", (got[0], s1, rep)))
+                else:
+                    st, d, rep = payload
+                    e = engines[d]
+                    e.add([st], t, rep if rep is not None and rep < len(e.replicas) else None)
             for e in engines.values():
                 e.run_until(math.inf)
             return max(max(e.last_end, self.t) for e in engines.values())
 
-        without = finish(copies())
-        eng = copies()
+        without = finish(copies(), [])
         t_detach = self.t + sum(x["s"] for x in stages)
-        for e in eng.values():
-            e.run_until(t_detach)
-        got = self._handover(eng, t_detach, rid, src, dst, stages)
-        if got is not None:
-            st, _, resume = got
-            for e in eng.values():
-                e.run_until(resume)
-            d = eng[dst]
-            d.add([st], resume, replica if replica is not None and replica < len(d.replicas) else None)
-        return without - finish(eng)
+        move = (t_detach, -1, "detach", (rid, src, dst, "", tuple(stages), self.t, replica))
+        return without - finish(copies(), [move])
 
     def _on_detach(self, t: float, rid: int, src: int, dst: int, mode: str, stages: tuple, asked: float,
                    replica: int | None) -> None:
