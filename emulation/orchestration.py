@@ -178,6 +178,13 @@ class BalancerSettings:
     max_migrations: int = 4
     candidates: int = 8
     mode: str = "multi_stage"
+    # with pay_samples > 0, a move is also judged over that many draws of every request's remaining length from
+    # the forecast: made only when it shortens the two servers' makespan on average and in at least
+    # ``pay_probability`` of them (the quantiles cannot tell which replica holds a server's truly longest
+    # request). Off by default: on MoE it raised the share of moves that paid but not the speedup, and cost
+    # decision time (docs/orchestrator.md, "Moves that pay")
+    pay_probability: float = 0.0
+    pay_samples: int = 0
 
     def __post_init__(self) -> None:
         require(math.isfinite(self.threshold) and 0 <= self.threshold < 1, "threshold",
@@ -189,6 +196,9 @@ class BalancerSettings:
                 f"must be in [0, 1), got {self.gain_margin}")
         require(0 <= self.max_migrations <= 1000, "max_migrations", f"must be in 0..1000, got {self.max_migrations}")
         require(1 <= self.candidates <= 1000, "candidates", f"must be in 1..1000, got {self.candidates}")
+        require(math.isfinite(self.pay_probability) and 0 <= self.pay_probability <= 1, "pay_probability",
+                f"must be in [0, 1], got {self.pay_probability}")
+        require(0 <= self.pay_samples <= 4096, "pay_samples", f"must be in 0..4096, got {self.pay_samples}")
         require(self.mode in MIGRATION_MODES, "mode", f"must be one of {', '.join(MIGRATION_MODES)}, got {self.mode!r}")
 
 

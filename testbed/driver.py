@@ -30,6 +30,7 @@ from testbed.backends.base import Backend, PhaseDecision, PhaseResult
 from testbed.backends.phase_model import PhaseModel
 from testbed.forecast_service import ForecastService
 from testbed.generation import GenerationPhase, wake_at
+from testbed.orchestrator.balancer import PAID_S
 from testbed.orchestrator.estimate import Estimator
 from testbed.orchestrator.forecast import ForecastErrors, LengthForecast, forecast_next
 from testbed.orchestrator.policies import Policy
@@ -40,7 +41,6 @@ from testbed.ticks import tick_deadline_s
 log = logging.getLogger(__name__)
 
 FIT_WAIT_S = 30.0
-PAID_S = 1e-3  # a migration paid when the two servers it touched finished at least this much sooner with it
 
 
 @dataclass

@@ -217,6 +217,7 @@ class PlanningTick:
                                 step=req.step, before=[round(x, 3) for x in m.before],
                                 after=[round(x, 3) for x in m.after], downtime_s=res.downtime_s,
                                 kv_bytes=res.kv_bytes, result=res.result, predicted_gain_s=round(m.gain_s, 4),
+                                pays=None if m.pays is None else round(m.pays, 4),
                                 realised_gain_s=res.realised_gain_s, start=round(t_m, 6), tick=round(now, 6))
             if res.realised_gain_s is not None:
                 self.realised.append((m.gain_s, float(res.realised_gain_s)))

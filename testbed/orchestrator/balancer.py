@@ -18,6 +18,11 @@ made only when the gap ``L_a - L_b`` exceeds ``max(min_gap_s, threshold x L_a)``
 moved, ``|L_a' - L_b'| < L_a - L_b`` and ``max(L_a', L_b') < L_a``: a move that does not narrow the gap is
 never made, so a request cannot be sent back and forth. At most ``max_migrations`` moves per interval; the
 candidates are the ``candidates`` requests of ``a`` with the longest forecast remaining, plus its queue.
+
+A move the rule admits must also pay over the forecast's draws (:meth:`Balancer._pays`): over ``pay_samples``
+draws of every request's remaining length on the two servers, the later of their ends must come sooner with
+the move on average and in at least ``pay_probability`` of the draws (the quantiles say nothing of which
+replica holds a server's truly longest request, the one that sets its end).
 """
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ from emulation.orchestration import BalancerSettings
 from .estimate import Estimator, ServerLoad
 from .planner import ServerView
 
+PAID_S = 1e-3  # a move pays when the two servers it touches finish at least this much sooner with it
+
 
 @dataclass
 class Move:
@@ -41,6 +48,7 @@ class Move:
     before: tuple[float, float]  # (L_src, L_dst); a move inside one server: its two replicas' times
     after: tuple[float, float]
     gain_s: float = 0.0  # predicted: the larger of the two servers' load indices before the move minus after it
+    pays: float | None = None  # the share of the forecast's draws in which it shortens the pair's makespan
 
 
 @dataclass
@@ -124,10 +132,13 @@ class Balancer:
 
     @staticmethod
     def _best_move(A: _Agent, a: int, ja: int, cands: np.ndarray, targets: list, ags: dict, loads: dict,
-                   t_off: np.ndarray, t_on: list, t_base: np.ndarray, busy_a: float, now: float, need: float = 0.0):
+                   t_off: np.ndarray, t_on: list, t_base: np.ndarray, busy_a: float, now: float, need: float = 0.0,
+                   judge=None):
         """The best admissible move (key: the larger of the two loads after it, then their gap; the first in
         (target, candidate) order among equals), as (key, request, dst, dst replica, times after, L_a', L_b',
-        the pair's loads before), or None. Every candidate at once: a replica-time maximum with two entries
+        the pair's loads before, the predicted gain, the probability it pays), or None. ``judge(dst, dst replica,
+        admissible candidates in key order)``: (the position of the one to make, its probability of paying) or
+        (None, None); without it the first in key order is made (probability None). Every candidate at once: a replica-time maximum with two entries
         replaced is the maximum of the others' and the two new ones, so every number is the one a copy with
         the entries replaced gives. Before and after are both with the candidate at its expected length
         (``t_base``: its replica before the move; see :meth:`_variant_times`)."""
@@ -157,9 +168,15 @@ class Balancer:
                 continue
             k1, k2 = np.maximum(na, nb), np.abs(na - nb)
             idx = np.nonzero(ok)[0]
-            m1 = k1[idx].min()
-            idx = idx[k1[idx] == m1]
-            k = int(idx[np.argmin(k2[idx])])  # argmin: the first of equal keys, as a scan with "<" keeps it
+            idx = idx[np.lexsort((idx, k2[idx], k1[idx]))]  # by key; the first of equal keys, as a "<" scan keeps
+            p = None
+            if judge is not None:  # the first in key order that pays often enough
+                k, p = judge(b, jb, cands[idx])
+                if k is None:
+                    continue
+                k = int(idx[k])
+            else:
+                k = int(idx[0])
             key = (float(k1[k]), float(k2[k]))
             if best is None or key < best[0]:
                 if b == a:
@@ -171,7 +188,7 @@ class Balancer:
                     ta[ja], tb[jb] = t_off[k], on[k]
                     times = (ta, tb)
                 best = (key, int(cands[k]), b, jb, times, float(na[k]), float(nb[k]),
-                        (float(before[0][k]), float(before[1][k])), float(gain[k]))
+                        (float(before[0][k]), float(before[1][k])), float(gain[k]), p)
         return best
 
     def _agent_like(self, g: "_Agent", load: ServerLoad, moved: tuple | None = None) -> "_Agent":
@@ -193,7 +210,7 @@ class Balancer:
         return out
 
     def _try(self, A: "_Agent", a: int, ja: int, targets: list, ags: dict, loads: dict, busy_a: float, now: float,
-             need: float):
+             need: float, judge=None):
         """The best admissible move off ``A``'s replica ``ja`` onto one of ``targets`` (see :meth:`_best_move`)."""
         s = self.settings
         la = A.view.load
@@ -204,7 +221,78 @@ class Balancer:
         if not len(uniq):
             return None
         t_off, t_on, t_base = self._variant_times(A, ja, on, uniq, [(ags[b], jb) for b, jb in targets], la)
-        return self._best_move(A, a, ja, uniq, targets, ags, loads, t_off, t_on, t_base, busy_a, now, need)
+        return self._best_move(A, a, ja, uniq, targets, ags, loads, t_off, t_on, t_base, busy_a, now, need, judge)
+
+    def _pays(self, ags: dict, law: dict, a: int, ja: int, b: int, jb: int, cands: np.ndarray,
+              now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per candidate ``cands[k]`` (a request of agent ``a``'s replica ``ja``) moved to agent ``b``'s replica
+        ``jb``: (its expected gain, the probability the gain is positive) over ``pay_samples`` draws of every
+        request's remaining length on the two servers from its forecast law (``law``: rid -> (generated, prompt
+        shift)). Per draw the gain is the later of the two servers' ends without the move minus with it, the
+        same draw on both sides (the moved request keeps its length): the quantity the simulated backend's
+        counterfactual measures with the true lengths in place of the draws. Every replica under every draw,
+        and the two changed replicas under every draw and candidate, in one grouped estimator pass per server."""
+        S, m = self.settings.pay_samples, len(cands)
+        servers = [a] if b == a else [a, b]
+        # the same draws for every candidate of this (source replica, target) at this tick, however they are split
+        rng = np.random.default_rng([a, ja, b, jb, int(round(now * 1e3)) & 0xFFFFFFFF])
+        draws = {}  # server -> (S, n): its requests' remaining lengths, one row per draw
+        for x in servers:
+            g = ags[x]
+            gen = np.array([law[int(r)][0] for r in g.rids], float)
+            sh = np.array([law[int(r)][1] for r in g.rids], float)
+            u = np.clip(rng.random((S, len(gen))), 1e-9, 1 - 1e-9)
+            rem = self.estimator.forecast.remaining_quantile(np.tile(gen, S), u.ravel(), np.tile(sh, S))
+            draws[x] = np.clip(np.ceil(rem), 1.0, None).reshape(S, len(gen))
+        src = ags[a].view.load
+        ends_before, ends_after = [], []
+        for x in servers:
+            g = ags[x]
+            ld, R, n = g.view.load, len(g.times), len(g.rids)
+            # groups: draw d's replica j as it is is d * R + j; then per candidate k and draw d, replica ja without
+            # it (on a) and replica jb with it appended last (on b), as the engine appends an arrival
+            ctx0, rem, run = [np.tile(ld.ctx0, S)], [draws[x].ravel()], [np.tile(ld.running, S)]
+            grp = [np.repeat(np.arange(S) * R, n) + np.tile(g.rep, S)]
+            changed = []  # (replica, first group of its m x S variants)
+            nxt = S * R
+
+            def variants(cols: np.ndarray, extra: bool):
+                nonlocal nxt
+                # cols: (m, c) request positions per candidate; extra: candidate k appended after them
+                c = cols.shape[1]
+                cx = np.broadcast_to(ld.ctx0[cols][:, None, :], (m, S, c))
+                rx = draws[x][:, cols].transpose(1, 0, 2)  # (m, S, c)
+                ux = np.broadcast_to(ld.running[cols][:, None, :], (m, S, c))
+                if extra:
+                    cx = np.concatenate([cx, np.broadcast_to(src.ctx0[cands][:, None, None], (m, S, 1))], axis=2)
+                    rx = np.concatenate([rx, draws[a][:, cands].T[:, :, None]], axis=2)
+                    ux = np.concatenate([ux, np.broadcast_to(src.running[cands][:, None, None], (m, S, 1))], axis=2)
+                w = cx.shape[2]
+                ctx0.append(cx.ravel())
+                rem.append(rx.ravel())
+                run.append(ux.ravel())
+                grp.append(np.repeat(nxt + np.arange(m * S), w))
+                nxt += m * S
+                return nxt - m * S
+
+            if x == a:
+                on = np.nonzero(g.rep == ja)[0]
+                cols = np.broadcast_to(on, (m, len(on)))[on[None, :] != cands[:, None]].reshape(m, len(on) - 1)
+                changed.append((ja, variants(cols, False)))
+            if x == b:
+                on = np.nonzero(g.rep == jb)[0]
+                changed.append((jb, variants(np.broadcast_to(on, (m, len(on))), True)))
+            tot = self.estimator.groups_s(g.view.layout, np.concatenate(ctx0), np.concatenate(rem),
+                                          np.concatenate(run), np.concatenate(grp), nxt)
+            before = tot[:S * R].reshape(S, R)
+            after = np.broadcast_to(before, (m, S, R)).copy()
+            for j, k in changed:
+                after[:, :, j] = tot[k:k + m * S].reshape(m, S)
+            busy = max(0.0, g.view.busy_until - now)
+            ends_before.append(before.max(axis=1) + busy)
+            ends_after.append((after.max(axis=2) if n > 1 or x != a else np.zeros((m, S))) + busy)
+        gain = np.max(ends_before, axis=0)[None, :] - np.max(ends_after, axis=0)
+        return gain.mean(axis=1), (gain > PAID_S).mean(axis=1)
 
     def decide(self, views: dict[int, ServerView], rids: dict[int, np.ndarray], now: float) -> tuple[list[Move], dict]:
         """Moves for this interval; ``rids[s]``: the request ids in ``views[s].load`` (same order). Returns the
@@ -228,6 +316,29 @@ class Balancer:
         # forecast, before and after alike): dealt across the server, the replica that happens to draw the top
         # levels looks slowest, and moves made on that alone mostly changed nothing (MoE default: 36 of 99
         # intra-server moves realised no gain and 19 lost)
+        # every request's forecast law (what it has generated, its prompt's shift), for the test that a move pays
+        law = {}
+        if self.estimator.forecast is not None and s.pay_samples > 0:
+            for a, v in raw.items():
+                if v.load.gen is not None:
+                    sh = v.load.shift if v.load.shift is not None else np.zeros(v.load.n)
+                    law.update(zip(np.asarray(rids[a]).tolist(), zip(v.load.gen.tolist(), sh.tolist())))
+        judged = bool(law) and all(len(ags[a].rids) == 0 or int(ags[a].rids[0]) in law for a in ags)
+
+        def judge_from(a: int, ja: int):
+            def judge(b, jb, cands):
+                # the first candidate in key order that pays: the first alone (it usually does), then the rest
+                cands = cands[: s.candidates]
+                for lo, hi in ((0, 1), (1, len(cands))):
+                    if lo >= hi:
+                        break
+                    mean, p = self._pays(ags, law, a, ja, b, jb, cands[lo:hi], now)
+                    ok = np.nonzero((p >= s.pay_probability) & (mean > PAID_S))[0]
+                    if len(ok):
+                        return lo + int(ok[0]), float(p[ok[0]])
+                return None, None
+            return judge if judged else None
+
         multi = [a for a, g in ags.items() if len(g.times) > 1]
         lws = [ServerLoad(ags[a].view.load.ctx0, self.estimator.stratified_within(raw[a].load, ags[a].rep),
                           ags[a].view.load.running, ags[a].view.load.replica) for a in multi]
@@ -254,23 +365,23 @@ class Balancer:
             if loads[a] - loads[b] > max(s.min_gap_s, s.threshold * loads[a]):
                 ja = int(np.argmax(A.times))
                 targets = [(b, int(np.argmin(ags[b].times)) if len(ags[b].times) else 0)]
-                best = self._try(A, a, ja, targets, ags, loads, busy_a, now, need)
+                best = self._try(A, a, ja, targets, ags, loads, busy_a, now, need, judge_from(a, ja))
             # inside the server (its KV crosses NVLink, not the fabric), when no move between servers pays
             W = within.get(a)
             if best is None and W is not None:
                 ja = int(np.argmax(W.times))
                 jo = int(np.argmin(np.where(np.arange(len(W.times)) == ja, np.inf, W.times)))
                 if W.times[ja] - W.times[jo] > max(s.min_gap_s, s.threshold * W.times[ja]):
-                    best = self._try(W, a, ja, [(a, jo)], {a: W}, loads, busy_a, now, need)
+                    best = self._try(W, a, ja, [(a, jo)], {a: W}, loads, busy_a, now, need, judge_from(a, ja))
             if best is None:
                 break
-            _, i, b, jb, times, na, nb, before, gain = best
+            _, i, b, jb, times, na, nb, before, gain, p_pay = best
             # the moved request carries its expected length from now on (the numbers its move was judged by)
             la = A.view.load
             lm = ServerLoad(la.ctx0, A.mean, la.running, la.replica)
             if b == a:  # a move inside the server: its before/after are the two replicas' times (within view)
                 (t2,) = times
-                moves.append(Move(int(A.rids[i]), a, b, jb, before, (float(t2[ja]), float(t2[jb])), gain))
+                moves.append(Move(int(A.rids[i]), a, b, jb, before, (float(t2[ja]), float(t2[jb])), gain, p_pay))
                 ags[a] = self._agent_like(A, la.without(i).plus_from(lm, i, jb), moved=(i, jb))
                 lw = W.view.load
                 within[a] = self._agent_like(W, lw.without(i).plus_from(
@@ -279,7 +390,7 @@ class Balancer:
             else:
                 B = ags[b]
                 ta, tb = times
-                moves.append(Move(int(A.rids[i]), a, b, jb, before, (na, nb), gain))
+                moves.append(Move(int(A.rids[i]), a, b, jb, before, (na, nb), gain, p_pay))
                 ags[b] = _Agent(ServerView(b, B.view.layout, B.view.load.plus_from(lm, i, jb), B.view.busy_until,
                                            B.view.last_switch_end), np.r_[B.rids, A.rids[i]], np.r_[B.rep, jb], tb,
                                 np.r_[B.mean, A.mean[i]])

@@ -68,7 +68,8 @@ def test_the_balancer_judges_every_move_with_the_estimate_of_its_load_indices():
     w, est, lays, _, _ = _setup(4096, 64)
     views, rids = _bench_state(w, est, lays, np.random.default_rng(1), 512, [Layout(1)] * 4,
                                weights=[0.4, 0.2, 0.2, 0.2])
-    st = BalancerSettings(min_gain_s=0.0, gain_margin=0.0, max_migrations=8)
+    # the quantile rule alone (the test that a move pays over the forecast's draws comes after it, below)
+    st = BalancerSettings(min_gain_s=0.0, gain_margin=0.0, max_migrations=8, pay_samples=0)
     bal = Balancer(est, st)
     # the old, mixed rule: indices on stratified quantiles, the "after" figures on conditional means; find a
     # move inside a server that rule takes although the indices' own estimate says it makes the server slower
@@ -110,9 +111,11 @@ def test_a_move_must_gain_more_than_its_floor():
     w, est, lays, _, _ = _setup(4096, 64)
     views, rids = _bench_state(w, est, lays, np.random.default_rng(0), 512, [Layout(1)] * 4,
                                weights=[0.4, 0.2, 0.2, 0.2])
-    free = Balancer(est, BalancerSettings(min_gain_s=0.0, gain_margin=0.0)).decide(views, rids, 10.0)[0]
+    free = Balancer(est, BalancerSettings(min_gain_s=0.0, gain_margin=0.0, pay_samples=0)).decide(
+        views, rids, 10.0)[0]
     assert free and min(m.gain_s for m in free) < 0.5  # without a floor, small gains are taken
-    floored = Balancer(est, BalancerSettings(min_gain_s=0.5, gain_margin=0.0)).decide(views, rids, 10.0)[0]
+    floored = Balancer(est, BalancerSettings(min_gain_s=0.5, gain_margin=0.0, pay_samples=0)).decide(
+        views, rids, 10.0)[0]
     assert all(m.gain_s > 0.5 for m in floored)
     assert not Balancer(est, BalancerSettings(min_gain_s=1e6)).decide(views, rids, 10.0)[0]
 
@@ -198,3 +201,93 @@ def test_a_candidate_far_off_is_skipped_for_a_few_ticks_then_looked_at_again():
         assert not (far[s] & set(d.predicted_s)) and d.best == ref[s].best  # skipped, the same choice
     third = pruned.evaluate_all(views, 10.0, None)  # prune_ticks after it was pruned: every candidate again
     assert {s: set(d.predicted_s) for s, d in third.items()} == {s: set(d.predicted_s) for s, d in ref.items()}
+
+
+def _plain_pays(est, bal, views, rids, a, ja, b, jb, cands, now):
+    """Balancer._pays in its plain form: each draw's lengths and each replica's time one at a time."""
+    s = bal.settings
+    law = {int(r): (float(g), float(sh)) for v, rr in ((views[x], rids[x]) for x in views)
+           for r, g, sh in zip(rr, v.load.gen, v.load.shift if v.load.shift is not None else np.zeros(v.load.n))}
+    servers = [a] if a == b else [a, b]
+    rng = np.random.default_rng([a, ja, b, jb, int(round(now * 1e3)) & 0xFFFFFFFF])
+    draws = {}
+    for x in servers:
+        gen = np.array([law[int(r)][0] for r in rids[x]])
+        sh = np.array([law[int(r)][1] for r in rids[x]])
+        u = np.clip(rng.random((s.pay_samples, len(gen))), 1e-9, 1 - 1e-9)
+        draws[x] = np.clip(np.ceil([est.forecast.remaining_quantile(gen, row, sh) for row in u]), 1.0, None)
+    reps = {x: est.replica_times(views[x].layout, bal.frozen(views[x].load), current=views[x].layout)[0]
+            for x in servers}
+    p, mean = [], []
+    for c in cands:
+        gains = []
+        for d in range(s.pay_samples):
+            def rep_s(x, idx, extra=False):
+                ld = views[x].load
+                ctx0, rem, run = ld.ctx0[idx], draws[x][d][idx], ld.running[idx]
+                if extra:
+                    src = views[a].load
+                    ctx0, rem, run = np.r_[ctx0, src.ctx0[c]], np.r_[rem, draws[a][d][c]], np.r_[run, src.running[c]]
+                return est.replica_s(views[x].layout, ctx0, rem, run)
+
+            before, after = [], []
+            for x in servers:
+                R = views[x].layout.replicas(est.gpus)
+                for j in range(R):
+                    idx = np.nonzero(reps[x] == j)[0]
+                    before.append(rep_s(x, idx))
+                    if x == a and j == ja:
+                        after.append(rep_s(x, idx[idx != c]))
+                    elif x == b and j == jb:
+                        after.append(rep_s(x, idx, extra=True))
+                    else:
+                        after.append(before[-1])
+            gains.append(max(before) - max(after))
+        p.append(np.mean(np.array(gains) > 1e-3))
+        mean.append(np.mean(gains))
+    return np.array(mean), np.array(p)
+
+
+def test_the_pay_test_draws_what_its_plain_form_draws():
+    """Balancer._pays (every draw, replica and candidate in grouped passes) against its plain form, a move
+    between servers and one inside a server."""
+    w, est, lays, _, _ = _setup(4096, 64)
+    views, rids = _bench_state(w, est, lays, np.random.default_rng(2), 96, [Layout(2)] * 4,
+                               weights=[0.4, 0.2, 0.2, 0.2])
+    bal = Balancer(est, BalancerSettings(pay_samples=16))
+    assert est.forecast is not None and views[4].load.gen is not None
+    from testbed.orchestrator.balancer import _Agent
+
+    ags = {}
+    law = {}
+    for x, v in views.items():
+        fr = bal.frozen(v.load)
+        rep, times = est.replica_times(v.layout, fr, current=v.layout)
+        ags[x] = _Agent(ServerView(x, v.layout, fr, v.busy_until, v.last_switch_end), np.asarray(rids[x]), rep,
+                        times, np.asarray(v.load.rem, float))
+        sh = v.load.shift if v.load.shift is not None else np.zeros(v.load.n)
+        law.update(zip(np.asarray(rids[x]).tolist(), zip(v.load.gen.tolist(), sh.tolist())))
+    for a, b in ((4, 5), (4, 4)):
+        ja = int(np.argmax(ags[a].times))
+        jb = int(np.argmin(ags[b].times)) if a != b else int(np.argmin(np.where(
+            np.arange(len(ags[a].times)) == ja, np.inf, ags[a].times)))
+        cands = np.nonzero(ags[a].rep == ja)[0][:3]
+        got = bal._pays(ags, law, a, ja, b, jb, cands, 10.0)
+        want = _plain_pays(est, bal, views, rids, a, ja, b, jb, cands, 10.0)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-9, atol=1e-9)
+        np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_a_move_that_does_not_pay_over_the_draws_is_not_made():
+    w, est, lays, _, _ = _setup(4096, 64)
+    views, rids = _bench_state(w, est, lays, np.random.default_rng(0), 512, [Layout(1)] * 4,
+                               weights=[0.4, 0.2, 0.2, 0.2])
+    plain = Balancer(est, BalancerSettings(min_gain_s=0.0, gain_margin=0.0)).decide(views, rids, 10.0)[0]
+    assert plain and all(m.pays is None for m in plain)  # off by default: the quantile rule alone
+    judged = Balancer(est, BalancerSettings(min_gain_s=0.0, gain_margin=0.0, pay_samples=32)).decide(
+        views, rids, 10.0)[0]
+    assert all(m.pays is not None and 0 < m.pays <= 1 for m in judged)
+    sure = Balancer(est, BalancerSettings(min_gain_s=0.0, gain_margin=0.0, pay_samples=32, pay_probability=1.0))
+    strict = sure.decide(views, rids, 10.0)[0]
+    assert all(m.pays == 1.0 for m in strict)  # every one paid in every draw
+    assert len(strict) < len(plain)  # and some the quantile rule makes do not
