@@ -24,7 +24,10 @@ from .validation import SpecError
 log = logging.getLogger(__name__)
 
 ROOT_HANDLE = 0x10000  # htb qdisc "1:"
-CLASS_HANDLE = 0x10001  # its one class "1:1"
+CLASS_HANDLE = 0x10001  # its link class "1:1" (the interface's rate)
+SMALL_HANDLE = 0x10010  # "1:10" under 1:1: small packets (TCP's pure ACKs, Gloo's notifications), served first
+BULK_HANDLE = 0x10020  # "1:20" under 1:1: everything else (the qdisc's default)
+ETH_P_IP = 0x0800
 
 
 class NetlinkFailed(RuntimeError):
@@ -152,17 +155,32 @@ class Netlink:
         return True
 
     # ---- htb -----------------------------------------------------------------------------------------
-    def replace_htb(self, name: str, params: dict) -> None:
-        """Root ``htb default 1`` qdisc with one class 1:1 of ``params`` (replace: fine when shaped)."""
+    def replace_htb(self, name: str, params: dict, children: dict | None = None, small_below: int = 0) -> None:
+        """Root ``htb`` qdisc with the link class 1:1 of ``params`` on an interface not shaped yet (the kernel
+        refuses to change an htb root in place: EINVAL; a rate is changed with :meth:`change_htb`). ``children``
+        (handle -> (params, htb prio)): classes under 1:1, the qdisc's default the last of them, and IPv4 packets
+        whose total length is below ``small_below`` (a power of two) filtered into the first; without children
+        1:1 is the only class and the default."""
         idx = self.index(name)
-        self._call(name, self._ipr.tc, "replace", "htb", idx, ROOT_HANDLE, default=1)
+        handles = list(children or ())
+        default = (handles[-1] if handles else CLASS_HANDLE) & 0xFFFF
+        self._call(name, self._ipr.tc, "replace", "htb", idx, ROOT_HANDLE, default=default)
         self._call(name, self._ipr.tc, "replace-class", "htb", idx, CLASS_HANDLE, parent=ROOT_HANDLE, **params)
+        for h, (cp, prio) in (children or {}).items():
+            self._call(name, self._ipr.tc, "replace-class", "htb", idx, h, parent=CLASS_HANDLE, prio=prio, **cp)
+        if handles and small_below:
+            # IPv4 total length (bytes 2-3 of the header) below small_below: its high bits clear
+            mask = (0xFFFF & ~(small_below - 1)) << 16
+            self._call(name, self._ipr.tc, "add-filter", "u32", idx, ":1", parent=ROOT_HANDLE, prio=1,
+                       protocol=ETH_P_IP, target=handles[0], keys=[f"0x0/0x{mask:08x}+2"])
 
-    def change_htb(self, name: str, params: dict) -> None:
-        """Change class 1:1 in place (no packet is dropped by the change itself); NetlinkFailed when the
-        interface is not shaped."""
+    def change_htb(self, name: str, params: dict, children: dict | None = None) -> None:
+        """Change class 1:1 (and ``children``, as :meth:`replace_htb` takes them) in place (no packet is dropped
+        by the change itself); NetlinkFailed when the interface is not shaped."""
         idx = self.index(name)
         self._call(name, self._ipr.tc, "change-class", "htb", idx, CLASS_HANDLE, parent=ROOT_HANDLE, **params)
+        for h, (cp, prio) in (children or {}).items():
+            self._call(name, self._ipr.tc, "change-class", "htb", idx, h, parent=CLASS_HANDLE, prio=prio, **cp)
 
     def htb_rate_bps(self, name: str) -> float | None:
         """The rate of class 1:1 in bits/s, None when ``name`` has no such class."""

@@ -80,6 +80,20 @@ def tc_rate_mbps(intf: str, netns_pid: int | None = None) -> float | None:
     return None
 
 
+def tc_class_packets(intf: str, netns_pid: int | None = None) -> dict[str, int]:
+    """Packets sent through every htb class of ``intf``, as `tc -s class show` prints them."""
+    argv = (["nsenter", "-t", str(netns_pid), "-n"] if netns_pid else []) + ["tc", "-s", "class", "show", "dev", intf]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=10).stdout
+    got, cls = {}, None
+    for line in out.splitlines():
+        w = line.split()
+        if w[:2] == ["class", "htb"]:
+            cls = w[2]
+        elif w[:1] == ["Sent"] and cls is not None:
+            got[cls] = int(w[3])
+    return got
+
+
 def test_build_check_forward_and_stop(orl_state_dir, no_capacity_file, orl_leftovers, tmp_path):
     assert orl_leftovers() == {"bridges": [], "interfaces": []}, "leftovers from an earlier run: orchestrrl clean"
     fab = EmulatedFabric(SPEC, controller_port=UNUSED_CONTROLLER_PORT)
@@ -138,8 +152,14 @@ def test_build_check_forward_and_stop(orl_state_dir, no_capacity_file, orl_lefto
         assert before["sent"] > 0 and before["received"] == 0
         a, b = SPEC.uplink(0, 0).ocs_port, SPEC.uplink(2, 0).ocs_port
         add_flows(SPEC.ocs_name(0), [f"in_port={a},actions=output:{b}", f"in_port={b},actions=output:{a}"])
+        before_cls = tc_class_packets(fab.intf_of(0), fab.host(0).pid)
         after = probe(fab, tmp_path, 0, 4, "circuit")
         assert after["received"] >= 0.95 * after["sent"]
+        # the probe's small datagrams (92-byte IP packets) took the link's small-packet class, first in line
+        cls = tc_class_packets(fab.intf_of(0), fab.host(0).pid)
+        assert set(cls) == {"1:1", "1:10", "1:20"}
+        assert cls["1:10"] - before_cls["1:10"] >= after["sent"]
+        assert cls["1:1"] - before_cls["1:1"] >= cls["1:10"] - before_cls["1:10"]  # the link class counts all
         # a long-running host process, stopped by stop()
         sleeper = fab.popen(3, ["sleep", "60"])
         shells = [r.pid for r in registry.list_processes() if r.role in ("mnhost", "mnswitch")]

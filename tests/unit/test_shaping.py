@@ -15,6 +15,21 @@ def test_class_params_keep_scaled_rates_and_the_burst():
     assert shaping.class_params(40000.0)["rate"] == "40000000kbit"  # above 32 bits of bytes/s: pyroute2's rate64
 
 
+def test_small_packets_have_a_class_of_their_own_inside_the_link_rate():
+    from emulation.netlink import BULK_HANDLE, SMALL_HANDLE
+
+    kids = shaping.child_params(20.0)
+    (small, p_small), (bulk, p_bulk) = kids[SMALL_HANDLE], kids[BULK_HANDLE]
+    assert list(kids) == [SMALL_HANDLE, BULK_HANDLE]  # the first takes the filter, the last is the default
+    assert (p_small, p_bulk) == (0, 1)  # the small ones go first
+    assert small["rate"] == "400kbit"  # 2% guaranteed
+    assert bulk == shaping.class_params(20.0)  # the bulk at the link's rate: it never borrows
+    assert small["ceil"] == shaping.class_params(20.0)["ceil"]  # the small ones may borrow up to the link's rate
+    assert shaping.SMALL_BYTES & (shaping.SMALL_BYTES - 1) == 0  # the u32 mask needs a power of two
+    with pytest.raises(SpecError):
+        shaping.child_params(0)
+
+
 @pytest.mark.parametrize("rate", [0, -1, float("nan"), float("inf"), True, "fast", shaping.MAX_RATE_MBPS * 2])
 def test_bad_rates_are_refused_before_any_request(rate):
     with pytest.raises(SpecError) as e:
