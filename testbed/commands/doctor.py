@@ -104,8 +104,14 @@ def check_kernel() -> list[Check]:
             if r.returncode == 0 else r
         if r.returncode == 0 and r2.returncode == 0:
             out.append(Check("htb qdisc", "OK"))
+            # every link's small packets are filtered into a class of their own (emulation/shaping.py)
+            r3 = _run(["tc", "filter", "add", "dev", a, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                       "match", "u16", "0", "0xff80", "at", "2", "flowid", "1:1"])
+            out.append(Check("u32 filter", "OK") if r3.returncode == 0 else
+                       Check("u32 filter", "FAIL", _err(r3), "a kernel with cls_u32 (CONFIG_NET_CLS_U32)"))
         else:
             out.append(Check("htb qdisc", "FAIL", _err(r2), "a kernel with sch_htb (CONFIG_NET_SCH_HTB)"))
+            out.append(Check("u32 filter", "SKIP", "needs htb"))
         _run(["ip", "link", "del", a])
     _run(["ip", "netns", "del", TEST_NETNS])
     r = _run(["ip", "netns", "add", TEST_NETNS])
