@@ -155,31 +155,28 @@ class Netlink:
         return True
 
     # ---- htb -----------------------------------------------------------------------------------------
-    def replace_htb(self, name: str, params: dict, children: dict | None = None, small_below: int = 0) -> None:
+    def replace_htb(self, name: str, params: dict, children: dict, small_below: int) -> None:
         """Root ``htb`` qdisc with the link class 1:1 of ``params`` on an interface not shaped yet (the kernel
-        refuses to change an htb root in place: EINVAL; a rate is changed with :meth:`change_htb`). ``children``
-        (handle -> (params, htb prio)): classes under 1:1, the qdisc's default the last of them, and IPv4 packets
-        whose total length is below ``small_below`` (a power of two) filtered into the first; without children
-        1:1 is the only class and the default."""
+        refuses to change an htb root in place: EINVAL; a rate is changed with :meth:`change_htb`), ``children``
+        (handle -> (params, htb prio)) under it, the qdisc's default the last of them, and IPv4 packets whose
+        total length is below ``small_below`` (a power of two) filtered into the first."""
         idx = self.index(name)
-        handles = list(children or ())
-        default = (handles[-1] if handles else CLASS_HANDLE) & 0xFFFF
-        self._call(name, self._ipr.tc, "replace", "htb", idx, ROOT_HANDLE, default=default)
+        handles = list(children)
+        self._call(name, self._ipr.tc, "replace", "htb", idx, ROOT_HANDLE, default=handles[-1] & 0xFFFF)
         self._call(name, self._ipr.tc, "replace-class", "htb", idx, CLASS_HANDLE, parent=ROOT_HANDLE, **params)
-        for h, (cp, prio) in (children or {}).items():
+        for h, (cp, prio) in children.items():
             self._call(name, self._ipr.tc, "replace-class", "htb", idx, h, parent=CLASS_HANDLE, prio=prio, **cp)
-        if handles and small_below:
-            # IPv4 total length (bytes 2-3 of the header) below small_below: its high bits clear
-            mask = (0xFFFF & ~(small_below - 1)) << 16
-            self._call(name, self._ipr.tc, "add-filter", "u32", idx, ":1", parent=ROOT_HANDLE, prio=1,
-                       protocol=ETH_P_IP, target=handles[0], keys=[f"0x0/0x{mask:08x}+2"])
+        # IPv4 total length (bytes 2-3 of the header) below small_below: its high bits clear
+        mask = (0xFFFF & ~(small_below - 1)) << 16
+        self._call(name, self._ipr.tc, "add-filter", "u32", idx, ":1", parent=ROOT_HANDLE, prio=1,
+                   protocol=ETH_P_IP, target=handles[0], keys=[f"0x0/0x{mask:08x}+2"])
 
-    def change_htb(self, name: str, params: dict, children: dict | None = None) -> None:
-        """Change class 1:1 (and ``children``, as :meth:`replace_htb` takes them) in place (no packet is dropped
+    def change_htb(self, name: str, params: dict, children: dict) -> None:
+        """Change class 1:1 and ``children`` (as :meth:`replace_htb` takes them) in place (no packet is dropped
         by the change itself); NetlinkFailed when the interface is not shaped."""
         idx = self.index(name)
         self._call(name, self._ipr.tc, "change-class", "htb", idx, CLASS_HANDLE, parent=ROOT_HANDLE, **params)
-        for h, (cp, prio) in (children or {}).items():
+        for h, (cp, prio) in children.items():
             self._call(name, self._ipr.tc, "change-class", "htb", idx, h, parent=CLASS_HANDLE, prio=prio, **cp)
 
     def htb_rate_bps(self, name: str) -> float | None:

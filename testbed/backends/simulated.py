@@ -211,8 +211,8 @@ class SimulatedBackend(Backend):
 
         def finish(engines: dict, extra: list) -> float:
             seq = itertools.count()
+            # in time order (a sorted list is a heap), each branch with its own copy of what the events carry
             evs = [(t, next(seq), kind, copy.deepcopy(payload)) for t, _, kind, payload in sorted(pending + extra)]
-            heapq.heapify(evs)
             while evs:
                 t, _, kind, payload = heapq.heappop(evs)
                 for e in engines.values():

@@ -19,10 +19,11 @@ moved, ``|L_a' - L_b'| < L_a - L_b`` and ``max(L_a', L_b') < L_a``: a move that 
 never made, so a request cannot be sent back and forth. At most ``max_migrations`` moves per interval; the
 candidates are the ``candidates`` requests of ``a`` with the longest forecast remaining, plus its queue.
 
-A move the rule admits must also pay over the forecast's draws (:meth:`Balancer._pays`): over ``pay_samples``
-draws of every request's remaining length on the two servers, the later of their ends must come sooner with
-the move on average and in at least ``pay_probability`` of the draws (the quantiles say nothing of which
-replica holds a server's truly longest request, the one that sets its end).
+With ``pay_samples`` > 0 (off by default) a move the rule admits must also pay over the forecast's draws
+(:meth:`Balancer._pays`): over that many draws of every request's remaining length on the two servers, the
+later of their ends must come sooner with the move on average and in at least ``pay_probability`` of the
+draws (the quantiles say nothing of which replica holds a server's truly longest request, the one that sets
+its end).
 """
 from __future__ import annotations
 
@@ -138,9 +139,9 @@ class Balancer:
         (target, candidate) order among equals), as (key, request, dst, dst replica, times after, L_a', L_b',
         the pair's loads before, the predicted gain, the probability it pays), or None. ``judge(dst, dst replica,
         admissible candidates in key order)``: (the position of the one to make, its probability of paying) or
-        (None, None); without it the first in key order is made (probability None). Every candidate at once: a replica-time maximum with two entries
-        replaced is the maximum of the others' and the two new ones, so every number is the one a copy with
-        the entries replaced gives. Before and after are both with the candidate at its expected length
+        (None, None); without it the first in key order is made (probability None). Every candidate at once: a
+        replica-time maximum with two entries replaced is the maximum of the others' and the two new ones, so
+        every number is the one a copy with the entries replaced gives. Before and after are both with the candidate at its expected length
         (``t_base``: its replica before the move; see :meth:`_variant_times`)."""
         def others_max(t, skip):  # the largest entry of ``t`` outside ``skip`` (-inf: none)
             return float(np.max(np.delete(t, skip))) if len(t) > len(set(skip)) else -np.inf
@@ -223,12 +224,12 @@ class Balancer:
         t_off, t_on, t_base = self._variant_times(A, ja, on, uniq, [(ags[b], jb) for b, jb in targets], la)
         return self._best_move(A, a, ja, uniq, targets, ags, loads, t_off, t_on, t_base, busy_a, now, need, judge)
 
-    def _pays(self, ags: dict, law: dict, a: int, ja: int, b: int, jb: int, cands: np.ndarray,
+    def _pays(self, ags: dict, law: tuple, a: int, ja: int, b: int, jb: int, cands: np.ndarray,
               now: float) -> tuple[np.ndarray, np.ndarray]:
         """Per candidate ``cands[k]`` (a request of agent ``a``'s replica ``ja``) moved to agent ``b``'s replica
         ``jb``: (its expected gain, the probability the gain is positive) over ``pay_samples`` draws of every
-        request's remaining length on the two servers from its forecast law (``law``: rid -> (generated, prompt
-        shift)). Per draw the gain is the later of the two servers' ends without the move minus with it, the
+        request's remaining length on the two servers from its forecast law (``law``: every request's id, sorted,
+        and its generated tokens and prompt shift in that order). Per draw the gain is the later of the two servers' ends without the move minus with it, the
         same draw on both sides (the moved request keeps its length): the quantity the simulated backend's
         counterfactual measures with the true lengths in place of the draws. Every replica under every draw,
         and the two changed replicas under every draw and candidate, in one grouped estimator pass per server."""
@@ -236,11 +237,12 @@ class Balancer:
         servers = [a] if b == a else [a, b]
         # the same draws for every candidate of this (source replica, target) at this tick, however they are split
         rng = np.random.default_rng([a, ja, b, jb, int(round(now * 1e3)) & 0xFFFFFFFF])
+        ids, gens, shifts = law
         draws = {}  # server -> (S, n): its requests' remaining lengths, one row per draw
         for x in servers:
             g = ags[x]
-            gen = np.array([law[int(r)][0] for r in g.rids], float)
-            sh = np.array([law[int(r)][1] for r in g.rids], float)
+            at = np.searchsorted(ids, g.rids)
+            gen, sh = gens[at], shifts[at]
             u = np.clip(rng.random((S, len(gen))), 1e-9, 1 - 1e-9)
             rem = self.estimator.forecast.remaining_quantile(np.tile(gen, S), u.ravel(), np.tile(sh, S))
             draws[x] = np.clip(np.ceil(rem), 1.0, None).reshape(S, len(gen))
@@ -316,14 +318,15 @@ class Balancer:
         # forecast, before and after alike): dealt across the server, the replica that happens to draw the top
         # levels looks slowest, and moves made on that alone mostly changed nothing (MoE default: 36 of 99
         # intra-server moves realised no gain and 19 lost)
-        # every request's forecast law (what it has generated, its prompt's shift), for the test that a move pays
-        law = {}
-        if self.estimator.forecast is not None and s.pay_samples > 0:
-            for a, v in raw.items():
-                if v.load.gen is not None:
-                    sh = v.load.shift if v.load.shift is not None else np.zeros(v.load.n)
-                    law.update(zip(np.asarray(rids[a]).tolist(), zip(v.load.gen.tolist(), sh.tolist())))
-        judged = bool(law) and all(len(ags[a].rids) == 0 or int(ags[a].rids[0]) in law for a in ags)
+        # the test that a move pays needs every request's forecast law: what it has generated, its prompt's shift
+        judged = (s.pay_samples > 0 and self.estimator.forecast is not None and len(raw) > 1
+                  and all(v.load.gen is not None for v in raw.values()))
+        if judged:
+            ids = np.concatenate([np.asarray(rids[a]) for a in raw])
+            order = np.argsort(ids, kind="stable")
+            law = (ids[order], np.concatenate([v.load.gen for v in raw.values()]).astype(float)[order],
+                   np.concatenate([v.load.shift if v.load.shift is not None else np.zeros(v.load.n)
+                                   for v in raw.values()])[order])
 
         def judge_from(a: int, ja: int):
             def judge(b, jb, cands):

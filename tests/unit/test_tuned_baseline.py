@@ -259,14 +259,17 @@ def test_the_pay_test_draws_what_its_plain_form_draws():
     from testbed.orchestrator.balancer import _Agent
 
     ags = {}
-    law = {}
     for x, v in views.items():
         fr = bal.frozen(v.load)
         rep, times = est.replica_times(v.layout, fr, current=v.layout)
         ags[x] = _Agent(ServerView(x, v.layout, fr, v.busy_until, v.last_switch_end), np.asarray(rids[x]), rep,
                         times, np.asarray(v.load.rem, float))
-        sh = v.load.shift if v.load.shift is not None else np.zeros(v.load.n)
-        law.update(zip(np.asarray(rids[x]).tolist(), zip(v.load.gen.tolist(), sh.tolist())))
+    # every request's id (sorted), generated tokens and prompt shift, as Balancer.decide hands them to _pays
+    ids = np.concatenate([np.asarray(rids[x]) for x in views])
+    order = np.argsort(ids)
+    law = (ids[order], np.concatenate([v.load.gen for v in views.values()]).astype(float)[order],
+           np.concatenate([v.load.shift if v.load.shift is not None else np.zeros(v.load.n)
+                           for v in views.values()])[order])
     for a, b in ((4, 5), (4, 4)):
         ja = int(np.argmax(ags[a].times))
         jb = int(np.argmin(ags[b].times)) if a != b else int(np.argmin(np.where(
