@@ -247,13 +247,23 @@ class Driver:
                            "trainers": sum(s.get("async", {}).get("trainer_idle_s", 0.0) for s in st)}
                 if self.settings.step_mode == "async" else None,
                 **self._tokens_total(), "ticks": self._ticks_total(),
-                "migrations_paid_fraction": (sum(1 for _, r in realised if r > PAID_S) / len(realised))
-                if realised else None,
-                "migration_gains_s": {"predicted": [round(p, 4) for p, _ in realised],
-                                      "realised": [round(r, 4) for _, r in realised]} if realised else None,
+                **self._paid(realised, self.planning.tick_realised),
                 "decision_ms_p50": float(np.percentile(decision_ms, 50)) if decision_ms else None,
                 "decision_ms_p99": float(np.percentile(decision_ms, 99)) if decision_ms else None,
                 "fidelity": self._fidelity(total_t)}
+
+    @staticmethod
+    def _paid(realised: list, ticks: list) -> dict:
+        """The shares that paid (a realised gain above PAID_S; None where the backend cannot tell):
+        ``migrations_paid_fraction`` of the migrations, each held against its tick without it;
+        ``migration_ticks_paid_fraction`` of the ticks that moved, their moves together against none."""
+        def share(xs):
+            return sum(1 for x in xs if x > PAID_S) / len(xs) if xs else None
+        return {"migrations_paid_fraction": share([r for _, r in realised]),
+                "migration_ticks_paid_fraction": share([g for _, g in ticks]),
+                "migration_gains_s": {"predicted": [round(p, 4) for p, _ in realised],
+                                      "realised": [round(r, 4) for _, r in realised],
+                                      "ticks": [[n, round(g, 4)] for n, g in ticks]} if realised else None}
 
     def _tokens_total(self) -> dict:
         """The run's token accounting (the steps' summed): exactly once is shown, not inferred. ``tokens_by_agent``:

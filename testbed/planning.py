@@ -29,8 +29,9 @@ from testbed.ticks import IntervalBudget, tick_deadline_s
 class PlanningTick:
     """The planner and the balancer of a run (either may be off, as the policy says) and what they need
     between ticks: each server's last switch end, the phase's migration budget and per-tick deadline, the
-    finished steps' prompt groups; ``decision_ms`` and ``realised`` (predicted, realised gain of every
-    migration that has both) for the run's result."""
+    finished steps' prompt groups; ``decision_ms``, ``realised`` (every migration's predicted gain and
+    its realised one, where the backend tells: against the tick without it) and ``tick_realised`` (per tick that moved, its moves and their realised gain together) for
+    the run's result."""
 
     def __init__(self, scenario, backend: Backend, policy: Policy, settings: OrchestratorSettings, est: Estimator,
                  timeline, recovery: Recovery):
@@ -46,7 +47,8 @@ class PlanningTick:
         self.balancer = Balancer(est, settings.balancer) if policy.balancer else None
         self.last_switch_end: dict[int, float] = {}
         self.decision_ms: list[float] = []
-        self.realised: list[tuple[float, float]] = []
+        self.realised: list[tuple[float, float]] = []  # per move: predicted and realised (the tick without it)
+        self.tick_realised: list[tuple[int, float]] = []  # per tick that moved: its moves, their gain together
         self.budget: IntervalBudget | None = None  # this generation phase's max_migrations per interval of time
         self.deadline: float | None = None  # this generation phase's per-tick call deadline
         self._thinking = 0.0  # this tick's decision time so far
@@ -212,16 +214,24 @@ class PlanningTick:
                                     start=round(t_m, 6), tick=round(now, 6))
                 self.recovery.check(req)  # if an agent died under the migration: re-queued now
                 continue
-            done.append(m)
-            self.timeline.event(b.now(), "migration", rid=m.rid, src=m.src, dst=m.dst, dst_replica=m.dst_replica,
+            done.append((m, res, t_m, b.now()))
+        # what the moves realised (a backend that can tell): each against the tick without it, and the tick's
+        # moves together against none of them
+        each, together = b.tick_gains([m.rid for m, *_ in done]) if done else ({}, None)
+        for m, res, t_m, t_done in done:
+            loo = each.get(m.rid)
+            self.timeline.event(t_done, "migration", rid=m.rid, src=m.src, dst=m.dst, dst_replica=m.dst_replica,
                                 step=req.step, before=[round(x, 3) for x in m.before],
                                 after=[round(x, 3) for x in m.after], downtime_s=res.downtime_s,
                                 kv_bytes=res.kv_bytes, result=res.result, predicted_gain_s=round(m.gain_s, 4),
                                 pays=None if m.pays is None else round(m.pays, 4),
-                                realised_gain_s=res.realised_gain_s, start=round(t_m, 6), tick=round(now, 6))
-            if res.realised_gain_s is not None:
-                self.realised.append((m.gain_s, float(res.realised_gain_s)))
-        return done
+                                realised_gain_s=None if loo is None else round(loo, 4), start=round(t_m, 6),
+                                tick=round(now, 6))
+            if loo is not None:
+                self.realised.append((m.gain_s, float(loo)))
+        if together is not None:
+            self.tick_realised.append((len(done), float(together)))
+        return [m for m, *_ in done]
 
     # ---- the tick's forecast ----
     def _online(self, forecast: LengthForecast, states, req: StepRequests) -> LengthForecast:

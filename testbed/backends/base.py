@@ -92,14 +92,12 @@ class MigrationResult:
     """A migration a backend carried out or scheduled (:meth:`Backend.migrate`). ``result``: ``moved`` (the
     emulator: handed over), ``finished`` (it ended before it could stop), ``scheduled`` (the simulator: the
     hand-over happens in virtual time, reported by :meth:`Backend.take_handovers`); ``downtime_s`` and
-    ``kv_bytes`` where known now; ``realised_gain_s`` where the backend can tell (the simulated one's
-    counterfactual)."""
+    ``kv_bytes`` where known now (what a move realised: :meth:`Backend.tick_gains`)."""
 
     rid: int
     result: str
     downtime_s: float | None = None
     kv_bytes: float | None = None
-    realised_gain_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -260,8 +258,13 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def migrate(self, rid: int, src: int, dst: int, mode: str, replica: int | None = None,
                 predicted_gain_s: float | None = None) -> MigrationResult:
-        """Move request ``rid`` from server ``src`` to ``dst`` (onto its replica ``replica``). A backend that can
-        tell (the simulated one, with its counterfactual on) gives its ``realised_gain_s``."""
+        """Move request ``rid`` from server ``src`` to ``dst`` (onto its replica ``replica``)."""
+
+    def tick_gains(self, rids: list[int]) -> tuple[dict[int, float], float | None]:
+        """A tick's moves (``rids``), where the backend can tell (the simulated one, with its counterfactual
+        on): each one's realised gain held against the same tick without it, and the tick's moves together
+        against none of them. ({}, None) where it cannot."""
+        return {}, None
 
     @abc.abstractmethod
     def finished_count(self, deadline_s: float | None = None) -> int:

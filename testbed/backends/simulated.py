@@ -54,7 +54,7 @@ class SimulatedBackend(Backend):
         self.events: list[tuple[float, int, str, tuple]] = []
         self._seq = itertools.count()
         self.migration_overhead_s = migration_overhead_s
-        self.counterfactual = counterfactual  # every migration also reports its realised gain (_realised_gain)
+        self.counterfactual = counterfactual  # every tick's migrations also report their realised gains (tick_gains)
         self.model = PhaseModel(scenario)
         self.installed = scenario.controller.initial_phase
         spec = scenario.fabric
@@ -145,9 +145,8 @@ class SimulatedBackend(Backend):
             raise SpecError("rid", f"request {rid} is not on server {src}")
         stages = self._live_stages(e, rid, mode, src == dst)
         t_live = sum(x["s"] for x in stages)
-        realised = self._realised_gain(rid, src, dst, stages, replica) if self.counterfactual else None
         self._push(self.t + t_live, "detach", (rid, src, dst, mode, tuple(stages), self.t, replica))
-        return MigrationResult(rid, "scheduled", realised_gain_s=realised)
+        return MigrationResult(rid, "scheduled")
 
     def _live_stages(self, e: Engine, rid: int, mode: str, local: bool) -> list[dict]:
         """Multi-stage migration's live copies (Llumnix; the agents' rule, agents.migration_plan.StagePlan with
@@ -193,47 +192,68 @@ class SimulatedBackend(Backend):
         last = (st.kv_tokens - copied) if (st.kv_tokens and copied) else st.kv_tokens
         return st, t_stop, t_stop + self._copy_s(max(0, last), src == dst) + self.migration_overhead_s
 
-    def _realised_gain(self, rid: int, src: int, dst: int, stages, replica: int | None) -> float:
-        """What the move really saves, held against the same state without it: both servers copied now and run
-        to the end of their work with no later decision, once with the move (its stages, stop and resume as
-        they will happen) and once without; the gain is the later of the two servers' finish times without
-        the move minus with it. Moves already in flight to, from or inside the two servers (earlier moves of
-        the same tick, still copying) happen in both branches alike, as they will: left out, a tick's second
-        move off a replica was judged in a state that still held its first move's request. (A move in flight
-        from a third server into one of the two cannot be followed without that server: left out of both.)"""
-        servers = sorted({src, dst})
-        # a detach's payload[1] is its source (whose engine it stops), an arrival's its destination
-        pending = [ev for ev in self.events if ev[2] in ("detach", "arrive") and ev[3][1] in servers]
+    def tick_gains(self, rids: list[int]) -> tuple[dict[int, float], float | None]:
+        """What this tick's moves (``rids``, all made at the current time) really save. Each one: the servers it
+        touches copied now and run to the end of their work through every pending move (its stages, stop and
+        resume as they will happen), once as they are and once without it; its gain is the latest finish time
+        without it minus with it. The tick's other moves and earlier ticks' moves still copying happen in both
+        branches alike (leave one out: the same run without that move, up to the next decision, which neither
+        branch makes). And the tick's moves together: the same without any of them. The servers followed are
+        the ones touched and every server a pending move links to them."""
+        if not self.counterfactual or not rids:
+            return {}, None
+        mine = {ev[3][0]: ev for ev in self.events if ev[2] == "detach" and ev[3][5] == self.t and ev[3][0] in rids}
+        if not mine:
+            return {}, None
+        touched = {s for ev in mine.values() for s in ev[3][1:3]}
+        with_all: dict[frozenset, float] = {}
+        each = {}
+        for r, ev in mine.items():
+            pair = frozenset(ev[3][1:3])
+            if pair not in with_all:
+                with_all[pair] = self._end_without([], set(pair))
+            each[r] = self._end_without([ev], set(pair)) - with_all[pair]
+        return each, self._end_without(list(mine.values()), touched) - self._end_without([], touched)
 
-        def copies() -> dict:
-            return {s: copy.deepcopy(self.engines[s], {id(self.cost): self.cost, id(self.settings): self.settings})
-                    for s in servers}
-
-        def finish(engines: dict, extra: list) -> float:
-            seq = itertools.count()
-            # in time order (a sorted list is a heap), each branch with its own copy of what the events carry
-            evs = [(t, next(seq), kind, copy.deepcopy(payload)) for t, _, kind, payload in sorted(pending + extra)]
-            while evs:
-                t, _, kind, payload = heapq.heappop(evs)
-                for e in engines.values():
-                    e.run_until(t)
-                if kind == "detach":
-                    r, s0, s1, _, stg, _, rep = payload
-                    got = self._handover(engines, t, r, s0, s1, stg)
-                    if got is not None and s1 in engines:
-                        heapq.heappush(evs, (got[2], next(seq), "arrive", (got[0], s1, rep)))
-                else:
-                    st, d, rep = payload
-                    e = engines[d]
-                    e.add([st], t, rep if rep is not None and rep < len(e.replicas) else None)
+    def _end_without(self, left_out: list, servers: set[int], extra: list = ()) -> float:
+        """The latest finish time of ``servers`` and every server a pending move links to them, copied now and
+        run to the end of their work through the pending moves (less ``left_out``, plus ``extra``), with no
+        later decision."""
+        skip = {id(ev) for ev in left_out}
+        pending = [ev for ev in self.events if ev[2] in ("detach", "arrive") and id(ev) not in skip] + list(extra)
+        servers = set(servers)
+        grew = True
+        while grew:  # a detach's payload[1] is its source (whose engine it stops), [2] its destination
+            grew = False
+            for ev in pending:
+                if ev[2] == "detach" and (ev[3][1] in servers) != (ev[3][2] in servers):
+                    servers |= {ev[3][1], ev[3][2]}
+                    grew = True
+        # an arrival's payload[1] is its destination
+        pending = [ev for ev in pending if ev[3][1] in servers]
+        memo = {id(self.cost): self.cost, id(self.settings): self.settings}
+        engines = {s: copy.deepcopy(self.engines[s], memo) for s in servers if s in self.engines}
+        seq = itertools.count()
+        # in time order (a sorted list is a heap), with its own copy of what the events carry
+        evs = [(t, next(seq), kind, copy.deepcopy(payload)) for t, _, kind, payload in sorted(pending)]
+        while evs:
+            t, _, kind, payload = heapq.heappop(evs)
             for e in engines.values():
-                e.run_until(math.inf)
-            return max(max(e.last_end, self.t) for e in engines.values())
-
-        without = finish(copies(), [])
-        t_detach = self.t + sum(x["s"] for x in stages)
-        move = (t_detach, -1, "detach", (rid, src, dst, "", tuple(stages), self.t, replica))
-        return without - finish(copies(), [move])
+                e.run_until(t)
+            if kind == "detach":
+                r, s0, s1, _, stg, _, rep = payload
+                if s0 not in engines:
+                    continue
+                got = self._handover(engines, t, r, s0, s1, stg)
+                if got is not None and s1 in engines:
+                    heapq.heappush(evs, (got[2], next(seq), "arrive", (got[0], s1, rep)))
+            elif payload[1] in engines:
+                st, d, rep = payload
+                e = engines[d]
+                e.add([st], t, rep if rep is not None and rep < len(e.replicas) else None)
+        for e in engines.values():
+            e.run_until(math.inf)
+        return max((max(e.last_end, self.t) for e in engines.values()), default=self.t)
 
     def _on_detach(self, t: float, rid: int, src: int, dst: int, mode: str, stages: tuple, asked: float,
                    replica: int | None) -> None:

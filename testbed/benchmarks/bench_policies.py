@@ -101,6 +101,7 @@ def run_case(case: str, seed: int, steps: int, out: Path, sets: list[str] = (), 
             **{n: {"speedup_vs_best_static": round(pol[n]["speedup_vs_best_static"], 4),
                    "oracle_fraction": round(pol[n]["oracle_fraction"], 4), "layout_switches": pol[n]["layout_switches"],
                    "migrations": pol[n]["migrations"], "migrations_paid_fraction": pol[n]["migrations_paid_fraction"],
+                   "migration_ticks_paid_fraction": pol[n]["migration_ticks_paid_fraction"],
                    "lost_requests": pol[n]["lost_requests"]} for n in ADAPTIVE}}
 
 

@@ -180,6 +180,7 @@ class Experiment:
                 "layout_switches": r["layout_switches"], "forecast_mape": r["forecast_mape"],
                 "lost_requests": r["lost_requests"], "fidelity": r["fidelity"], "layouts": r["layouts"],
                 "max_num_seqs": r["max_num_seqs"], "migrations_paid_fraction": r["migrations_paid_fraction"],
+                "migration_ticks_paid_fraction": r["migration_ticks_paid_fraction"],
                 "decision_ms_p50": r["decision_ms_p50"], "decision_ms_p99": r["decision_ms_p99"],
                 "step_mode": r["step_mode"], "idle_s": r["idle_s"], "failures": r["failures"],
                 # token accounting (driver.Driver._tokens_total) and the planning ticks (testbed/ticks.py)
