@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, Callable, Sequence
 
-from . import capacity, registry, shaping
+from . import capacity, registry, sendbuf, shaping
 from .netlink import Netlink, NetlinkFailed
 from .signals import shielded
 from .spec import NAME_PREFIX, FabricSpec
@@ -332,6 +332,9 @@ class EmulatedFabric:
             log.warning("capacity: %s", cap["message"])
         else:
             log.info("capacity: %s", cap["message"])
+        buf_ok, buf = sendbuf.check()
+        if not buf_ok:  # the fabric works, but drops packets wherever flows converge on a shaped port
+            log.warning("Open vSwitch send buffer: %s (sudo scripts/provision.sh sets it)", buf)
         try:
             self._start()
         except BaseException:

@@ -74,6 +74,11 @@ def check_ovs() -> list[Check]:
     else:
         out.append(Check("userspace TSO enabled", "FAIL", f"userspace-tso-enable={val or 'unset'} (TCP through "
                          "userspace bridges fails with bad checksums)", PROVISION + " (sets it and restarts OVS)"))
+    from emulation import sendbuf
+
+    ok, msg = sendbuf.check()
+    out.append(Check("OVS send buffer", "OK" if ok else "FAIL", msg,
+                     "" if ok else PROVISION + " (sets net.core.wmem_default, restarts ovs-vswitchd if needed)"))
     return out
 
 
