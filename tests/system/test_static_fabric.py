@@ -9,6 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from emulation import sendbuf
 from emulation.builder import port_bytes
 from emulation.scenario import load_scenario
 from testbed.cluster.agent_pool import running_cluster
@@ -17,6 +18,16 @@ pytestmark = pytest.mark.system
 
 BASE = load_scenario("scenarios/default.yaml")
 SCN = dataclasses.replace(BASE, fabric=dataclasses.replace(BASE.fabric, kind="fat-tree-4to1"))
+OVS_LOG = "/var/log/openvswitch/ovs-vswitchd.log"
+
+
+def _send_errors() -> int:
+    """ovs-vswitchd's "error sending Ethernet packet" warnings so far (a packet it dropped on a full send socket)."""
+    try:
+        with open(OVS_LOG, errors="replace") as f:
+            return sum("error sending Ethernet packet" in line for line in f)
+    except OSError:
+        return 0
 
 
 def port_tx_bytes(bridge: str) -> dict[str, int]:
@@ -73,8 +84,13 @@ def test_emulated_backend_on_a_static_tree(cluster):
     b = EmulatedBackend(SCN, layouts, cluster=(tb, pool))
     d = b.set_phase("train", 100.0, 5.0)
     assert d.decision == "static" and "static" in d.reason
+    dropped = _send_errors()
     sy = b.sync_weights(1)
     assert sy.detail["consistent"] and sy.detail["chains"] == min(len(pool.trainers), len(pool.generators))
+    # the striped sync's flows converge on the 4:1 ToR uplinks: queued there, they must fit Open vSwitch's one
+    # send socket (emulation/sendbuf.py), or it drops them with nothing but this log line to say so
+    assert sendbuf.check()[0], sendbuf.check()[1]
+    assert _send_errors() == dropped
     tr = b.train(0, np.full(64, 300))
     assert tr.detail["correct"] and tr.detail["allreduce_s"] > 0
     assert [u["stage"] for u in b.phase_util if u["phase"] == "train"] == ["dp_allreduce"]
