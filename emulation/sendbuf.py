@@ -8,14 +8,17 @@ share 208 KiB. Where flows converge on a shaped port (a 2:1 ToR's uplink: two se
 queues fill it, further sends fail with EAGAIN and OVS drops the packet; the only trace is a rate-limited
 ``netdev_linux|WARN|error sending Ethernet packet on ...: Resource temporarily unavailable`` in its log. TCP
 sees ~10% loss and stalls on timeouts: the 2:1 tree's weight sync took 1.75-3.15x its modelled time at
-time dilation 2 and 1.86x at 5 (50 and 20 Mb/s links): a fixed number of bytes, not CPU time. At 8 MiB the same sync ran at 1.05x with no retransmissions (the peak queued
-on the socket was 0.9 MB). ``scripts/provision.sh`` sets it before Open vSwitch starts (and restarts
-vswitchd when its socket was made smaller); ``orchestrrl doctor`` and the builder check it.
+time dilation 2 and 1.86x at 5 (50 and 20 Mb/s links): a fixed number of bytes, not CPU time. At 8 MiB the
+same sync ran at 1.05x with no retransmissions (the peak queued on the socket was 0.9 MB).
+``scripts/provision.sh`` sets it before Open vSwitch starts and restarts vswitchd when its socket was made
+smaller (``python3 -m emulation.sendbuf want|socket``: the size wanted, the size vswitchd's socket has);
+``orchestrrl doctor`` and the builder check it.
 """
 from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 WANT_BYTES = 8 * 2**20  # net.core.wmem_default the fabric needs (scripts/provision.sh sets it)
@@ -47,6 +50,13 @@ def vswitchd_send_buffer(ss_output: str) -> int | None:
     return None
 
 
+def read_send_buffer() -> int | None:
+    """ovs-vswitchd's send socket's buffer now (:func:`vswitchd_send_buffer` of ``ss``), None if it has none
+    yet; OSError / SubprocessError when ``ss`` cannot be run."""
+    out = subprocess.run(["ss", "-0", "-a", "-m", "-p"], capture_output=True, text=True, timeout=10).stdout
+    return vswitchd_send_buffer(out)
+
+
 def check() -> tuple[bool, str]:
     """(ok, what was found): ``net.core.wmem_default`` at least WANT_BYTES, and ovs-vswitchd's send socket, if
     it has one, made at that size (it keeps the size it was made with until vswitchd restarts)."""
@@ -58,11 +68,20 @@ def check() -> tuple[bool, str]:
         return False, (f"net.core.wmem_default is {cur} bytes, under {want}: Open vSwitch drops packets where "
                        "flows converge on a shaped port (emulation/sendbuf.py)")
     try:
-        out = subprocess.run(["ss", "-0", "-a", "-m", "-p"], capture_output=True, text=True, timeout=10).stdout
+        tb = read_send_buffer()
     except (OSError, subprocess.SubprocessError) as e:
         return True, f"net.core.wmem_default={cur} (ovs-vswitchd's socket not read: {e})"
-    tb = vswitchd_send_buffer(out)
     if tb is not None and tb < want:
         return False, (f"ovs-vswitchd's send socket has {tb} bytes (made before net.core.wmem_default was "
                        f"raised to {cur}): restart ovs-vswitchd")
     return True, (f"net.core.wmem_default={cur}" + ("" if tb is None else f", ovs-vswitchd's send socket {tb} bytes"))
+
+
+if __name__ == "__main__":  # scripts/provision.sh (Debian's python3, before the venv): stdlib only
+    if sys.argv[1:] == ["want"]:
+        print(WANT_BYTES)
+    elif sys.argv[1:] == ["socket"]:  # empty when vswitchd has no send socket yet
+        tb = read_send_buffer()
+        print("" if tb is None else tb)
+    else:
+        sys.exit("usage: python3 -m emulation.sendbuf want|socket")

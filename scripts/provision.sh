@@ -68,7 +68,7 @@ ovs_ctl=/usr/share/openvswitch/scripts/ovs-ctl
 # ovs-vswitchd sends every packet of every port through one packet socket, sized from net.core.wmem_default
 # when it is made: at Debian's 208 KiB, the bytes queued in the links' htb where flows converge exhaust it
 # and OVS drops packets silently (emulation/sendbuf.py). Set before vswitchd starts, and kept across boots.
-wmem=8388608
+wmem=$(/usr/bin/python3 -m emulation.sendbuf want)
 if [ "$(sysctl -n net.core.wmem_default)" -lt "$wmem" ]; then
   log "net.core.wmem_default -> $wmem (Open vSwitch's shared send socket)"
   sysctl -q -w net.core.wmem_default="$wmem"
@@ -85,7 +85,7 @@ if [ "$start_ovs" = 1 ]; then
     "$ovs_ctl" start --system-id=random >/dev/null 2>&1 || "$ovs_ctl" start --system-id=random
   fi
   # a vswitchd that made its send socket before the sysctl keeps the small one until it restarts
-  tb=$(ss -0 -a -m -p 2>/dev/null | awk '/"ovs-vswitchd"/ && $5 == "[0]:*"' | grep -o 'tb[0-9]*' | head -1 | tr -d tb || true)
+  tb=$(/usr/bin/python3 -m emulation.sendbuf socket || true)
   if [ -n "$tb" ] && [ "$tb" -lt "$wmem" ]; then
     log "restarting ovs-vswitchd: its send socket holds $tb bytes"
     "$ovs_ctl" --no-ovsdb-server restart >/dev/null 2>&1 || \

@@ -29,9 +29,9 @@ from testbed.ticks import IntervalBudget, tick_deadline_s
 class PlanningTick:
     """The planner and the balancer of a run (either may be off, as the policy says) and what they need
     between ticks: each server's last switch end, the phase's migration budget and per-tick deadline, the
-    finished steps' prompt groups; ``decision_ms``, ``realised`` (every migration's predicted gain and
-    its realised one, where the backend tells: against the tick without it) and ``tick_realised`` (per tick that moved, its moves and their realised gain together) for
-    the run's result."""
+    finished steps' prompt groups; for the run's result ``decision_ms``, ``realised`` (every migration's
+    predicted gain and its realised one, where the backend tells: against the tick without it) and
+    ``tick_realised`` (per tick that moved, its moves and their realised gain together)."""
 
     def __init__(self, scenario, backend: Backend, policy: Policy, settings: OrchestratorSettings, est: Estimator,
                  timeline, recovery: Recovery):

@@ -202,7 +202,8 @@ class SimulatedBackend(Backend):
         the ones touched and every server a pending move links to them."""
         if not self.counterfactual or not rids:
             return {}, None
-        mine = {ev[3][0]: ev for ev in self.events if ev[2] == "detach" and ev[3][5] == self.t and ev[3][0] in rids}
+        asked = set(rids)
+        mine = {ev[3][0]: ev for ev in self.events if ev[2] == "detach" and ev[3][5] == self.t and ev[3][0] in asked}
         if not mine:
             return {}, None
         touched = {s for ev in mine.values() for s in ev[3][1:3]}
@@ -215,12 +216,11 @@ class SimulatedBackend(Backend):
             each[r] = self._end_without([ev], set(pair)) - with_all[pair]
         return each, self._end_without(list(mine.values()), touched) - self._end_without([], touched)
 
-    def _end_without(self, left_out: list, servers: set[int], extra: list = ()) -> float:
+    def _end_without(self, left_out: list, servers: set[int]) -> float:
         """The latest finish time of ``servers`` and every server a pending move links to them, copied now and
-        run to the end of their work through the pending moves (less ``left_out``, plus ``extra``), with no
-        later decision."""
+        run to the end of their work through the pending moves less ``left_out``, with no later decision."""
         skip = {id(ev) for ev in left_out}
-        pending = [ev for ev in self.events if ev[2] in ("detach", "arrive") and id(ev) not in skip] + list(extra)
+        pending = [ev for ev in self.events if ev[2] in ("detach", "arrive") and id(ev) not in skip]
         servers = set(servers)
         grew = True
         while grew:  # a detach's payload[1] is its source (whose engine it stops), [2] its destination

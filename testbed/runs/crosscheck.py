@@ -7,8 +7,9 @@ Per policy the mean step makespan and the mean generation, train and weight-sync
 phase's transfers ran below the modelled link rates and named the time dilation that removes it (a 2-core
 machine cannot forward four concurrent 400 Mb/s flows across the OCS bridge at their rate while the agents
 generate: docs/emulation.md "Known limits"); for train, the modelled compute's own error must stay within the
-tolerance of the phase (so that the transfers, not the compute, are what is off). Used by tests/system/test_crosscheck.py (the small default) and by
-`orchestrrl bench crosscheck` (any scenario, the default's demo included).
+tolerance of the phase (so that the transfers, not the compute, are what is off). Used by
+tests/system/test_crosscheck.py (the small default) and by `orchestrrl bench crosscheck` (any scenario, the
+default's demo included).
 """
 from __future__ import annotations
 
