@@ -1,9 +1,9 @@
 """htb rate shaping of one interface at any rate (Mininet's TCLink ignores bw > 1000 Mb/s), through netlink.
 
 Layout on an interface: ``root handle 1: htb default 20`` with the link class ``1:1`` at the rate, and under
-it ``1:10`` (htb prio 0: served first) for IPv4 packets under ``SMALL_BYTES`` (TCP's pure ACKs, Gloo's 48-byte
-ready notices), filtered by u32 on the header's total length, guaranteed ``SMALL_SHARE`` of the rate and free
-to borrow the rest, and ``1:20`` (prio 1, the default) for everything else at the link's rate (it never
+it ``1:10`` (htb prio 0: served first) for IPv4 packets under ``SMALL_BYTES`` (TCP's pure ACKs, small UDP
+datagrams; not TCP data: see below), filtered by u32 on the header's total length, guaranteed ``SMALL_SHARE``
+of the rate and free to borrow the rest, and ``1:20`` (prio 1, the default) for everything else at the link's rate (it never
 borrows: a borrowing bulk class made the 400 Mb/s collectives bench worse). Why the small packets go first:
 in a ring all-reduce (or a relayed broadcast chain) every link carries one flow's data and another flow's
 ACKs; in one FIFO the ACKs waited behind the queued data, the flows' round trip went from 0.5 ms to 90-150 ms
@@ -14,7 +14,11 @@ runs each: all-reduce efficiency 0.897-0.908 (4 MiB) and 0.846-0.875 (16 MiB) in
 were the same (all-reduce 0.986 / 0.893 vs 0.988 / 0.882, broadcast 0.923 / 0.903 vs 0.926 / 0.851) and the
 worst rows lower (0.707 and 0.699 against 0.881 and 0.814): there the userspace datapath, not TCP, is the
 limit. The small class may add up to its share on top of the bulk's rate while both are busy (ACKs are ~2% of
-a data flow's bytes). ``change_rate`` changes the classes in place (no packet is dropped by the change itself).
+a data flow's bytes). A small TCP segment that carries data (PSH set: the last one of a write, e.g. Gloo's
+message headers and tails) stays in the bulk class: put ahead of its own connection's queued data it arrived
+out of order, and the sender took the reordering for a loss (a spurious fast retransmit and a window cut; in
+the 64 MiB all-reduce every retransmitted segment came back as a DSACK, 30-54 reorderings per host in 9
+all-reduces; with the rule 0-1, and the bench's worst row >= 16 MiB went from 0.80-0.94 to 0.92-0.94). ``change_rate`` changes the classes in place (no packet is dropped by the change itself).
 
 burst / cburst: one maximal GSO packet plus a little (68 KiB) at every rate. userspace TSO hands the veths
 64 KiB segments, so the burst holds at least one of them; more (we tried ~1 ms of traffic: 187 KB at 1.5 Gb/s)

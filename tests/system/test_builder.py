@@ -160,6 +160,24 @@ def test_build_check_forward_and_stop(orl_state_dir, no_capacity_file, orl_lefto
         assert set(cls) == {"1:1", "1:10", "1:20"}
         assert cls["1:10"] - before_cls["1:10"] >= after["sent"]
         assert cls["1:1"] - before_cls["1:1"] >= cls["1:10"] - before_cls["1:10"]  # the link class counts all
+        # ...but a small TCP segment that carries data stays behind its connection's queued data (PSH: bulk
+        # class), so it cannot overtake it; the receiver's pure ACKs still go first
+        n_msgs = 40
+        rx = ("import socket,sys; s=socket.socket(); s.bind((sys.argv[1], 7001)); s.listen(); print('ok', flush=True);"
+              "c,_=s.accept(); n=0\nwhile (b := c.recv(4096)): n += len(b)\nprint(n, flush=True)")
+        tx = ("import socket,sys,time; c=socket.create_connection((sys.argv[1], 7001));"
+              "c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
+              f"for _ in range({n_msgs}): c.sendall(b'x' * 16); time.sleep(0.005)\nc.close()")
+        srv = fab.popen(4, [sys.executable, "-c", rx, SPEC.host_ip(4)], stdout=subprocess.PIPE, text=True)
+        assert srv.stdout.readline().strip() == "ok"
+        tx0, rx0 = tc_class_packets(fab.intf_of(0), fab.host(0).pid), tc_class_packets(fab.intf_of(4), fab.host(4).pid)
+        assert fab.popen(0, [sys.executable, "-c", tx, SPEC.host_ip(4)]).wait(timeout=20) == 0
+        assert srv.stdout.readline().strip() == str(16 * n_msgs)
+        srv.wait(timeout=5)
+        tx1, rx1 = tc_class_packets(fab.intf_of(0), fab.host(0).pid), tc_class_packets(fab.intf_of(4), fab.host(4).pid)
+        assert tx1["1:20"] - tx0["1:20"] >= n_msgs  # 68-byte data segments, each with PSH: the bulk class
+        assert tx1["1:10"] - tx0["1:10"] <= 6  # the SYN, the FIN and the pure ACKs of opening and closing
+        assert rx1["1:10"] - rx0["1:10"] >= n_msgs // 2  # the receiver's (delayed) pure ACKs: first in line
         # a long-running host process, stopped by stop()
         sleeper = fab.popen(3, ["sleep", "60"])
         shells = [r.pid for r in registry.list_processes() if r.role in ("mnhost", "mnswitch")]
