@@ -28,6 +28,9 @@ CLASS_HANDLE = 0x10001  # its link class "1:1" (the interface's rate)
 SMALL_HANDLE = 0x10010  # "1:10" under 1:1: small packets (TCP's pure ACKs, small UDP), served first
 BULK_HANDLE = 0x10020  # "1:20" under 1:1: everything else (the qdisc's default)
 ETH_P_IP = 0x0800
+# u32 keys ("value/mask+offset" into the IPv4 header) of a TCP segment that carries data: a 20-byte header
+# (Linux sends no IP options), protocol 6, PSH set in the TCP flags (byte 33 behind such a header)
+TCP_DATA_KEYS = ("0x05000000/0x0f000000+0", "0x00060000/0x00ff0000+8", "0x00080000/0x00080000+32")
 
 
 class NetlinkFailed(RuntimeError):
@@ -172,11 +175,9 @@ class Netlink:
         small = f"0x0/0x{mask:08x}+2"
         # ...except a TCP segment that carries data (PSH set: the last segment of a write; pure ACKs never
         # have it): put ahead of its own connection's queued data it arrives out of order, and the sender
-        # takes the reordering for a loss (a spurious fast retransmit and a window cut). Assumes a 20-byte
-        # IPv4 header (Linux sends no IP options): the flags are byte 33.
+        # takes the reordering for a loss (a spurious fast retransmit and a window cut)
         self._call(name, self._ipr.tc, "add-filter", "u32", idx, ":1", parent=ROOT_HANDLE, prio=1,
-                   protocol=ETH_P_IP, target=handles[-1],
-                   keys=[small, "0x05000000/0x0f000000+0", "0x00060000/0x00ff0000+8", "0x00080000/0x00080000+32"])
+                   protocol=ETH_P_IP, target=handles[-1], keys=[small, *TCP_DATA_KEYS])
         self._call(name, self._ipr.tc, "add-filter", "u32", idx, ":2", parent=ROOT_HANDLE, prio=2,
                    protocol=ETH_P_IP, target=handles[0], keys=[small])
 

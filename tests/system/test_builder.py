@@ -170,11 +170,14 @@ def test_build_check_forward_and_stop(orl_state_dir, no_capacity_file, orl_lefto
               f"for _ in range({n_msgs}): c.sendall(b'x' * 16); time.sleep(0.005)\nc.close()")
         srv = fab.popen(4, [sys.executable, "-c", rx, SPEC.host_ip(4)], stdout=subprocess.PIPE, text=True)
         assert srv.stdout.readline().strip() == "ok"
-        tx0, rx0 = tc_class_packets(fab.intf_of(0), fab.host(0).pid), tc_class_packets(fab.intf_of(4), fab.host(4).pid)
+        def classes(h: int) -> dict[str, int]:
+            return tc_class_packets(fab.intf_of(h), fab.host(h).pid)
+
+        tx0, rx0 = classes(0), classes(4)
         assert fab.popen(0, [sys.executable, "-c", tx, SPEC.host_ip(4)]).wait(timeout=20) == 0
         assert srv.stdout.readline().strip() == str(16 * n_msgs)
         srv.wait(timeout=5)
-        tx1, rx1 = tc_class_packets(fab.intf_of(0), fab.host(0).pid), tc_class_packets(fab.intf_of(4), fab.host(4).pid)
+        tx1, rx1 = classes(0), classes(4)
         assert tx1["1:20"] - tx0["1:20"] >= n_msgs  # 68-byte data segments, each with PSH: the bulk class
         assert tx1["1:10"] - tx0["1:10"] <= 6  # the SYN, the FIN and the pure ACKs of opening and closing
         assert rx1["1:10"] - rx0["1:10"] >= n_msgs // 2  # the receiver's (delayed) pure ACKs: first in line
