@@ -303,9 +303,9 @@ class Driver:
         waited = sum(s.get("async", {}).get("generator_idle_s", 0.0) for s in self.steps)
         fid["step_makespan_affected"] = bool(cpu or waited > 0.01 * total_t)
         if not fid["step_makespan_affected"]:
-            fid["verdict"] += (f" (the slow train and sync phases overlapped generation, off the critical path: the "
-                               f"generators waited {waited:.2f} s for weights in all, so the step makespans are unaffected; "
-                               f"the train and sync phase times are not faithful)")
+            fid["verdict"] += (f" (the slow train and sync phases overlapped generation, off the critical path: "
+                               f"the generators waited {waited:.2f} s for weights in all, so the step makespans are "
+                               f"unaffected; the train and sync phase times are not faithful)")
         return fid
 
 
