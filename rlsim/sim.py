@@ -16,7 +16,9 @@ flow-level simulator (``rlsim.flowsim``) on the fabric's links (``rlsim.fabrics`
 * Weight sync: on RFabric the plan of ``controller.phases.sync_chains`` on the installed circuits (chain heads
   pull stripes from trainer servers over circuits, chains relay down generator servers; every hop rides a
   circuit or stays under one ToR). Elsewhere every trainer DP replica holds a copy and the generator
-  servers are split into as many pipelined chains (fan-out ``sync_fanout``) as there are replicas.
+  servers are split into as many pipelined chains (fan-out ``sync_fanout``) as there are replicas. Either
+  way the weights go in buckets (``sync_bucket_mb``) that a relay forwards once whole: the deepest member
+  gets its last bucket ``depth - 1`` bucket times after the flow model's end.
 * RFabric re-wires its OCSes between phases with the controller's phase topologies. A circuit that changes
   must be dark for ``T_ocs``. Its idle window runs from the last use of the removed circuits in the previous
   phase to the first use of the added circuits in the next one (so it includes the next phase's lead-in:
@@ -72,6 +74,9 @@ class SimSettings:
     sync_fanout: int = 1  # broadcast tree fan-out for weight sync (1: pipelined chains)
     sync_stripes: int = 0  # replicas a chain head pulls from (0: one per trainer ToR)
     engine: EngineSettings | None = None  # the rollout engines' settings; None: the scenario's (orchestrator.engine)
+    # weight-sync bucket (real MB): a relay forwards a bucket once it is whole; None: the scenario's
+    # (orchestrator.sync_bucket_mb, veRL's update_weights_bucket_megabytes)
+    sync_bucket_mb: float | None = None
     fabric: FabricOptions = FabricOptions()
 
     def __post_init__(self) -> None:
@@ -79,6 +84,27 @@ class SimSettings:
         require(self.latency_us >= 0, "latency_us", f"must be >= 0, got {self.latency_us}")
         require(self.sync_stripes >= 0, "sync_stripes", f"must be >= 0, got {self.sync_stripes}")
         require(self.sync_fanout >= 1, "sync_fanout", f"must be >= 1, got {self.sync_fanout}")
+        require(self.sync_bucket_mb is None or (math.isfinite(self.sync_bucket_mb) and self.sync_bucket_mb > 0),
+                "sync_bucket_mb", f"must be > 0, got {self.sync_bucket_mb}")
+
+
+def resolved(settings: SimSettings, scn: Scenario) -> SimSettings:
+    """``settings`` with what it leaves to the scenario (None) filled in from ``scn.orchestrator``."""
+    if settings.engine is None:
+        settings = dataclasses.replace(settings, engine=scn.orchestrator.engine)
+    if settings.sync_bucket_mb is None:
+        settings = dataclasses.replace(settings, sync_bucket_mb=scn.orchestrator.sync_bucket_mb)
+    return settings
+
+
+def tree_depth(index: int, fanout: int) -> int:
+    """Edges from the root to node ``index`` of a breadth-first ``fanout``-ary tree (controller.traffic's
+    broadcast_tree: node i's parent is (i - 1) // fanout; 1: a chain)."""
+    d = 0
+    while index > 0:
+        index = (index - 1) // fanout
+        d += 1
+    return d
 
 
 # ---- generation ----------------------------------------------------------------------------------
@@ -298,7 +324,7 @@ def sync_phase(w, cm: CostModel, spec: FabricSpec, layout: JobLayout, net: Netwo
                     lead = max(lead, hops[src])
             dem += broadcast_tree(head, ch.members[1:], W, settings.sync_fanout)
             for k, m in enumerate(ch.members):
-                hops[m] = lead + 1 + k
+                hops[m] = lead + 1 + tree_depth(k, settings.sync_fanout)
         detail = {"plan": "sync_chains", "chains": len(chains),
                   "longest_chain": max(len(c.members) for c in chains),
                   "sources_per_head_max": max(len(c.sources) for c in chains)}
@@ -321,14 +347,21 @@ def sync_phase(w, cm: CostModel, spec: FabricSpec, layout: JobLayout, net: Netwo
                 for j in range(pp):  # the replica's servers each hold their stages' shards
                     dem.append((server_of(r, j), members[0], W * share / pp))
             dem += broadcast_tree(members[0], members[1:], W, settings.sync_fanout)
-            depth = max(depth, len(members))
+            depth = max(depth, 1 + tree_depth(len(members) - 1, settings.sync_fanout))
         detail = {"plan": "stripes", "chains": chains_n, "stripes": k_stripes}
     dem = merge(dem)
     planned = detail["plan"] == "sync_chains" and pp == 1 and settings.sync_fanout == 1
     res = run_demands(net, dem, latency=settings.latency_us * 1e-6 * depth, planned=planned) if dem else None
     dur = res.makespan if res else 0.0
+    # the pipeline's fill: every relay forwards a bucket once the whole bucket is in (the agents' broadcast,
+    # veRL's bucketed update), so the deepest member's last bucket comes (depth - 1) bucket times after the
+    # flow model's end, a bucket time being a bucket at the rate the chain ran (W in ``dur``)
+    bucket = min(W, (settings.sync_bucket_mb or 512.0) * 1e6)
+    fill = max(0, depth - 1) * bucket / W * dur if W > 0 else 0.0
+    dur += fill
     bound = sync_bound_s(spec, net, gen_servers, W)
-    detail.update(weight_bytes=W, fanout=settings.sync_fanout, bound_s=bound,
+    detail.update(weight_bytes=W, fanout=settings.sync_fanout, bound_s=bound, depth=depth, relay_fill_s=fill,
+                  bucket_bytes=bucket,
                   vs_bound=dur / bound if bound > 0 and math.isfinite(bound) else None)
     return PhaseRun(dur, detail, {"sync": (net, res, 0.0)} if res else {})
 
@@ -508,8 +541,7 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
     if fabric not in FABRICS:
         raise SpecError("fabric", f"must be one of {', '.join(FABRICS)}, got {fabric!r}")
     scn = scale_scenario(scn, gpus)
-    if settings.engine is None:
-        settings = dataclasses.replace(settings, engine=scn.orchestrator.engine)
+    settings = resolved(settings, scn)
     spec, layout, w = scn.fabric, scn.layout, scn.workload
     reconfig_delay_ms = scn.reconfig_delay_ms if settings.reconfig_delay_ms is None else settings.reconfig_delay_ms
     delay_s = reconfig_delay_ms / 1e3

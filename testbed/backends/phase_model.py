@@ -14,7 +14,7 @@ from controller.switching import decide_switch
 from controller.traffic import phase_traffic
 from emulation.spec import PHASES
 from rlsim.fabrics import CircuitNetwork, Unreachable, build_network, rfabric_counts
-from rlsim.sim import SimSettings, sync_phase, train_phase
+from rlsim.sim import SimSettings, resolved, sync_phase, train_phase
 
 from .base import PhaseDecision
 
@@ -24,7 +24,7 @@ class PhaseModel:
         self.scn = scenario
         self.spec, self.layout, self.w = scenario.fabric, scenario.layout, scenario.workload
         self.cm = CostModel.for_names(self.w.model, self.w.gpu)
-        self.settings = settings
+        self.settings = resolved(settings, scenario)
         self.delay_ms = scenario.reconfig_delay_ms  # real time: the model's clock
         self.nets = {}
         self.traffic = phase_traffic(self.spec, self.layout, self.w)  # what the controller builds them from

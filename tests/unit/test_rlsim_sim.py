@@ -165,7 +165,30 @@ def test_train_to_sync_turns_from_switched_to_stalled_to_kept_as_reconfig_delay_
     own = d[1.0]["next_phase_new_s"]
     assert d[1.0]["stall_s"] == pytest.approx(0.001) and runs[1.0]["phases"]["sync_s"] == pytest.approx(own + 0.001)
     assert runs[1000.0]["phases"]["sync_s"] == pytest.approx(d[1000.0]["next_phase_old_s"])
-    assert runs[1000.0]["phases"]["sync_s"] == pytest.approx(own + gain / 1e3, rel=1e-3)
+    # kept: the generation topology (gen -> train was kept too), whose one chain relays through 8 servers
+    assert d[1000.0]["topology"] == "gen" and runs[1000.0]["detail"]["sync"]["depth"] == 8
+    assert d[1000.0]["gain_ms"] == pytest.approx((d[1000.0]["next_phase_old_s"] - own) * 1e3, rel=1e-3)
+
+
+def test_a_relay_chain_pays_one_bucket_per_relay_on_top_of_the_flow_model():
+    """The weights go down a chain in buckets, each relay forwarding a bucket once it is whole: the last of 8
+    members gets its last bucket 7 bucket times after the flow model's end (a bucket time: a bucket at the
+    rate the chain ran). 4 chains of 2 pay one bucket time."""
+    s = dataclasses.replace(small(), fabric=dataclasses.replace(small().fabric, uplinks_per_tor=4, ocs_count=4))
+    flows = {}
+    for delay, depth in ((1000.0, 8), (0.0, 2)):  # kept generation topology: one chain; sync's own: 4 of 2
+        big, tiny = (simulate_iteration(s, "rfabric", settings=SimSettings(reconfig_delay_ms=delay, sync_bucket_mb=b))
+                     for b in (512.0, 1e-6))
+        sb, st = big["detail"]["sync"], tiny["detail"]["sync"]
+        assert sb["depth"] == st["depth"] == depth
+        flow = flows[delay] = tiny["phases"]["sync_s"]
+        assert st["relay_fill_s"] < 1e-9 * flow
+        assert sb["relay_fill_s"] == pytest.approx((depth - 1) * 512e6 / sb["weight_bytes"] * flow, rel=1e-6)
+        assert big["phases"]["sync_s"] == pytest.approx(flow + sb["relay_fill_s"], rel=1e-6)
+    # the scenario's bucket is the default (orchestrator.sync_bucket_mb)
+    own = dataclasses.replace(s, orchestrator=dataclasses.replace(s.orchestrator, sync_bucket_mb=1e-6))
+    assert simulate_iteration(own, "rfabric", settings=SimSettings(reconfig_delay_ms=1000.0))["phases"]["sync_s"] \
+        == pytest.approx(flows[1000.0], rel=1e-6)
 
 
 def test_scale_scenario():
