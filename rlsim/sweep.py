@@ -202,14 +202,16 @@ def _label(r: dict) -> str:
     return out
 
 
-def summarise(results: Sequence[dict]) -> dict:
+def summarise(results: Sequence[dict], ceilings: dict | None = None) -> dict:
     """Per scale: each point's slowdown, cost and perf/cost relative to the non-blocking Fat-Tree built of
     switches of the same radix (points whose cost does not depend on the radix: against each such
     Fat-Tree): ``rows``; ``best_within_slowdown``: per Fat-Tree radix, the other point with the highest
     perf/cost whose iteration is within SLOWDOWN_GOAL of that Fat-Tree's (each at T_ocs = 10 ms or the
     nearest swept); ``vs_static``: per radix, the best static fabric (none re-wires during the job: the
     Fat-Trees, rail, TopoOpt, MixNet as modelled), the best oversubscribed Fat-Tree and the best RFabric
-    configuration within the goal, and RFabric's perf/cost against the first two."""
+    configuration within the goal, and RFabric's perf/cost against the first two. ``ceilings`` (per scale,
+    ``rlsim.bounds.perf_cost_ceiling``): ``ceiling``, what no fabric beats at these prices, and per radix
+    ``ceiling_vs_best_oversubscribed_fat_tree``, the most any fabric could gain over that tree."""
     out: dict = {}
     ok = [r for r in results if r.get("iteration_s")]
     for n in sorted({r["gpus"] for r in ok}):
@@ -251,6 +253,12 @@ def summarise(results: Sequence[dict]) -> dict:
                               ("best_rfabric", rf)):
                 if cand:
                     entry[key] = max(cand, key=lambda row: row["perf_per_cost_vs_fat_tree"])
+            ceil = (ceilings or {}).get(n) or (ceilings or {}).get(str(n))
+            if (ceil and ceil.get("best_within_goal") and "best_oversubscribed_fat_tree" in entry
+                    and str(ceil["fat_tree"].get("switch_radix")) == str(rad)):  # against the same Fat-Tree
+                entry["ceiling_vs_best_oversubscribed_fat_tree"] = (
+                    ceil["best_within_goal"]["perf_per_cost_ceiling_vs_fat_tree"] /
+                    entry["best_oversubscribed_fat_tree"]["perf_per_cost_vs_fat_tree"])
             if "best_rfabric" in entry:
                 for key in ("best_static", "best_oversubscribed_fat_tree"):
                     if key in entry:
@@ -260,7 +268,19 @@ def summarise(results: Sequence[dict]) -> dict:
                 vs_static[str(rad)] = entry
         out[str(n)] = {"rows": rows, "best_within_slowdown": best, "vs_static": vs_static,
                        "slowdown_goal": SLOWDOWN_GOAL}
+        ceil = (ceilings or {}).get(n) or (ceilings or {}).get(str(n))
+        if ceil:
+            out[str(n)]["ceiling"] = ceil_summary(ceil)
     return out
+
+
+def ceil_summary(ceil: dict) -> dict:
+    """The figures of a ``rlsim.bounds.perf_cost_ceiling`` answer a reader needs (its rows stay in it)."""
+    b = ceil.get("best_within_goal")
+    return {"free_network_perf_per_cost_vs_fat_tree": ceil["free_network"]["perf_per_cost_ceiling_vs_fat_tree"],
+            "cost_floor_vs_fat_tree": ceil["free_network"]["cost_floor_vs_fat_tree"],
+            "best_within_goal": {k: b[k] for k in ("uplinks_per_tor", "slowdown_vs_fat_tree", "cost_vs_fat_tree",
+                                                   "perf_per_cost_ceiling_vs_fat_tree")} if b else None}
 
 
 ACTION_STYLE = {"switched": ("#2ca02c", "o"), "stalled": ("#ff7f0e", "^"), "kept": ("#d62728", "X"),
@@ -271,7 +291,10 @@ def _near_10ms(rs: Sequence[dict]) -> dict:
     return min(rs, key=lambda r: abs(r["reconfig_delay_ms"] - 10.0))
 
 
-def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = None) -> dict:
+def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = None,
+                  ceilings: dict | None = None) -> dict:
+    """sweep.json (every result, the summary, ``ceilings`` per scale: ``rlsim.bounds.perf_cost_ceiling``) and
+    the plots; the Pareto panels draw each scale's ceiling (what no fabric of any taper beats)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -279,7 +302,9 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
 
     os.makedirs(out_dir, exist_ok=True)
     ok = [r for r in results if r.get("iteration_s")]
-    doc = {"meta": meta or {}, "results": list(results), "summary": summarise(results),
+    ceilings = {str(k): v for k, v in (ceilings or {}).items()}
+    doc = {"meta": meta or {}, "results": list(results), "summary": summarise(results, ceilings),
+           "ceilings": ceilings,
            "infeasible": [{k: r.get(k) for k in ("fabric", "gpus", "uplinks_per_tor", "ocs_count", "error")}
                           for r in results if not r.get("iteration_s")]}
     write_json_atomic(os.path.join(out_dir, "sweep.json"), doc, indent=1, fsync=False, default=to_dict)
@@ -315,6 +340,15 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
                 pts.append((x, y))
         front = pareto_front(pts)
         ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "--", color="gray", lw=1)
+        ceil = ceilings.get(str(n))
+        if ceil:  # per uplink count: the least such a fabric costs, at the fastest it could iterate
+            c_ft = ceil["fat_tree"]["cost_usd"]
+            cs = [(r["cost_vs_fat_tree"] * c_ft / 1e6, 3600.0 / r["iteration_s"]) for r in ceil["per_uplinks"]]
+            ax.plot([c for c, _ in cs], [y for _, y in cs], ":", color="k", lw=1,
+                    label="ceiling: u uplinks per ToR, any fabric")
+            fn = ceil["free_network"]
+            ax.scatter(fn["cost_floor_usd"] / 1e6, 3600.0 / fn["iteration_s"], marker="*", s=90, color="k",
+                       label="ceiling: floor cost, free network")
         ax.set_xscale("log")
         ax.set_xlabel("network cost (million USD, log)")
         ax.set_ylabel("RL iterations per hour")

@@ -22,7 +22,9 @@ Sections (T_ocs = 10 ms unless swept; the Fat-Tree's tier count is the default, 
   RFabric's slowdown against the Fat-Tree and its train phase against TopoOpt's and MixNet's, every
   transition's decision and predicted gain; over the T_ocs sweep at 2,048 GPUs the smallest predicted gain
   of any switch made (switched or stalled: never below -1 ms); and the tapered RFabric against the
-  non-blocking and the best oversubscribed Fat-Tree (``perf/cost``, the sweep's ``vs_static``).
+  non-blocking and the best oversubscribed Fat-Tree (``perf/cost``, the sweep's ``vs_static``), with the
+  ceilings no fabric beats at these prices (``rlsim/bounds.py``: ``taper.<gpus>.ceiling``, and
+  ``ceiling_vs_best_oversubscribed_fat_tree``) and each RFabric row against its own bound.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from rlsim.cost import fabric_cost, load_prices  # noqa: E402
 from rlsim.fabrics import FabricOptions  # noqa: E402
 from rlsim.limits import scale_scenario  # noqa: E402
 from rlsim.sim import SimSettings, sync_phase, simulate_iteration  # noqa: E402
+from rlsim.bounds import perf_cost_ceiling  # noqa: E402
 from rlsim.sweep import DEFAULT_RECONFIG_DELAYS_MS, plan, run_sweep, summarise  # noqa: E402
 
 SECTIONS = ("scales", "perf_cost", "reconfig_delay", "timing", "sensitivity", "traffic")
@@ -208,13 +211,18 @@ def traffic_section(paths: list[str], scales, uplinks) -> dict:
                     made.append({"reconfig_delay_ms": t, "transition": k, "action": v["action"], "gain_ms": v["gain_ms"]})
         pts = plan(scn, ["fat-tree"] + [f for f in OVERSUB if f != "fat-tree"] + ["rfabric"], [1024, 2048], [10.0],
                    uplinks=uplinks)
-        summ = summarise(run_sweep(scn, pts, SimSettings(), use_ray=False, progress=False))
+        ceilings = {n: perf_cost_ceiling(scn, n, uplinks) for n in (1024, 2048)}
+        summ = summarise(run_sweep(scn, pts, SimSettings(), use_ray=False, progress=False), ceilings)
         taper = {}
         for n, v in summ.items():
             for rad, e in v["vs_static"].items():
                 taper[n] = {k: ({kk: x[kk] for kk in ("label", "slowdown_vs_fat_tree", "cost_vs_fat_tree",
                                                       "perf_per_cost_vs_fat_tree")} if isinstance(x, dict) else x)
                             for k, x in e.items()}
+            c = ceilings[int(n)]
+            taper[n]["ceiling"] = {**v["ceiling"], "rfabric_vs_its_bound": [
+                {k: r.get(k) for k in ("uplinks_per_tor", "slowdown_vs_fat_tree", "perf_per_cost_vs_fat_tree",
+                                       "ceiling_at_its_cost_vs_fat_tree", "vs_bound", "error")} for r in c["rfabric"]]}
         out[scn.name] = {"rows": rows, "switches_made_min_gain_ms": min((m["gain_ms"] for m in made), default=None),
                          "switches_made": len(made), "taper": taper}
     return out

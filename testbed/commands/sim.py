@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -122,10 +123,17 @@ def _sweep(args) -> int:
 
     settings = SimSettings(fabric=FabricOptions(fat_tree_tiers=args.fat_tree_tiers))
     results = run_sweep(scn, points, settings, use_ray=use_ray, ray_address=args.ray_address)
+    ceilings = {}
+    if "fat-tree" in fabrics:  # what no fabric beats at these prices (rlsim/bounds.py), against the Fat-Tree
+        from rlsim.bounds import perf_cost_ceiling
+
+        ceilings = {n: perf_cost_ceiling(scn, n, settings=dataclasses.replace(settings, reconfig_delay_ms=10.0))
+                    for n in scales}
     files = write_outputs(results, args.out, {"scenario": args.scenario, "fabrics": fabrics, "scales": scales,
                                               "reconfig_delay_ms": t_list, "ray": use_ray,
                                               "uplinks": args.uplinks_list, "ocs": args.ocs_list,
-                                              "radix": args.radix_list, "fat_tree_tiers": args.fat_tree_tiers})
+                                              "radix": args.radix_list, "fat_tree_tiers": args.fat_tree_tiers},
+                          ceilings)
     for k, v in files.items():
         print(f"{k}: {v}")
     summary = json.load(open(files["json"]))["summary"]
@@ -136,4 +144,10 @@ def _sweep(args) -> int:
                       f"{e['best_rfabric']['label']} {e['best_rfabric']['perf_per_cost_vs_fat_tree']:.3f}x perf/cost "
                       f"vs the Fat-Tree; best static {e['best_static']['label']} "
                       f"{e['best_static']['perf_per_cost_vs_fat_tree']:.3f}x: RFabric {e['rfabric_vs_best_static']:.3f}x it")
+        c = v.get("ceiling")
+        if c and c["best_within_goal"]:
+            b = c["best_within_goal"]
+            print(f"{n} GPUs: ceiling (any fabric, these prices): {b['perf_per_cost_ceiling_vs_fat_tree']:.3f}x "
+                  f"within {v['slowdown_goal']:.0%} ({b['uplinks_per_tor']} uplinks per ToR), "
+                  f"{c['free_network_perf_per_cost_vs_fat_tree']:.3f}x with a free network at the cost floor")
     return 0
