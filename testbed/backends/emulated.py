@@ -43,7 +43,12 @@ from .phase_model import PhaseModel
 log = logging.getLogger(__name__)
 
 A2A_CHUNKS = 4  # an EP all-to-all runs as this many layer groups (a few layers' dispatch and combine each)
-LINK_EFFICIENCY_MIN = 0.8  # a phase whose transfers take longer than modelled / this: the fabric distorted the run
+# a phase whose transfers took more than this share beyond their modelled time: the fabric distorted the run. The
+# cross-check of the backends (testbed/runs/crosscheck.py TOLERANCE) calls a phase 10% off a disagreement, so the
+# line is the same: at 0.8 (until 2026-12-04) a weight sync at 0.87 of the rates passed the monitor as faithful
+# and failed the cross-check at 1.19-1.24x (CI)
+LINK_SLOWDOWN_MAX = 0.10
+LINK_EFFICIENCY_MIN = 1 / (1 + LINK_SLOWDOWN_MAX)
 # a train phase's modelled compute (a wall-clock wait in every trainer) that took longer than this share beyond its
 # modelled time: the machine's scheduler (and the RPCs to the trainers) distorted the run
 COMPUTE_OVERSHOOT_MAX = 0.05
@@ -267,7 +272,9 @@ class EmulatedBackend(Backend):
         span = (max(r["end_mono"] for r in res.values()) - min(r["start_mono"] for r in roots)) / self.tdf
         detail = {"bytes_emulated": nbytes, "chains": n_chains, "consistent": len(crcs) == 1,
                   "broadcast_s": span, "bucket_bytes": self.bucket_bytes, "retries": retries}
-        self._utilisation("sync", before, span, self.model.sync_s(self._installed_phase())[0])
+        # the phase as reported (the broadcast and the RPCs around it, 0.02-0.05 s here) against the modelled
+        # broadcast, which is all the simulated backend's sync is: the monitor judges what the cross-check compares
+        self._utilisation("sync", before, t1 - t0, self.model.sync_s(self._installed_phase())[0])
         return PhaseResult("sync", t0, t1, detail)
 
     def train(self, step: int, lengths: np.ndarray) -> PhaseResult:

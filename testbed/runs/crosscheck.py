@@ -42,9 +42,9 @@ def _unexplained_train_s(step: dict, compute_flagged: bool, links_flagged: bool)
 def _excused(emulated: dict, run_dir: Path, key: str, tolerance: float, simulated_s: float) -> bool:
     """Whether a train or sync disagreement is one the monitor flagged and named the fix for: the run is flagged
     (testbed.backends.emulated.fidelity: distorted, and the time dilation that removes it named) for this
-    phase's own parts. Sync: its transfers ran more than ``tolerance`` below their modelled rates (a phase at 0.81
-    of the rates, above the monitor's 0.8 line in a run it flagged, took 1.147x the modelled time: CI,
-    2026-12-03). Train: its collectives did, or its compute (a wall-clock wait of modelled time x time dilation,
+    phase's own parts. Sync: its transfers took more than ``tolerance`` beyond their modelled time (the monitor's own
+    line, LINK_SLOWDOWN_MAX: while the monitor drew it at 0.8 of the rates, syncs at 0.81-0.87 took 1.15-1.24x
+    the modelled time unflagged, CI 2026-12-03 and 12-04). Train: its collectives did, or its compute (a wall-clock wait of modelled time x time dilation,
     0.5 s of wall time for 2.1 s at the small default's 0.25, which a loaded 2-core machine's scheduler
     overshoots by tens of ms) ran past the monitor's line; and in every step the time the flagged parts do not
     account for (the unflagged parts' own errors and whatever the phase took beside its parts) stays within
@@ -53,7 +53,7 @@ def _excused(emulated: dict, run_dir: Path, key: str, tolerance: float, simulate
         return False
     fid = emulated["fidelity"]
     phase = key[:-2]
-    slow = any(u["phase"] == phase and u.get("efficiency", 1) < 1 - tolerance for u in fid["links"])
+    slow = any(u["phase"] == phase and u.get("efficiency", 1) < 1 / (1 + tolerance) for u in fid["links"])
     named = fid["distorted"] and "time_dilation >=" in fid["verdict"]
     if phase == "sync":
         return named and slow

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.backends.emulated import COMPUTE_OVERSHOOT_MAX, EmulatedBackend
+from testbed.backends.emulated import COMPUTE_OVERSHOOT_MAX, LINK_SLOWDOWN_MAX, EmulatedBackend
+from testbed.runs.crosscheck import TOLERANCE
 
 
 class _NoAgents:
@@ -39,3 +40,13 @@ def test_the_larger_of_two_distortions_names_the_dilation():
     fid = _backend(0.25, [(2.0, 2.4)], [{"phase": "sync", "efficiency": 0.1}]).fidelity()
     assert fid["compute_distorted"] and "transfers ran at 10%" in fid["verdict"]
     assert fid["tdf_needed"] == 2.5  # 0.25 / 0.1 beats the compute's 1.0
+
+
+def test_transfers_past_the_cross_checks_tolerance_are_flagged_and_within_it_are_not():
+    # the line is the cross-check's: a phase flagged here is one testbed/runs/crosscheck.py may let off, and one
+    # within it must agree with the simulated backend (CI 2026-12-04: a sync at 0.868, then unflagged, took 1.19x)
+    assert LINK_SLOWDOWN_MAX == TOLERANCE
+    slow = _backend(0.25, [], [{"phase": "sync", "efficiency": 0.868}]).fidelity()
+    assert slow["distorted"] and "transfers ran at 87%" in slow["verdict"] and slow["tdf_needed"] == 0.3
+    within = _backend(0.25, [], [{"phase": "sync", "efficiency": 1 / (1 + TOLERANCE) + 0.001}]).fidelity()
+    assert not within["distorted"] and within["tdf_needed"] == 0.25
