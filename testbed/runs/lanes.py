@@ -1,0 +1,136 @@
+"""Progress-informed lanes: how much of the lane oracle a policy could keep that finds the long requests by
+their progress alone, as an online policy must (no response length known in advance).
+
+The ``both`` oracle (testbed.runs.oracle) wins on tail-dominated steps with a *lane plan*: ``k`` servers at a
+large-TP layout hold the longest requests from time 0, the rest run at a small-TP layout. An online policy
+cannot place by length at time 0; the most it can do is start with heterogeneous layouts and move the
+requests that have generated the most tokens so far onto the lanes as the step runs. This module searches
+that family generously, so that its best is an upper estimate for online lane policies of this kind:
+
+* layouts are set at the step's start for free (no switch charged);
+* every migration is free and instant (its KV arrives with it; no transfer, no re-prefill);
+* every planning tick (``tick_s``) each bulk server hands up to ``per_tick`` of its requests with the most
+  tokens generated (at least ``min_generated``) to the lane server holding the fewest requests;
+* the step's requests are dealt as the driver deals them, to every server (``deal="all"``) or, the lanes
+  starting empty, only to the bulk servers (``deal="bulk"``);
+* searched: the number of lane servers, lane x bulk layout pairs (lane TP larger), ``min_generated``,
+  ``per_tick`` (:data:`GRID`), at the scenario's ``max_num_seqs`` for the bulk (the tuning grid's largest
+  for the lanes, which are never capped). Not searched: ranking by anything but tokens generated (the
+  forecast's prompt-group evidence), moves back from a lane, more than one lane layout per plan.
+
+Every makespan is an engine schedule (agents.engine, virtual time), the same engine the simulated backend
+and the oracle run. ``bench_lanes.py`` prints the search per scenario against the tuned static and the lane
+oracle.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from agents.engine import Engine, Layout, NewRequest
+
+GRID = {"min_generated": (200, 400, 800, 1600), "per_tick": (4, 16, 64), "deal": ("bulk", "all")}
+TICK_S = 1.0  # the orchestrator's default planning interval
+HANDOVER_S = 0.05  # how often a request that left at the end of a step in flight is collected
+
+
+@dataclass(frozen=True)
+class LanePlan:
+    lanes: int  # servers at the lane layout (the last ``lanes`` of the generator servers)
+    lane_layout: str
+    bulk_layout: str
+    min_generated: int
+    per_tick: int
+    deal: str  # "all" | "bulk"
+
+
+@dataclass
+class LaneRun:
+    plan: LanePlan
+    makespan_s: float
+    moved: int
+    finished: int
+
+
+def run_plan(oracle, plan: LanePlan, lengths: np.ndarray, placed: dict, tick_s: float = TICK_S,
+             bulk_mns: int | None = None) -> LaneRun:
+    """One step under ``plan`` on the engine (see the module docstring). ``oracle``: a
+    testbed.runs.oracle.Oracle of the scenario (its cost model, GPUs per server, engine settings)."""
+    if plan.deal not in ("all", "bulk"):
+        raise ValueError(f"deal: must be 'all' or 'bulk', got {plan.deal!r}")
+    servers = list(placed)
+    if not 1 <= plan.lanes < len(servers):
+        raise ValueError(f"lanes: must be in 1..{len(servers) - 1}, got {plan.lanes}")
+    lanes, bulk = servers[len(servers) - plan.lanes:], servers[:len(servers) - plan.lanes]
+    mns = bulk_mns or oracle.settings.engine.max_num_seqs
+    eng = {s: Engine(oracle.cost, oracle.gpus, Layout.parse(plan.bulk_layout, oracle.gpus), oracle._settings(mns))
+           for s in bulk}
+    eng.update({s: Engine(oracle.cost, oracle.gpus, Layout.parse(plan.lane_layout, oracle.gpus),
+                          oracle._settings(max(oracle.grid))) for s in lanes})
+    idx = np.concatenate([placed[s] for s in servers])
+    to = servers if plan.deal == "all" else bulk
+    P = oracle.w.prompt_tokens
+    for s, part in zip(to, np.array_split(idx, len(to))):
+        eng[s].add([NewRequest(rid=int(i), prompt=P, target=int(lengths[i])) for i in part], 0.0, chunked=True)
+    def hand_over(now: float) -> None:  # what the bulk servers let go of goes to the emptiest lane
+        for s in bulk:
+            for rid in list(eng[s].detached):
+                r = eng[s].detached.pop(rid)
+                eng[min(lanes, key=lambda x: (len(eng[x].held), x))].add([r], now)
+
+    t, moved, n_sub = 0.0, 0, max(1, round(tick_s / HANDOVER_S))
+    while True:
+        for i in range(1, n_sub + 1):  # a request asked to leave during a step goes at that step's end: collected
+            now = t + tick_s * i / n_sub  # every HANDOVER_S
+            for e in eng.values():
+                e.run_until(now)
+            hand_over(now)
+        t += tick_s
+        if all(e.idle() for e in eng.values()):
+            break
+        for s in bulk:
+            snap = eng[s].snapshot()
+            order = np.argsort(-snap["generated"], kind="stable")
+            asked = 0
+            for j in order:
+                if snap["generated"][j] < plan.min_generated or asked >= plan.per_tick:
+                    break
+                rid = int(snap["rid"][j])
+                if not eng[s].detaching(rid):
+                    eng[s].detach(rid, t)
+                    asked += 1
+                    moved += 1
+        hand_over(t)
+    finished = sum(e.finished_total for e in eng.values())
+    return LaneRun(plan, max(e.last_end for e in eng.values() if e.last_end > -math.inf), moved, finished)
+
+
+def plans(oracle, n_servers: int, grid: dict = GRID) -> list[LanePlan]:
+    """Every plan of the search: lane counts 1..n-1 x (lane, bulk) layout pairs with the lane's TP larger x
+    the grid."""
+    lays = [lay.name(oracle.gpus) for lay in oracle.layouts]
+    tp = {lay.name(oracle.gpus): lay.tp for lay in oracle.layouts}
+    pairs = [(a, b) for a in lays for b in lays if tp[a] > tp[b]]
+    return [LanePlan(k, a, b, g, m, d) for k in range(1, n_servers) for a, b in pairs
+            for g, m, d in itertools.product(grid["min_generated"], grid["per_tick"], grid["deal"])]
+
+
+def search(oracle, lengths: np.ndarray, placed: dict, grid: dict = GRID, progress=None) -> list[LaneRun]:
+    """Every plan of :func:`plans` run on the engine, fastest first (a run that did not finish every request
+    is an error: the search must conserve requests)."""
+    out = []
+    for plan in plans(oracle, len(placed), grid):
+        r = run_plan(oracle, plan, lengths, placed)
+        if r.finished != len(lengths):
+            raise RuntimeError(f"{plan}: {r.finished} of {len(lengths)} requests finished")
+        out.append(r)
+        if progress:
+            progress()
+    return sorted(out, key=lambda r: r.makespan_s)
+
+
+def as_json(r: LaneRun) -> dict:
+    return {**asdict(r.plan), "makespan_s": r.makespan_s, "moved": r.moved}
