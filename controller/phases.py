@@ -37,7 +37,7 @@ import functools
 import logging
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 from emulation.spec import FabricSpec, JobLayout, check_phase
@@ -223,13 +223,13 @@ def phase_matchings(spec: FabricSpec, layout: JobLayout, phase: str,
 
 
 @functools.lru_cache(maxsize=256)
-def _phase_matchings(spec: FabricSpec, layout: JobLayout, phase: str, traffic) -> dict[int, Matching]:
+def _phase_matchings(spec: FabricSpec, layout: JobLayout, phase: str, traffic, join: bool = True) -> dict[int, Matching]:
     circ = _Circuits(spec)
     if phase == "train":
         if traffic is None:
             _round_robin(circ, list(range(spec.n_tors)))
         else:
-            _build_train(spec, layout, circ, traffic.train)
+            _build_train(spec, layout, circ, traffic.train, join)
     elif phase == "gen":
         _build_gen(spec, circ)
     else:
@@ -568,7 +568,49 @@ def train_plan(spec: FabricSpec, tt: TrainTraffic) -> TrainPlan:
                      tuple(scored))
 
 
-def _build_train(spec: FabricSpec, layout: JobLayout, circ: _Circuits, tt: TrainTraffic) -> None:
+#: the parts of a train step that may each get their own topology (:func:`train_part_matchings`): "mp", the
+#: model-parallel stages (EP all-to-all, PP point-to-point), which run inside every micro-batch's forward and
+#: backward passes; "dp", the gradient all-reduce, which runs once after the last backward pass.
+TRAIN_PARTS = ("mp", "dp")
+
+
+def train_part_traffic(traffic: "PhaseTraffic", part: str) -> "PhaseTraffic | None":
+    """``traffic`` with training's stages cut to one part of the step (TRAIN_PARTS); None when that part
+    sends nothing (a dense model has no model-parallel part)."""
+    if part not in TRAIN_PARTS:
+        raise SpecError("part", f"must be one of {', '.join(TRAIN_PARTS)}, got {part!r}")
+    stages = tuple(st for st in traffic.train.stages if (st.name == "dp_allreduce") == (part == "dp"))
+    if not stages:
+        return None
+    return replace(traffic, train=replace(traffic.train, stages=stages))
+
+
+def train_part_matchings(spec: FabricSpec, layout: JobLayout, traffic: "PhaseTraffic",
+                         part: str) -> dict[int, Matching] | None:
+    """The train topology built from one part of training's traffic alone (pure; None: that part sends
+    nothing). Re-wiring between the parts gives each all of a ToR's uplinks instead of a split between them
+    (the all-to-all's circuits to the EP partner ToRs, then the rings'), for one switching time per step;
+    RLSim's ``train_rewire`` weighs it with :func:`controller.switching.decide_switch`. The model-parallel
+    part's topology is not one connected graph: its cells take every uplink they can use, so it suits a
+    synchronous iteration only (nothing crosses cells while the forward and backward passes run; in the
+    async mode generation streams to the trainers beside them). The rings' part is joined. The controller
+    does not switch inside a phase: it installs the one train topology (:func:`phase_matchings`)."""
+    one = train_part_traffic(traffic, part)
+    if one is None:
+        return None
+    layout.check(spec)
+    if part == "dp":
+        # the rings' own plan where it is estimated faster for them than the whole step's, whose cells lend
+        # the rings their circuits for detours (with few uplinks a ToR alone may not reach every ring hop)
+        own = dict(train_plan(spec, one.train).estimate_s)["dp_allreduce"]
+        whole = dict(train_plan(spec, traffic.train).estimate_s)["dp_allreduce"]
+        return dict(_phase_matchings(spec, layout, "train", one if own < whole else traffic))
+    # the model-parallel part: its traffic stays inside the cells, which may take every uplink; the ToR graph
+    # is not joined (nothing else crosses cells while it runs in a synchronous iteration)
+    return dict(_phase_matchings(spec, layout, "train", one, False))
+
+
+def _build_train(spec: FabricSpec, layout: JobLayout, circ: _Circuits, tt: TrainTraffic, join: bool = True) -> None:
     """The train topology: :func:`train_plan`'s circuits among the trainer ToRs (those inside cells
     first), the generation pods isolated as in the gen phase (generation runs beside training in the async
     mode), then every ToR joined into one connected graph (:func:`_connect_all`)."""
@@ -589,7 +631,8 @@ def _build_train(spec: FabricSpec, layout: JobLayout, circ: _Circuits, tt: Train
         log.debug("train phase: %d planned circuits found no common free OCS port", lost)
     for p in layout.gen_pods:
         _round_robin(circ, list(spec.tors_in_pod(p)))
-    _connect_all(spec, circ)
+    if join:
+        _connect_all(spec, circ)
 
 
 def _connect_all(spec: FabricSpec, circ: _Circuits) -> None:

@@ -309,12 +309,17 @@ def rfabric_counts(spec: FabricSpec, layout: JobLayout, phase: str, traffic=None
     ``controller.traffic.phase_traffic`` of the workload, what the train topology is built from), and the
     matchings."""
     matchings = phase_matchings(spec, layout, phase, traffic)
+    return circuit_counts(spec, matchings), matchings
+
+
+def circuit_counts(spec: FabricSpec, matchings) -> np.ndarray:
+    """Circuits between every ToR pair (``c[a, b]``) that OCS ``matchings`` make."""
     graph = circuit_graph(spec, matchings)
     c = np.zeros((spec.n_tors, spec.n_tors), dtype=np.int64)
     for t in range(spec.n_tors):
         for _, peer, _ in graph.edges(t):
             c[t, peer] += 1
-    return c, matchings
+    return c
 
 
 def mixnet_split(spec: FabricSpec, opts: FabricOptions) -> tuple[int, int]:

@@ -30,6 +30,12 @@ flow-level simulator (``rlsim.flowsim``) on the fabric's links (``rlsim.fabrics`
   old topology for the next phase. Each transition reports ``switched`` / ``stalled`` / ``kept`` (the
   rule's ``deferred``) or ``unchanged``, with its window, gain and stall.
   MixNet and TopoOpt are static for the job (MixNet's regional OCS keeps one ring per pod).
+* ``SimSettings.train_rewire`` (off by default, as the controller installs one train topology): RFabric may
+  also re-wire inside the train phase, from the model-parallel stages' own topology (every uplink of an EP
+  group's ToRs to its partner ToRs; ``controller.phases.train_part_matchings``) to the rings' own before
+  the gradient all-reduce, a stall of ``T_ocs`` weighed by the same rule (reconfig key TRAIN_REWIRE); the
+  iteration takes it only when it is faster so than on the one train topology (``detail.train_rewire``).
+  The model-parallel topology leaves the cells unjoined, so it models a synchronous iteration.
 """
 from __future__ import annotations
 
@@ -45,7 +51,7 @@ import numpy as np
 
 from agents.costmodel import CostModel
 from controller.ocs import diff
-from controller.phases import stripe_plan, sync_chains, train_plan
+from controller.phases import TRAIN_PARTS, stripe_plan, sync_chains, train_part_matchings, train_plan
 from controller.switching import decide_switch
 from controller.traffic import (Group, TrainLayout, broadcast_tree, merge, phase_traffic, train_bytes, train_layout,
                                 train_traffic)
@@ -56,7 +62,7 @@ from emulation.validation import SpecError, require
 from emulation.workload import LengthSchedule
 
 from .cost import fabric_cost
-from .fabrics import (FABRICS, GBPS, CircuitNetwork, FabricOptions, Network, Unreachable, build_network,
+from .fabrics import (FABRICS, GBPS, CircuitNetwork, FabricOptions, Network, Unreachable, build_network, circuit_counts,
                       mixnet_split, rfabric_counts)
 from .flowsim import Transfer, simulate
 from .limits import scale_scenario
@@ -78,6 +84,11 @@ class SimSettings:
     # (orchestrator.sync_bucket_mb, veRL's update_weights_bucket_megabytes)
     sync_bucket_mb: float | None = None
     fabric: FabricOptions = FabricOptions()
+    # RFabric: re-wire inside the train phase, from the topology of the model-parallel stages (EP
+    # all-to-all, PP) to one built for the DP rings alone (controller.phases.train_part_matchings), when the
+    # rings gain more than the switching time. Off: one train topology for every stage, as the controller
+    # installs it.
+    train_rewire: bool = False
 
     def __post_init__(self) -> None:
         check_delay_ms(self.reconfig_delay_ms, "reconfig_delay_ms")  # the controller's rule: finite, 0..MAX_DELAY_MS
@@ -219,11 +230,19 @@ def _train_layout(w, spec: FabricSpec, train_servers: list[int]) -> TrainLayout:
 
 
 def train_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers: list[int],
-                lengths: np.ndarray, settings: SimSettings) -> PhaseRun:
+                lengths: np.ndarray, settings: SimSettings, dp_net: Network | None = None,
+                delay_s: float = 0.0) -> PhaseRun:
     """Training: compute ``6 N D`` (plus attention) times the pipeline bubble, then the stages of
     ``controller.traffic.train_traffic`` one after the other (EP all-to-all, PP point-to-point, the DP
     rings). The rings are ordered for the network (:func:`ring_order`); on a direct-connect network they run
-    one-way and two-way (the library's choice; the same bytes leave every member) and the faster is kept."""
+    one-way and two-way (the library's choice; the same bytes leave every member) and the faster is kept.
+
+    ``dp_net`` (RFabric with ``train_rewire``): the topology built for the DP rings alone. The model-parallel
+    stages run on ``net``; before the rings the fabric may re-wire to ``dp_net``, by the switching rule
+    (``decide_switch``) with no idle window (the rings start when the last backward pass ends): a switch
+    costs a stall of ``delay_s`` and is made only when the rings gain more on ``dp_net`` than that.
+    ``detail["train_rewire"]`` says what was decided and ``detail["end_topology"]`` which part's topology
+    the phase ends on ("mp" or "dp")."""
     tl = _train_layout(w, spec, train_servers)
     dp, tp, pp, ep = tl.dp, tl.tp, tl.pp, tl.ep
     tokens = float(np.sum(lengths) + len(lengths) * w.prompt_tokens)
@@ -248,18 +267,49 @@ def train_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers:
             for g in rings:
                 k = "dp_ring_members" if g.label == "dense" else "dp_expert_ring_members"
                 info[k] = max(info[k], len(g.members))
-            res, mode = None, None
-            for two_way in ((False, True) if isinstance(net, CircuitNetwork) else (False,)):
-                dem, lats = merge_with_latency([(g.demands(two_way), lat * 2 * (len(g.members) - 1)) for g in rings])
-                r = run_demands(net, dem, latency=lats)
-                if res is None or r.makespan < res.makespan:
-                    res, mode = r, "two-way" if two_way else "one-way"
+            on = net
+            if dp_net is None or len(tt.stages) == 1:
+                res, mode = _rings(net, rings, lat)
+            else:
+                info["end_topology"] = "mp"
+                # re-wire from the model-parallel stages' topology (which need not reach every ring hop) to
+                # the rings' own, if that gains more than the stall; rings ordered for the net they run on
+                try:
+                    res, mode = _rings(net, rings, lat)
+                except Unreachable:
+                    res, mode = None, None
+                rings_dp = [Group(g.kind, tuple(ring_order(dp_net, list(g.members))), g.nbytes, g.label)
+                            for g in st.groups]
+                res_dp, mode_dp = _rings(dp_net, rings_dp, lat)
+                gain = math.inf if res is None else res.makespan - res_dp.makespan
+                d = decide_switch(0.0, delay_s * 1e3, gain * 1e3)
+                rewire = {"action": "kept" if d.action == "deferred" else d.action, "decision": d.action,
+                          "gain_ms": gain * 1e3 if math.isfinite(gain) else None, "old_topology_carries": res is not None,
+                          "stall_s": d.stall_ms / 1e3, "reason": d.reason,
+                          "dp_on_mp_s": None if res is None else res.makespan, "dp_on_dp_s": res_dp.makespan}
+                info["train_rewire"] = rewire
+                if d.action != "deferred":
+                    res, mode, on = res_dp, mode_dp, dp_net
+                    t += rewire["stall_s"]
+                    info["end_topology"] = "dp"
             info["dp_rings"] = mode
         stages[f"{st.name}_s"] = res.makespan
-        busy[key] = (net, res, t)
+        busy[key] = (on if st.name == "dp_allreduce" else net, res, t)
         t += res.makespan
     detail = {"compute_s": compute, "dp": dp, "tp": tp, "pp": pp, "ep": ep, "tokens": tokens, **stages, **info}
     return PhaseRun(t, detail, busy)
+
+
+def _rings(net: Network, rings: list, lat: float):
+    """The DP rings on ``net``: one-way, and on a direct-connect network two-way too; the faster (result,
+    mode)."""
+    res, mode = None, None
+    for two_way in ((False, True) if isinstance(net, CircuitNetwork) else (False,)):
+        dem, lats = merge_with_latency([(g.demands(two_way), lat * 2 * (len(g.members) - 1)) for g in rings])
+        r = run_demands(net, dem, latency=lats)
+        if res is None or r.makespan < res.makespan:
+            res, mode = r, "two-way" if two_way else "one-way"
+    return res, mode
 
 
 def _stripe_sources(net: Network, head: int, groups: list[list[int]], tor_keys: list[int], d: int,
@@ -491,6 +541,8 @@ def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec:
         if installed == ph:
             runs[ph], prev = target, target
             decisions[f"{_prev_name(ph)}->{ph}"] = dict(UNCHANGED, topology=ph)
+            if target.detail.get("end_topology") == "dp":
+                installed = "train:dp"
             continue
         removed, added = changed_bundles(spec, matchings[installed], matchings[ph])
         old = attempt(ph, installed)
@@ -501,6 +553,8 @@ def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec:
             runs[ph] = old
         else:
             runs[ph], installed = target, ph
+            if target.detail.get("end_topology") == "dp":  # re-wired inside the phase (train_rewire)
+                installed = "train:dp"
         prev = runs[ph]
     # closing transition: towards the generation topology ``start`` of the next iteration
     if installed == start:
@@ -512,7 +566,23 @@ def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec:
         end = installed if d["action"] == "kept" else start
         d["topology"] = end
     decisions["sync->gen"] = d
+    rw = runs["train"].detail.get("train_rewire")
+    if rw is not None:  # re-wiring inside the train phase (train_rewire); its stall is inside the train phase
+        decisions[TRAIN_REWIRE] = {**rw, "changed_bundles": len(set().union(*changed_bundles(
+            spec, matchings["train"], matchings["train:dp"]))), "window_ms": 0.0, "stall_in_phase": True,
+            "topology": "train:dp" if rw["action"] != "kept" else "train"}
     return runs, decisions, end
+
+
+TRAIN_REWIRE = "train:mp->train:dp"  # the reconfig key of re-wiring inside the train phase
+
+
+def _phases(runs: dict, reconfig: dict) -> dict:
+    """Each phase's time: its run plus the stalls of the transitions into it (a stall inside the train
+    phase, TRAIN_REWIRE's, is in its run already)."""
+    stall = {q: sum(v["stall_s"] for k, v in reconfig.items() if k.endswith("->" + q)) for q in ("gen", "train", "sync")}
+    return {"gen_s": runs["gen"].duration + stall["gen"], "sync_s": runs["sync"].duration + stall["sync"],
+            "train_s": runs["train"].duration + stall["train"]}
 
 
 def _prev_name(ph: str) -> str:
@@ -559,30 +629,55 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
             nets[ph] = CircuitNetwork(fabric, spec, counts, settings.fabric.max_two_hop, matchings=matchings[ph])
         else:
             nets[ph] = nets.get("gen") or build_network(fabric, spec, layout, ph, settings.fabric)
-
     gc = gen_compute(w, cm, spec, gen_servers, lengths, rng, settings)
-    runners = {
-        "gen": lambda net: gen_phase(w, gc, net, gen_servers, train_servers, lengths, settings),
-        "train": lambda net: train_phase(w, cm, spec, net, train_servers, lengths, settings),
-        "sync": lambda net: sync_phase(w, cm, spec, layout, net, train_servers, gen_servers, settings),
-    }
-    reconfig: dict = {}
-    steady_start = None
-    if fabric == "rfabric":
+    parts: dict = {}
+    if fabric == "rfabric" and settings.train_rewire and traffic.n_stages > 1:
+        # the train phase may start on the model-parallel stages' own topology and re-wire to the rings' own
+        # (train_phase); taken when the iteration is faster so, its stalls included, than on one train topology
+        for part in TRAIN_PARTS:
+            m = train_part_matchings(spec, layout, traffic, part)
+            parts[part] = (m, CircuitNetwork(fabric, spec, circuit_counts(spec, m), settings.fabric.max_two_hop,
+                                             matchings=m))
+
+    def runners_for(ns: dict, rewired: bool) -> dict:
+        return {
+            "gen": lambda net: gen_phase(w, gc, net, gen_servers, train_servers, lengths, settings),
+            "train": lambda net: train_phase(w, cm, spec, net, train_servers, lengths, settings,
+                                             dp_net=ns["train:dp"] if rewired and net is ns["train"] else None,
+                                             delay_s=delay_s),
+            "sync": lambda net: sync_phase(w, cm, spec, layout, net, train_servers, gen_servers, settings),
+        }
+
+    def cycle(rewired: bool) -> tuple[dict, dict, str]:
         # steady state: start with the generation topology; if the iteration ends keeping another topology
         # for the next generation, run once more starting from that one (and report where it started)
-        runs, reconfig, end = _rfabric_cycle("gen", runners, nets, matchings, spec, delay_s)
+        ns, ms = dict(nets), dict(matchings)
+        if rewired:
+            (ms["train"], ns["train"]), (ms["train:dp"], ns["train:dp"]) = parts["mp"], parts["dp"]
+        runners = runners_for(ns, rewired)
+        runs, reconfig, end = _rfabric_cycle("gen", runners, ns, ms, spec, delay_s)
         start = "gen"
         if end != "gen":
             start = end
-            runs, reconfig, end = _rfabric_cycle(start, runners, nets, matchings, spec, delay_s)
-        steady_start = start
+            runs, reconfig, end = _rfabric_cycle(start, runners, ns, ms, spec, delay_s)
+        return runs, reconfig, start
+
+    reconfig: dict = {}
+    steady_start = rewire_plan = None
+    if fabric == "rfabric":
+        runs, reconfig, steady_start = cycle(False)
+        if parts:
+            alt = cycle(True)
+            one_s, rw_s = sum(_phases(runs, reconfig).values()), sum(_phases(alt[0], alt[1]).values())
+            rewire_plan = {"taken": rw_s < one_s, "one_topology_iteration_s": one_s, "rewired_iteration_s": rw_s}
+            if rw_s < one_s:
+                runs, reconfig, steady_start = alt
         gen, train, sync = runs["gen"], runs["train"], runs["sync"]
     else:  # static for the job (MixNet's regional OCSes included: see the module docstring)
-        gen, train, sync = (runners[ph](nets[ph]) for ph in ("gen", "train", "sync"))
-    stall = {q: sum(v["stall_s"] for k, v in reconfig.items() if k.endswith("->" + q)) for q in ("gen", "train", "sync")}
-    phases = {"gen_s": gen.duration + stall["gen"], "sync_s": sync.duration + stall["sync"],
-              "train_s": train.duration + stall["train"]}
+        runners = runners_for(nets, False)
+        runs = {ph: runners[ph](nets[ph]) for ph in ("gen", "train", "sync")}
+        gen, train, sync = runs["gen"], runs["train"], runs["sync"]
+    phases = _phases(runs, reconfig)
     iteration = sum(phases.values())
     cost = fabric_cost(fabric, spec, cm.gpu.nic_gbps, opts=settings.fabric)
     wall = time.perf_counter() - t0
@@ -592,7 +687,7 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
         "perf_per_musd": (1.0 / iteration) / (cost["total_usd"] / 1e6) if iteration > 0 else None,
         "wall_s": wall,
         "detail": {"gen": gen.detail, "train": train.detail, "sync": sync.detail, "reconfig": reconfig,
-                   "steady_state_gen_topology": steady_start,
+                   "steady_state_gen_topology": steady_start, "train_rewire": rewire_plan,
                    "train_plan": train_plan(spec, traffic.train).summary() if traffic is not None else None,
                    "cost": cost, "model": w.model, "gpu": w.gpu,
                    "train_servers": len(train_servers), "gen_servers": len(gen_servers),

@@ -28,7 +28,7 @@ from emulation.validation import SpecError, to_dict
 
 from .fabrics import FABRICS, OVERSUB
 from .limits import scale_scenario
-from .sim import SimSettings, simulate_iteration
+from .sim import TRAIN_REWIRE, SimSettings, simulate_iteration
 
 log = logging.getLogger(__name__)
 
@@ -406,8 +406,9 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
         if r["fabric"] in RECONFIGURING:
             series.setdefault((r["gpus"], r["fabric"], r.get("uplinks_per_tor"), r.get("ocs_count")), []).append(r)
     series = {k: sorted(v, key=lambda r: r["reconfig_delay_ms"]) for k, v in sorted(series.items()) if len(v) >= 2}
-    transitions = ("gen->train", "train->sync", "sync->gen")
-    strip_rows = [(k, t) for k in series for t in transitions]
+    transitions = ("gen->train", TRAIN_REWIRE, "train->sync", "sync->gen")
+    strip_rows = [(k, t) for k in series for t in transitions
+                  if t != TRAIN_REWIRE or any(t in r["decisions"] for r in series[k])]
     fig, (ax, axd) = plt.subplots(2, 1, figsize=(9, 4.5 + 0.22 * max(len(strip_rows), 3)), sharex=True,
                                   gridspec_kw={"height_ratios": [3, max(1.2, 0.22 * len(strip_rows))]})
     for si, (key, rs) in enumerate(series.items()):

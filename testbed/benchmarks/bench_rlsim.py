@@ -23,8 +23,10 @@ Sections (T_ocs = 10 ms unless swept; the Fat-Tree's tier count is the default, 
   transition's decision and predicted gain; over the T_ocs sweep at 2,048 GPUs the smallest predicted gain
   of any switch made (switched or stalled: never below -1 ms); and the tapered RFabric against the
   non-blocking and the best oversubscribed Fat-Tree (``perf/cost``, the sweep's ``vs_static``), with the
-  ceilings no fabric beats at these prices (``rlsim/bounds.py``: ``taper.<gpus>.ceiling``, and
-  ``ceiling_vs_best_oversubscribed_fat_tree``) and each RFabric row against its own bound.
+  ceilings no fabric beats at these prices (``rlsim/bounds.py``: ``taper.<mode>.<gpus>.ceiling``, and
+  ``ceiling_vs_best_oversubscribed_fat_tree``) and each RFabric row against its own bound. Every RFabric
+  figure twice: on one train topology (``rfabric``, ``taper.one_train_topology``) and re-wired inside the
+  train phase (``rfabric-rewired``, ``taper.rewired``: SimSettings.train_rewire).
 """
 from __future__ import annotations
 
@@ -192,6 +194,8 @@ def traffic_section(paths: list[str], scales, uplinks) -> dict:
         rows = []
         for n in scales:
             rs = {f: simulate_iteration(scn, f, n, SimSettings(reconfig_delay_ms=10.0)) for f in TRAFFIC_FABRICS}
+            rs["rfabric-rewired"] = simulate_iteration(scn, "rfabric", n,
+                                                       SimSettings(reconfig_delay_ms=10.0, train_rewire=True))
             ft, rf = rs["fat-tree"], rs["rfabric"]
             rows.append({"gpus": n,
                          "fabrics": {f: {"iteration_s": r["iteration_s"], "train_s": r["phases"]["train_s"],
@@ -202,27 +206,37 @@ def traffic_section(paths: list[str], scales, uplinks) -> dict:
                          "rfabric_slowdown_vs_fat_tree": rf["iteration_s"] / ft["iteration_s"] - 1,
                          "rfabric_train_vs_topoopt": rf["phases"]["train_s"] / rs["topoopt"]["phases"]["train_s"],
                          "rfabric_train_vs_mixnet": rf["phases"]["train_s"] / rs["mixnet"]["phases"]["train_s"],
-                         "rfabric_transitions": transitions(rf), "wall_s": {f: r["wall_s"] for f, r in rs.items()}})
+                         "rfabric_rewired_slowdown_vs_fat_tree": rs["rfabric-rewired"]["iteration_s"] / ft["iteration_s"] - 1,
+                         "rfabric_rewired_train_vs_topoopt": rs["rfabric-rewired"]["phases"]["train_s"]
+                         / rs["topoopt"]["phases"]["train_s"],
+                         "rfabric_transitions": transitions(rf), "rfabric_rewired_transitions": transitions(rs["rfabric-rewired"]),
+                         "wall_s": {f: r["wall_s"] for f, r in rs.items()}})
         made = []
         for t in DEFAULT_RECONFIG_DELAYS_MS:
-            rf = simulate_iteration(scn, "rfabric", 2048, SimSettings(reconfig_delay_ms=t))
-            for k, v in rf["detail"]["reconfig"].items():
-                if v["action"] in ("switched", "stalled") and v["gain_ms"] is not None:
-                    made.append({"reconfig_delay_ms": t, "transition": k, "action": v["action"], "gain_ms": v["gain_ms"]})
+            for rw in (False, True):
+                rf = simulate_iteration(scn, "rfabric", 2048, SimSettings(reconfig_delay_ms=t, train_rewire=rw))
+                for k, v in rf["detail"]["reconfig"].items():
+                    if v["action"] in ("switched", "stalled") and v["gain_ms"] is not None:
+                        made.append({"reconfig_delay_ms": t, "train_rewire": rw, "transition": k,
+                                     "action": v["action"], "gain_ms": v["gain_ms"]})
         pts = plan(scn, ["fat-tree"] + [f for f in OVERSUB if f != "fat-tree"] + ["rfabric"], [1024, 2048], [10.0],
                    uplinks=uplinks)
-        ceilings = {n: perf_cost_ceiling(scn, n, uplinks) for n in (1024, 2048)}
-        summ = summarise(run_sweep(scn, pts, SimSettings(), use_ray=False, progress=False), ceilings)
         taper = {}
-        for n, v in summ.items():
-            for rad, e in v["vs_static"].items():
-                taper[n] = {k: ({kk: x[kk] for kk in ("label", "slowdown_vs_fat_tree", "cost_vs_fat_tree",
-                                                      "perf_per_cost_vs_fat_tree")} if isinstance(x, dict) else x)
-                            for k, x in e.items()}
-            c = ceilings[int(n)]
-            taper[n]["ceiling"] = {**v["ceiling"], "rfabric_vs_its_bound": [
-                {k: r.get(k) for k in ("uplinks_per_tor", "slowdown_vs_fat_tree", "perf_per_cost_vs_fat_tree",
-                                       "ceiling_at_its_cost_vs_fat_tree", "vs_bound", "error")} for r in c["rfabric"]]}
+        for rw in (False, True):
+            st = SimSettings(train_rewire=rw)
+            ceilings = {n: perf_cost_ceiling(scn, n, uplinks, settings=dataclasses.replace(st, reconfig_delay_ms=10.0))
+                        for n in (1024, 2048)}
+            summ = summarise(run_sweep(scn, pts, st, use_ray=False, progress=False), ceilings)
+            tp = taper.setdefault("rewired" if rw else "one_train_topology", {})
+            for n, v in summ.items():
+                for rad, e in v["vs_static"].items():
+                    tp[n] = {k: ({kk: x[kk] for kk in ("label", "slowdown_vs_fat_tree", "cost_vs_fat_tree",
+                                                       "perf_per_cost_vs_fat_tree")} if isinstance(x, dict) else x)
+                             for k, x in e.items()}
+                c = ceilings[int(n)]
+                tp[n]["ceiling"] = {**v["ceiling"], "rfabric_vs_its_bound": [
+                    {k: r.get(k) for k in ("uplinks_per_tor", "slowdown_vs_fat_tree", "perf_per_cost_vs_fat_tree",
+                                           "ceiling_at_its_cost_vs_fat_tree", "vs_bound", "error")} for r in c["rfabric"]]}
         out[scn.name] = {"rows": rows, "switches_made_min_gain_ms": min((m["gain_ms"] for m in made), default=None),
                          "switches_made": len(made), "taper": taper}
     return out

@@ -1,6 +1,6 @@
 """`orchestrrl sim`: RLSim from the command line.
 
-    orchestrrl sim SCENARIO --fabric F [--gpus N] [--reconfig-delay-ms T] [--fat-tree-tiers auto|2|3] [--json]
+    orchestrrl sim SCENARIO --fabric F [--gpus N] [--reconfig-delay-ms T] [--fat-tree-tiers auto|2|3] [--train-rewire] [--json]
     orchestrrl sim sweep SCENARIO --out DIR [--fabrics a,b] [--scales 256,512] [--reconfig-delay-list 0.001,10]
                                             [--uplinks-list 4,8,32] [--ocs-list 4,8] [--radix-list 32,64]
                                             [--ray-address ADDR | --no-ray]
@@ -49,6 +49,10 @@ def register(subparsers) -> None:
                    help="packet tiers counted in the cost: auto (default: the fewest tiers of prices.yaml's "
                         "switch_radix-port switches that cover the NICs), 2 (ToR + spine), or 3 (the MixNet "
                         "calculator's method: ToR, aggregation and core from the uplink ratio)")
+    p.add_argument("--train-rewire", action="store_true",
+                   help="RFabric: re-wire inside the train phase, from the EP/PP stages' own topology to the DP "
+                        "rings', when the switching rule says the rings gain more than T_ocs (a synchronous "
+                        "iteration; the controller installs one train topology)")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     p.add_argument("--out", help="sweep: output directory (sweep.json and plots)")
     p.add_argument("--fabrics", type=_names, default=None, help="sweep: fabrics (default all)")
@@ -84,7 +88,8 @@ def run(args) -> int:
 
     scn = load_scenario(args.target)
     check_simulatable(scn, args.gpus)  # a size that cannot fit is an error naming the field, not a MemoryError
-    settings = SimSettings(reconfig_delay_ms=args.reconfig_delay_ms, fabric=FabricOptions(fat_tree_tiers=args.fat_tree_tiers))
+    settings = SimSettings(reconfig_delay_ms=args.reconfig_delay_ms, train_rewire=args.train_rewire,
+                           fabric=FabricOptions(fat_tree_tiers=args.fat_tree_tiers))
     r = simulate_iteration(scn, args.fabric, args.gpus, settings)
     if args.json:
         json.dump(r, sys.stdout, indent=1)
@@ -99,6 +104,14 @@ def run(args) -> int:
                 f"{d['gain_ms']:.3f} ms" if d.get("gain_ms") is not None else "-")
             window = f"{d['window_ms']:.3f} ms" if d.get("window_ms") is not None else "-"
             print(f"  {name}: {d['action']} (window {window}, predicted gain {gain}, stall {d['stall_s'] * 1e3:g} ms)")
+        rw = r["detail"].get("train_rewire")
+        if rw:
+            print(f"  train re-wiring {'taken' if rw['taken'] else 'not taken'}: iteration "
+                  f"{rw['rewired_iteration_s']:.3f} s re-wired against {rw['one_topology_iteration_s']:.3f} s "
+                  "on one train topology")
+        elif args.train_rewire:
+            print("  train re-wiring: nothing to re-wire (RFabric only, and a train step with model-parallel "
+                  "traffic beside the rings)")
     return 0
 
 
@@ -121,7 +134,7 @@ def _sweep(args) -> int:
     from rlsim.fabrics import FabricOptions
     from rlsim.sim import SimSettings
 
-    settings = SimSettings(fabric=FabricOptions(fat_tree_tiers=args.fat_tree_tiers))
+    settings = SimSettings(train_rewire=args.train_rewire, fabric=FabricOptions(fat_tree_tiers=args.fat_tree_tiers))
     results = run_sweep(scn, points, settings, use_ray=use_ray, ray_address=args.ray_address)
     ceilings = {}
     if "fat-tree" in fabrics:  # what no fabric beats at these prices (rlsim/bounds.py), against the Fat-Tree
@@ -132,7 +145,8 @@ def _sweep(args) -> int:
     files = write_outputs(results, args.out, {"scenario": args.scenario, "fabrics": fabrics, "scales": scales,
                                               "reconfig_delay_ms": t_list, "ray": use_ray,
                                               "uplinks": args.uplinks_list, "ocs": args.ocs_list,
-                                              "radix": args.radix_list, "fat_tree_tiers": args.fat_tree_tiers},
+                                              "radix": args.radix_list, "fat_tree_tiers": args.fat_tree_tiers,
+                                              "train_rewire": args.train_rewire},
                           ceilings)
     for k, v in files.items():
         print(f"{k}: {v}")

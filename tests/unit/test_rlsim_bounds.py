@@ -135,3 +135,32 @@ def test_the_sweep_carries_the_ceiling_into_its_summary_and_plot(tmp_path):
         ceil["best_within_goal"]["perf_per_cost_ceiling_vs_fat_tree"] / over)
     assert entry["ceiling_vs_best_oversubscribed_fat_tree"] >= entry["rfabric_vs_best_oversubscribed_fat_tree"]
     assert doc["ceilings"][str(n)]["per_uplinks"] and (tmp_path / "pareto.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("u", [2, 4])
+def test_train_rewire_gives_the_alltoall_every_uplink_never_slows_the_iteration_and_stays_bounded(u):
+    """RFabric re-wiring inside the train phase (SimSettings.train_rewire): the all-to-all runs on the EP
+    partner ToRs' own circuits (every uplink), the rings then on theirs if that gains more than T_ocs. It is
+    taken only when the iteration is faster so; it never beats the bound."""
+    from rlsim.sim import TRAIN_REWIRE
+
+    ft = simulate_iteration(MOE, "fat-tree", settings=SETTINGS)
+    (b,) = iteration_bounds_s(MOE, MOE.fabric.n_gpus, [u], ft["phases"]["gen_s"], SETTINGS)
+    for t in (10.0, 1000.0):
+        st = dataclasses.replace(SETTINGS, reconfig_delay_ms=t)
+        one = simulate_iteration(_at(u), "rfabric", settings=st)
+        rw = simulate_iteration(_at(u), "rfabric", settings=dataclasses.replace(st, train_rewire=True))
+        plan = rw["detail"]["train_rewire"]
+        assert plan["one_topology_iteration_s"] == pytest.approx(one["iteration_s"])
+        assert rw["iteration_s"] == pytest.approx(min(one["iteration_s"], plan["rewired_iteration_s"]))
+        assert rw["phases"]["train_s"] >= b["train_s"] * (1 - 1e-9) and rw["iteration_s"] >= b["iteration_s"] * (1 - 1e-9)
+        if t == 10.0:  # the all-to-all at the ToRs' whole uplink rate: faster than on the shared topology
+            assert plan["taken"] and rw["iteration_s"] < one["iteration_s"]
+            a2a = rw["detail"]["train"]["ep_alltoall_s"]
+            assert a2a < one["detail"]["train"]["ep_alltoall_s"]
+            assert a2a == pytest.approx(b["train_stages_s"]["ep_alltoall_s"], rel=0.05)
+            d = rw["detail"]["reconfig"][TRAIN_REWIRE]
+            assert d["action"] in ("stalled", "kept") and d["window_ms"] == 0.0
+            assert (d["gain_ms"] or float("inf")) > 10.0 if d["action"] == "stalled" else d["gain_ms"] <= 10.0
+    assert not simulate_iteration(MOE, "fat-tree", settings=dataclasses.replace(SETTINGS, train_rewire=True))[
+        "detail"]["train_rewire"]  # only RFabric re-wires

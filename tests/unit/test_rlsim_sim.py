@@ -385,3 +385,12 @@ def test_rlsim_batches_with_the_scenarios_max_num_seqs():
     with pytest.raises(SpecError) as ei:
         orchestrator_settings({"engine": {"max_num_seqs": 0}})
     assert ei.value.field == "orchestrator.engine.max_num_seqs"
+
+
+def test_cli_train_rewire_says_what_it_chose(capsys):
+    moe = os.path.join(ROOT, "scenarios", "moe-small.yaml")  # EP across both trainer ToRs, 2 uplinks per ToR
+    assert main(["sim", moe, "--train-rewire"]) == 0
+    out = capsys.readouterr().out
+    assert "train re-wiring taken" in out or "train re-wiring not taken" in out
+    assert main(["sim", DEFAULT, "--train-rewire"]) == 0  # a dense model: one stage, nothing to re-wire
+    assert "nothing to re-wire" in capsys.readouterr().out

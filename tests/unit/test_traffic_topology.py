@@ -216,3 +216,29 @@ def test_compare_fabrics_side_by_side_on_the_simulated_backend(tmp_path):
     assert rep["cost_usd"]["rfabric"] > 0 and "fat-tree-4to1" in format_fabrics(rep)
     step = {"train": {"allreduce_s": 1.0, "alltoall_s": 2.0}, "sync": {"broadcast_s": 3.0}, "phases": {"sync_s": 9}}
     assert network_times(step) == {"alltoall_s": 2.0, "allreduce_s": 1.0, "sync_s": 3.0}
+
+
+# ---- re-wiring inside the train phase (RLSim's train_rewire) ----------------------------------------------
+def test_train_parts_give_the_alltoall_every_uplink_and_the_rings_a_connected_graph():
+    from controller.phases import train_part_matchings, train_part_traffic
+
+    spec = FabricSpec(pods=4, tors_per_pod=2, servers_per_tor=2, uplinks_per_tor=8, ocs_count=8,
+                      server_gbps=800, uplink_gbps=400)
+    layout = JobLayout((0, 1), (2, 3))
+    tr = moe(spec, layout, ep=4)  # cells (0, 1) and (2, 3)
+    assert [s.name for s in train_part_traffic(tr, "mp").train.stages] == ["ep_alltoall"]
+    assert [s.name for s in train_part_traffic(tr, "dp").train.stages] == ["dp_allreduce"]
+    mp, dp = (train_part_matchings(spec, layout, tr, p) for p in ("mp", "dp"))
+    whole = counts(spec, phase_matchings(spec, layout, "train", tr))
+    c = counts(spec, mp)
+    assert c[0, 1] == c[2, 3] == spec.uplinks_per_tor > whole[0, 1]  # every uplink to the EP partner ToR
+    assert not all_pairs_reachable(circuit_graph(spec, mp))  # the cells alone: not joined
+    assert all_pairs_reachable(circuit_graph(spec, dp))
+    for m in (mp, dp):
+        ends = [(o, p) for o, mm in m.items() for pair in mm.circuits for p in pair]
+        assert len(ends) == len(set(ends))
+    dense = phase_traffic(spec, layout, WorkloadSpec(prompts_per_step=32, samples_per_prompt=4))
+    assert train_part_traffic(dense, "mp") is None and train_part_matchings(spec, layout, dense, "mp") is None
+    with pytest.raises(SpecError) as ei:
+        train_part_traffic(tr, "ep")
+    assert ei.value.field == "part"
