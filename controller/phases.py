@@ -500,6 +500,7 @@ def _stage_estimates(stage_dem: list, cell_of: dict[int, int], R: float, c: dict
     return out
 
 
+@functools.lru_cache(maxsize=64)
 def train_plan(spec: FabricSpec, tt: TrainTraffic) -> TrainPlan:
     """Allot the trainer ToRs' uplinks from training's traffic (pure). TopoOpt splits a server's degree
     between model-parallel traffic and the AllReduce rings in proportion to their traffic; MixNet gives the

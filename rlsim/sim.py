@@ -263,24 +263,21 @@ def train_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers:
             latency = lat * ep * micro if st.name == "ep_alltoall" else lat * 2 * micro * (pp - 1)
             res = run_demands(net, st.demands(), latency=latency)
         else:
-            rings = [Group(g.kind, tuple(ring_order(net, list(g.members))), g.nbytes, g.label) for g in st.groups]
-            for g in rings:
+            for g in st.groups:
                 k = "dp_ring_members" if g.label == "dense" else "dp_expert_ring_members"
                 info[k] = max(info[k], len(g.members))
             on = net
-            if dp_net is None or len(tt.stages) == 1:
-                res, mode = _rings(net, rings, lat)
+            if dp_net is None:
+                res, mode = _rings(net, st.groups, lat)
             else:
                 info["end_topology"] = "mp"
                 # re-wire from the model-parallel stages' topology (which need not reach every ring hop) to
-                # the rings' own, if that gains more than the stall; rings ordered for the net they run on
+                # the rings' own, if that gains more than the stall
                 try:
-                    res, mode = _rings(net, rings, lat)
+                    res, mode = _rings(net, st.groups, lat)
                 except Unreachable:
                     res, mode = None, None
-                rings_dp = [Group(g.kind, tuple(ring_order(dp_net, list(g.members))), g.nbytes, g.label)
-                            for g in st.groups]
-                res_dp, mode_dp = _rings(dp_net, rings_dp, lat)
+                res_dp, mode_dp = _rings(dp_net, st.groups, lat)
                 gain = math.inf if res is None else res.makespan - res_dp.makespan
                 d = decide_switch(0.0, delay_s * 1e3, gain * 1e3)
                 rewire = {"action": "kept" if d.action == "deferred" else d.action, "decision": d.action,
@@ -300,9 +297,10 @@ def train_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers:
     return PhaseRun(t, detail, busy)
 
 
-def _rings(net: Network, rings: list, lat: float):
-    """The DP rings on ``net``: one-way, and on a direct-connect network two-way too; the faster (result,
-    mode)."""
+def _rings(net: Network, groups, lat: float):
+    """The DP rings ``groups`` on ``net``, ordered for it (:func:`ring_order`): one-way, and on a
+    direct-connect network two-way too; the faster (result, mode)."""
+    rings = [Group(g.kind, tuple(ring_order(net, list(g.members))), g.nbytes, g.label) for g in groups]
     res, mode = None, None
     for two_way in ((False, True) if isinstance(net, CircuitNetwork) else (False,)):
         dem, lats = merge_with_latency([(g.demands(two_way), lat * 2 * (len(g.members) - 1)) for g in rings])
@@ -499,6 +497,7 @@ def changed_bundles(spec: FabricSpec, old: dict, new: dict) -> tuple[set, set]:
     return out
 
 
+TRAIN_REWIRE = "train:mp->train:dp"  # the reconfig key of re-wiring inside the train phase
 UNCHANGED = {"action": "unchanged", "decision": None, "changed_bundles": 0, "window_ms": None, "gain_ms": None,
              "stall_s": 0.0}
 
@@ -541,8 +540,7 @@ def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec:
         if installed == ph:
             runs[ph], prev = target, target
             decisions[f"{_prev_name(ph)}->{ph}"] = dict(UNCHANGED, topology=ph)
-            if target.detail.get("end_topology") == "dp":
-                installed = "train:dp"
+            installed = _ends_on(ph, target)
             continue
         removed, added = changed_bundles(spec, matchings[installed], matchings[ph])
         old = attempt(ph, installed)
@@ -552,9 +550,7 @@ def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec:
         if d["action"] == "kept":
             runs[ph] = old
         else:
-            runs[ph], installed = target, ph
-            if target.detail.get("end_topology") == "dp":  # re-wired inside the phase (train_rewire)
-                installed = "train:dp"
+            runs[ph], installed = target, _ends_on(ph, target)
         prev = runs[ph]
     # closing transition: towards the generation topology ``start`` of the next iteration
     if installed == start:
@@ -574,7 +570,10 @@ def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec:
     return runs, decisions, end
 
 
-TRAIN_REWIRE = "train:mp->train:dp"  # the reconfig key of re-wiring inside the train phase
+def _ends_on(ph: str, run: PhaseRun) -> str:
+    """The topology installed at the end of ``run`` on phase ``ph``'s own: ``train:dp`` where the train phase
+    re-wired inside (train_rewire), else ``ph``."""
+    return "train:dp" if run.detail.get("end_topology") == "dp" else ph
 
 
 def _phases(runs: dict, reconfig: dict) -> dict:
