@@ -5,6 +5,12 @@ Every ToR forwards IPv4 by destination address: a local server's address goes ou
 remote server's address goes to the *select group* of its ToR (group id ``1 + dst_tor``), whose buckets
 output to the uplinks of every first hop on a shortest circuit path (one bucket per circuit, so parallel
 circuits share the load). Transit ToRs forward by the same tables, so multi-hop paths need nothing more.
+Where a ToR has more than one first-hop uplink toward a destination ToR, the packets its own servers send
+there are *pinned*: each (local server, remote server) pair to one of those uplinks, round robin over the
+pairs (:func:`pinned_flows`), so a collective's few long TCP connections spread evenly over the parallel
+circuits as a fluid model of them (RLSim's) assumes. The select group's hash of four such connections put
+all of them on one of two circuits in some runs here (an all-to-all at the one circuit's rate, no faster than
+on half the circuits). Transit packets keep the group.
 A destination ToR that becomes unreachable loses its flows and its group (the flows are deleted first);
 packets to it then miss the table and are dropped (OpenFlow 1.3 table-miss default).
 
@@ -24,6 +30,7 @@ from .phases import CircuitGraph
 
 ETH_TYPE_IPV4 = 0x0800
 LOCAL_PRIORITY = 200  # ipv4_dst of a server on this ToR -> its port
+PINNED_PRIORITY = 150  # from a server on this ToR (in_port) to a server on another: one of parallel uplinks
 REMOTE_PRIORITY = 100  # ipv4_dst of a server on another ToR -> the group of that ToR
 
 
@@ -347,6 +354,22 @@ def remote_flows(spec: FabricSpec, dst_tor: int) -> list[FlowSpec]:
             for s in spec.servers_on_tor(dst_tor)]
 
 
+def pinned_flows(spec: FabricSpec, tor: int, dst_tor: int, ports: tuple[int, ...]) -> list[FlowSpec]:
+    """Where ``tor`` reaches ``dst_tor`` over more than one first-hop uplink (``ports``): each pair of a server
+    on ``tor`` (matched by its port) and a server on ``dst_tor`` goes out of one of them, pair ``(i, j)`` (the
+    servers' indices on their ToRs) out of ``ports[(i + j) % len(ports)]``, so every uplink carries the
+    same number of pairs (within one). None for a single uplink: the group has one bucket."""
+    if len(ports) < 2:
+        return []
+    out = []
+    for i, s in enumerate(spec.servers_on_tor(tor)):
+        for j, d in enumerate(spec.servers_on_tor(dst_tor)):
+            out.append(FlowSpec(PINNED_PRIORITY, (("eth_type", ETH_TYPE_IPV4), ("in_port", spec.server_port(s)),
+                                                  ("ipv4_dst", spec.host_ip(d))),
+                                (("output", int(ports[(i + j) % len(ports)])),), TOR_COOKIE))
+    return out
+
+
 def route_flow_changes(spec: FabricSpec, old: Routes | None, new: Routes) -> RouteChanges:
     """The group and flow changes that turn the tables of ``old`` (None: empty switches) into ``new``.
 
@@ -365,11 +388,19 @@ def route_flow_changes(spec: FabricSpec, old: Routes | None, new: Routes) -> Rou
             if dst in n and dst not in o:
                 add_g.append(GroupSpec(group_id_of(dst), tuple(n[dst])))
                 add_f.extend(remote_flows(spec, dst))
+                add_f.extend(pinned_flows(spec, t, dst, tuple(n[dst])))
             elif dst in o and dst not in n:
+                del_f.extend(pinned_flows(spec, t, dst, tuple(o[dst])))
                 del_f.extend(remote_flows(spec, dst))
                 del_g.append(group_id_of(dst))
             elif tuple(o[dst]) != tuple(n[dst]):
                 mod_g.append(GroupSpec(group_id_of(dst), tuple(n[dst])))
+                # re-pinned after the group changed (add replaces a flow of the same match); pins the new
+                # state has none of are deleted, never one it re-adds (deletes run after the adds)
+                was, now = pinned_flows(spec, t, dst, tuple(o[dst])), pinned_flows(spec, t, dst, tuple(n[dst]))
+                keep = {f.key for f in now}
+                add_f.extend(f for f in now if f not in was)
+                del_f.extend(f for f in was if f.key not in keep)
         ch = TorChanges(t, tuple(add_g), tuple(mod_g), tuple(add_f), tuple(del_f), tuple(del_g))
         if not ch.is_empty:
             per[t] = ch

@@ -3,8 +3,8 @@ import pytest
 
 from controller.ocs import TOR_COOKIE, Matching
 from controller.phases import circuit_graph, phase_matchings, unchanged_matchings
-from controller.routing import (GroupSpec, RouteLoop, Routes, compute_routes, find_loop, group_id_of, port_peers,
-                                route_flow_changes, transition_routes)
+from controller.routing import (PINNED_PRIORITY, GroupSpec, RouteLoop, Routes, compute_routes, find_loop, group_id_of,
+                                port_peers, route_flow_changes, transition_routes)
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError
 
@@ -137,6 +137,40 @@ def test_route_flow_changes_only_changed_groups():
     assert c.delete_groups == (group_id_of(2),)
     assert {f.match[1][1] for f in c.delete_flows} == {spec.host_ip(4), spec.host_ip(5)}
     assert 2 in route_flow_changes(spec, r1, r3).per_tor
+
+
+def _pins(changes, tor, field="add_flows"):
+    return {f.match: f.actions[0][1] for f in getattr(changes.per_tor[tor], field) if f.priority == PINNED_PRIORITY}
+
+
+def test_parallel_uplinks_pin_each_server_pair_to_one_of_them_evenly_and_follow_the_routes():
+    """A select group hashes a handful of TCP connections onto its buckets unevenly (all four of an
+    all-to-all's cross-ToR connections on one of two circuits, in some runs here): the source ToR pins each
+    (own server, remote server) pair to one uplink instead, every uplink the same number of pairs."""
+    spec = line_spec(3, uplinks=2)
+    two = compute_routes(spec, circuit_graph(spec, matching(spec, [(0, 0, 1, 0), (0, 1, 1, 1)])))
+    pins = _pins(route_flow_changes(spec, None, two), 0)
+    ups = (tor_port(spec, 0, 0), tor_port(spec, 0, 1))
+    assert len(pins) == spec.servers_per_tor ** 2 and sorted(pins.values()) == sorted(ups * 2)
+    for s in spec.servers_on_tor(0):  # each server's two remote peers go out of different uplinks
+        assert {p for m, p in pins.items() if ("in_port", spec.server_port(s)) in m} == set(ups)
+    assert all(("ipv4_dst", spec.host_ip(d)) in m for m in pins for d in spec.servers_on_tor(1)
+               if m[2][1] == spec.host_ip(d))
+    # a single uplink needs no pin (the group has one bucket); going to it deletes the pins, back adds them
+    one = compute_routes(spec, circuit_graph(spec, matching(spec, [(0, 0, 1, 0)])))
+    assert not _pins(route_flow_changes(spec, None, one), 0)
+    down = route_flow_changes(spec, two, one)
+    assert set(_pins(down, 0, "delete_flows")) == set(pins) and not _pins(down, 0)
+    assert _pins(route_flow_changes(spec, one, two), 0) == pins
+    assert route_flow_changes(spec, two, two).is_empty
+    # the pair of uplinks changes: the pins move with the group, none deleted (an add replaces, and deletes run
+    # after the adds, so deleting a re-added pin would drop it)
+    spec = line_spec(3, uplinks=3)
+    a_ = compute_routes(spec, circuit_graph(spec, matching(spec, [(0, 0, 1, 0), (0, 1, 1, 1)])))
+    b_ = compute_routes(spec, circuit_graph(spec, matching(spec, [(0, 1, 1, 1), (0, 2, 1, 2)])))
+    ch = route_flow_changes(spec, a_, b_)
+    moved = _pins(ch, 0)
+    assert not _pins(ch, 0, "delete_flows") and set(moved.values()) == {tor_port(spec, 0, 1), tor_port(spec, 0, 2)}
 
 
 def test_planner_refuses_transition_routes_that_loop(monkeypatch, connected_core):

@@ -28,8 +28,12 @@ def installed(phase) -> dict[int, FakeTorTable]:
 
 def test_full_sync_from_empty_installs_every_route():
     tors = installed("train")
+    r = routes("train")
     for t, tab in tors.items():
-        assert len(tab.flows) == SPEC.n_servers  # local + remote flow for every server
+        # local + remote flow for every server, and a pinned one per (own server, remote server) where the
+        # remote ToR is reached over two uplinks (two shortest paths on the train ring)
+        wide = [d for d in range(SPEC.n_tors) if len(r.ports(t, d)) > 1]
+        assert wide and len(tab.flows) == SPEC.n_servers + len(wide) * SPEC.servers_per_tor ** 2
         assert set(tab.groups) == {1 + d for d in range(SPEC.n_tors) if d != t}
 
 
