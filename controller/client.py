@@ -70,10 +70,13 @@ class ControllerClient:
         return self.request("POST", "circuits", body)
 
     def set_phase(self, phase: str, delay_ms: float | None = None, window_ms: float | None = None,
-                  gain_ms: float | None = None) -> dict:
-        """Install ``phase``'s topology; the answer's ``decision`` is switched, stalled or deferred."""
-        return self.request("POST", "phase", {"phase": phase, "delay_ms": delay_ms, "window_ms": window_ms,
-                                              "gain_ms": gain_ms})
+                  gain_ms: float | None = None, part: str | None = None) -> dict:
+        """Install ``phase``'s topology (``part``: one part of the train step's, "mp" or "dp"); the answer's
+        ``decision`` is switched, stalled or deferred, and its ``reason`` says why."""
+        body = {"phase": phase, "delay_ms": delay_ms, "window_ms": window_ms, "gain_ms": gain_ms}
+        if part is not None:
+            body["part"] = part
+        return self.request("POST", "phase", body)
 
     # ---- waits ---------------------------------------------------------------------------------------
     def _poll(self, cond, timeout_s: float, poll_s: float) -> dict | None:

@@ -575,6 +575,18 @@ def train_plan(spec: FabricSpec, tt: TrainTraffic) -> TrainPlan:
 TRAIN_PARTS = ("mp", "dp")
 
 
+def topology_name(phase: str | None, part: str | None = None) -> str | None:
+    """The name of the topology a phase (and part of the train step) is installed with: the phase's own
+    name, or ``train:mp`` / ``train:dp`` (the names RLSim's reconfiguration keys and the phase model use)."""
+    return phase if part is None or phase is None else f"{phase}:{part}"
+
+
+def split_topology(name: str) -> tuple[str, str | None]:
+    """``topology_name``'s inverse: ``"train:dp"`` -> ``("train", "dp")``, ``"gen"`` -> ``("gen", None)``."""
+    phase, _, part = name.partition(":")
+    return phase, part or None
+
+
 def train_part_traffic(traffic: "PhaseTraffic", part: str) -> "PhaseTraffic | None":
     """``traffic`` with training's stages cut to one part of the step (TRAIN_PARTS); None when that part
     sends nothing (a dense model has no model-parallel part)."""
@@ -595,7 +607,9 @@ def train_part_matchings(spec: FabricSpec, layout: JobLayout, traffic: "PhaseTra
     part's topology is not one connected graph: its cells take every uplink they can use, so it suits a
     synchronous iteration only (nothing crosses cells while the forward and backward passes run; in the
     async mode generation streams to the trainers beside them). The rings' part is joined. The controller
-    does not switch inside a phase: it installs the one train topology (:func:`phase_matchings`)."""
+    installs a part on ``POST /phase {"phase": "train", "part": ...}`` (scenario ``controller.train_rewire``:
+    the live loop re-wires inside the train phase as RLSim does); otherwise the one train topology
+    (:func:`phase_matchings`)."""
     one = train_part_traffic(traffic, part)
     if one is None:
         return None

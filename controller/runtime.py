@@ -21,6 +21,7 @@ from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, require, to_dict
 
 from .ocs import Matching
+from .phases import TRAIN_PARTS, topology_name
 from .reconfig.clock import Clock
 from .reconfig.executor import Driver, execute_plan
 from .reconfig.plan import ReconfigPlan, plan_reconfig
@@ -44,14 +45,16 @@ class ReconfigFailed(Unavailable):
 
 
 # ---- state file ------------------------------------------------------------------------------------
-def save_state(path: Path, circuits: Mapping[int, Matching], phase: str | None) -> None:
-    """Atomically write the intended circuits (temporary file + rename).
+def save_state(path: Path, circuits: Mapping[int, Matching], phase: str | None, part: str | None = None) -> None:
+    """Atomically write the intended circuits (temporary file + rename), the phase they realise and the part
+    of the train step they were built for (``part``, written only when there is one).
 
     No fsync: the file guards against the controller dying (``kill -9``), for which the page cache is
     enough; an OS crash takes the emulated switches with it, so there is nothing to reconcile after one.
     """
-    write_json_atomic(path, {"version": STATE_VERSION, "phase": phase,
-                             "circuits": {str(o): m.to_json() for o, m in sorted(circuits.items())}}, fsync=False)
+    data = {"version": STATE_VERSION, "phase": phase, **({"part": part} if part is not None else {}),
+            "circuits": {str(o): m.to_json() for o, m in sorted(circuits.items())}}
+    write_json_atomic(path, data, fsync=False)
 
 
 class _StateWriter:
@@ -69,8 +72,9 @@ class _StateWriter:
         self._jobs: "queue.SimpleQueue[_StateWrite]" = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def submit(self, path: Path, circuits: Mapping[int, Matching], phase: str | None) -> "_StateWrite":
-        job = _StateWrite(path, dict(circuits), phase, self._clock)
+    def submit(self, path: Path, circuits: Mapping[int, Matching], phase: str | None,
+               part: str | None = None) -> "_StateWrite":
+        job = _StateWrite(path, dict(circuits), phase, part, self._clock)
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._work, name="state-file", daemon=True)
             self._thread.start()
@@ -81,7 +85,7 @@ class _StateWriter:
         while True:
             job = self._jobs.get()
             try:
-                save_state(job.path, job.circuits, job.phase)
+                save_state(job.path, job.circuits, job.phase, job.part)
             except BaseException as e:  # noqa: BLE001 - reported by the job's wait()
                 job.error = e
             job.done.set()
@@ -90,8 +94,9 @@ class _StateWriter:
 class _StateWrite:
     """One submitted state-file write; :meth:`wait` blocks until it is on disk (or failed)."""
 
-    def __init__(self, path: Path, circuits: Mapping[int, Matching], phase: str | None, clock: Clock):
-        self.path, self.circuits, self.phase = path, circuits, phase
+    def __init__(self, path: Path, circuits: Mapping[int, Matching], phase: str | None, part: str | None,
+                 clock: Clock):
+        self.path, self.circuits, self.phase, self.part = path, circuits, phase, part
         self.error: BaseException | None = None
         self.done = threading.Event()
         self._clock = clock
@@ -111,8 +116,8 @@ class _StateWrite:
         return out
 
 
-def load_state(path: Path, spec: FabricSpec) -> tuple[dict[int, Matching], str | None] | None:
-    """The intended circuits and phase from ``path``; None when the file does not exist.
+def load_state(path: Path, spec: FabricSpec) -> tuple[dict[int, Matching], str | None, str | None] | None:
+    """The intended circuits, phase and train part from ``path``; None when the file does not exist.
 
     Raises SpecError naming the field when the file is not a state file for this fabric.
     """
@@ -125,11 +130,14 @@ def load_state(path: Path, spec: FabricSpec) -> tuple[dict[int, Matching], str |
         raise SpecError("state_file", f"{path}: not readable JSON: {e}") from None
     f = f"state_file({path})"
     require(isinstance(data, dict), f, "must be a JSON object")
-    unknown = sorted(set(data) - {"version", "phase", "circuits"})
+    unknown = sorted(set(data) - {"version", "phase", "part", "circuits"})
     require(not unknown, f"{f}.{unknown[0] if unknown else ''}", "unknown key")
     require(data.get("version") == STATE_VERSION, f"{f}.version", f"must be {STATE_VERSION}, got {data.get('version')!r}")
     phase = data.get("phase")
     require(phase is None or isinstance(phase, str), f"{f}.phase", f"must be a string or null, got {phase!r}")
+    part = data.get("part")
+    require(part is None or (phase == "train" and part in TRAIN_PARTS), f"{f}.part",
+            f"must be one of {', '.join(TRAIN_PARTS)} (with phase train) or absent, got {part!r}")
     circ = data.get("circuits")
     require(isinstance(circ, dict), f"{f}.circuits", "must be a mapping")
     out = {}
@@ -138,24 +146,25 @@ def load_state(path: Path, spec: FabricSpec) -> tuple[dict[int, Matching], str |
         out[o] = Matching.from_pairs(spec.ports_per_ocs, circ[str(o)], field=f"{f}.circuits.{o}")
     extra = sorted(set(circ) - {str(o) for o in range(spec.ocs_count)})
     require(not extra, f"{f}.circuits.{extra[0] if extra else ''}", "unknown OCS for this fabric")
-    return out, phase
+    return out, phase, part
 
 
 # ---- the controller core -------------------------------------------------------------------------------
-def initial_target(spec: FabricSpec, layout: JobLayout, stored: tuple[dict[int, Matching], str | None] | None,
+def initial_target(spec: FabricSpec, layout: JobLayout,
+                   stored: tuple[dict[int, Matching], str | None, str | None] | None,
                    current: Mapping[int, Matching], initial_phase: str, traffic: Any = None
-                   ) -> tuple[dict[int, Matching], str | None, str]:
-    """What the controller installs once every switch was read back: (target, phase, source). The state
-    file's intent (``reconcile``); else the circuits the OCSes hold (``adopt``); else ``initial_phase``."""
+                   ) -> tuple[dict[int, Matching], str | None, str | None, str]:
+    """What the controller installs once every switch was read back: (target, phase, part, source). The
+    state file's intent (``reconcile``); else the circuits the OCSes hold (``adopt``); else ``initial_phase``."""
     from . import phases
 
     if stored is not None:
-        target, phase = stored
-        return target, phase, "reconcile"
+        target, phase, part = stored
+        return target, phase, part, "reconcile"
     if any(len(m) for m in current.values()):
         log.info("no state file: adopting the circuits the OCSes hold")
-        return dict(current), None, "adopt"
-    return dict(phases.phase_matchings(spec, layout, initial_phase, traffic)), initial_phase, "initial"
+        return dict(current), None, None, "adopt"
+    return dict(phases.phase_matchings(spec, layout, initial_phase, traffic)), initial_phase, None, "initial"
 
 
 class _History:
@@ -232,6 +241,7 @@ class FabricController:
         self.matchings: dict[int, Matching] | None = None  # what the OCSes hold (after init)
         self.routes: Any = None
         self.phase: str | None = None
+        self.part: str | None = None  # the part of the train step the circuits were built for (POST /phase part)
         self.initialised = False
         self.busy = False
         self._history = _History()
@@ -250,6 +260,7 @@ class FabricController:
     def state(self) -> dict:
         sw = self.switches
         return {**sw.state(), "ready": self.ready, "initialised": self.initialised, "phase": self.phase,
+                "part": self.part, "topology": topology_name(self.phase, self.part),
                 "busy": self.busy, "delay_ms": self.delay_ms,
                 "mismatch": [sw.mismatch[o] for o in sorted(sw.mismatch)]}
 
@@ -359,10 +370,11 @@ class FabricController:
     def _initialise(self) -> None:
         current = {o: self.switches.ocs_readback[o].matching for o in range(self.spec.ocs_count)}
         stray = {o: self.switches.ocs_readback[o].stray for o in range(self.spec.ocs_count)}
-        target, phase, source = initial_target(self.spec, self.layout, self._stored, current, self.initial_phase,
-                                               self.traffic)
+        target, phase, part, source = initial_target(self.spec, self.layout, self._stored, current,
+                                                     self.initial_phase, self.traffic)
         plan = plan_reconfig(self.spec, current, None, target, stray=stray)
-        req = ReconfigRequest(target=target, phase=phase, delay_ms=self._dark_delay_ms(plan), source=source)
+        req = ReconfigRequest(target=target, phase=phase, part=part, delay_ms=self._dark_delay_ms(plan),
+                              source=source)
         self.routes = None
         try:  # not ready (and no circuits reported) until the intended state is installed
             self._run(req, "initial", self.clock.now(), self._wall(), plan=plan)
@@ -380,8 +392,8 @@ class FabricController:
         if plan.is_noop:
             log.info("OCS %d reconnected holding the intended circuits", ocs)
             return
-        req = ReconfigRequest(target={ocs: intended}, phase=self.phase, delay_ms=self._dark_delay_ms(plan),
-                              source="reconcile")
+        req = ReconfigRequest(target={ocs: intended}, phase=self.phase, part=self.part,
+                              delay_ms=self._dark_delay_ms(plan), source="reconcile")
         self._run(req, "reconcile", self.clock.now(), self._wall(), plan=plan)
 
     def _run(self, req: ReconfigRequest, kind: str, received: float, received_at: float,
@@ -389,7 +401,8 @@ class FabricController:
         delay = self.delay_ms if req.delay_ms is None else req.delay_ms  # a request's own over the controller's
         # received_mono: the controller's monotonic clock (CLOCK_MONOTONIC, shared by every namespace), so a
         # probe stream's send times can be lined up with the reconfiguration's t_ms offsets
-        rec: dict = {"kind": kind, "source": req.source, "phase": req.phase, "delay_ms": delay,
+        rec: dict = {"kind": kind, "source": req.source, "phase": req.phase,
+                     **({"part": req.part} if req.part is not None else {}), "delay_ms": delay,
                      "window_ms": req.window_ms, "gain_ms": req.gain_ms, "received_at": received_at,
                      "received_mono": received}
         decision = decide_switch(req.window_ms, delay, req.gain_ms)
@@ -404,7 +417,7 @@ class FabricController:
         stamps["planned"] = self.clock.now()
         rec["changes"] = plan.summary()
         new_phase = req.phase
-        persist = self._writer.submit(self.state_path, plan.target, new_phase) if self.state_path else None
+        persist = self._writer.submit(self.state_path, plan.target, new_phase, req.part) if self.state_path else None
         stamps["write_started"] = self.clock.now()
         self.busy = True
         try:
@@ -418,7 +431,7 @@ class FabricController:
             # believed state = the intended one (also in the state file); the switches it touched (the
             # OCSes changed, every ToR: transition/final routes) are read back and reconciled to it
             self.matchings = dict(plan.target)
-            self.phase = new_phase
+            self.phase, self.part = new_phase, req.part
             self._mark_stale([self.spec.ocs_dpid(o) for o in plan.touched_ocses] +
                              [self.spec.tor_dpid(t) for t in range(self.spec.n_tors)])
             rec.update(status="failed", error=f"{type(e).__name__}: {e}", stale=sorted(self.switches.stale))
@@ -428,7 +441,7 @@ class FabricController:
             self.busy = False
         self.matchings = dict(plan.target)
         self.routes = plan.final_routes
-        self.phase = new_phase
+        self.phase, self.part = new_phase, req.part
         rec.update(status="done", noop=plan.is_noop,
                    t_ms=ex.relative_ms(), **ex.metrics())
         log.info("reconfiguration %s (%s): %s", kind, req.source, {k: rec.get(k) for k in

@@ -32,9 +32,15 @@ class ControllerSettings:
     reconfig_delay_ms: float | None = None
     # Phase topology installed when the fabric comes up.
     initial_phase: Phase = "train"
+    # RFabric: a train phase may get two topologies, the model-parallel stages' own (EP all-to-all, PP) and,
+    # before the gradient all-reduce, the DP rings' own (controller.phases.train_part_matchings; the rule
+    # weighs that switch with no idle window). Taken when RLSim's model of the iteration is faster so than on
+    # one train topology; off: one train topology for every stage. RLSim reads it too (SimSettings.train_rewire).
+    train_rewire: bool = False
 
     def __post_init__(self) -> None:
         check_delay_ms(self.reconfig_delay_ms, "reconfig_delay_ms")
+        require(isinstance(self.train_rewire, bool), "train_rewire", f"must be true or false, got {self.train_rewire!r}")
 
 
 DEFAULT_CONTROLLER_METRICS_PORT = 9480  # the controller's Prometheus endpoint (README "Live metrics")

@@ -30,12 +30,13 @@ flow-level simulator (``rlsim.flowsim``) on the fabric's links (``rlsim.fabrics`
   old topology for the next phase. Each transition reports ``switched`` / ``stalled`` / ``kept`` (the
   rule's ``deferred``) or ``unchanged``, with its window, gain and stall.
   MixNet and TopoOpt are static for the job (MixNet's regional OCS keeps one ring per pod).
-* ``SimSettings.train_rewire`` (off by default, as the controller installs one train topology): RFabric may
+* ``SimSettings.train_rewire`` (the scenario's ``controller.train_rewire`` by default, off unless set): RFabric may
   also re-wire inside the train phase, from the model-parallel stages' own topology (every uplink of an EP
   group's ToRs to its partner ToRs; ``controller.phases.train_part_matchings``) to the rings' own before
   the gradient all-reduce, a stall of ``T_ocs`` weighed by the same rule (reconfig key TRAIN_REWIRE); the
   iteration takes it only when it is faster so than on the one train topology (``detail.train_rewire``).
-  The model-parallel topology leaves the cells unjoined, so it models a synchronous iteration.
+  The model-parallel topology leaves the cells unjoined, so it models a synchronous iteration. The live
+  loop's controller installs the same parts (``POST /phase`` with ``part``; testbed/backends/phase_model.py).
 """
 from __future__ import annotations
 
@@ -86,9 +87,9 @@ class SimSettings:
     fabric: FabricOptions = FabricOptions()
     # RFabric: re-wire inside the train phase, from the topology of the model-parallel stages (EP
     # all-to-all, PP) to one built for the DP rings alone (controller.phases.train_part_matchings), when the
-    # rings gain more than the switching time. Off: one train topology for every stage, as the controller
-    # installs it.
-    train_rewire: bool = False
+    # rings gain more than the switching time. Off: one train topology for every stage. None: the
+    # scenario's (controller.train_rewire, which the live loop's controller follows too).
+    train_rewire: bool | None = None
 
     def __post_init__(self) -> None:
         check_delay_ms(self.reconfig_delay_ms, "reconfig_delay_ms")  # the controller's rule: finite, 0..MAX_DELAY_MS
@@ -105,6 +106,8 @@ def resolved(settings: SimSettings, scn: Scenario) -> SimSettings:
         settings = dataclasses.replace(settings, engine=scn.orchestrator.engine)
     if settings.sync_bucket_mb is None:
         settings = dataclasses.replace(settings, sync_bucket_mb=scn.orchestrator.sync_bucket_mb)
+    if settings.train_rewire is None:
+        settings = dataclasses.replace(settings, train_rewire=scn.controller.train_rewire)
     return settings
 
 

@@ -128,12 +128,15 @@ class Driver:
 
     # ---- phases on the fabric ----
     def phase(self, phase: str, lengths: np.ndarray | None = None, first_step_s: float = 0.0) -> PhaseDecision:
+        """Ask for ``phase``'s topology (the phase model's :meth:`~PhaseModel.topology_for`: "train:mp" for a
+        train phase that re-wires inside)."""
         window = self.model.window_ms(phase, lengths, first_step_s)
         gain = self.model.gain_ms(phase, self.installed, lengths)
         t0 = self.backend.now()
-        d = self.backend.set_phase(phase, window, gain)
+        topology = self.model.topology_for(phase)
+        d = self.backend.set_phase(topology, window, gain)
         if d.changed:
-            self.installed = phase
+            self.installed = topology
         self.timeline.event(t0, "fabric", phase=phase, topology=self.installed,
                             **{k: v for k, v in d.to_json().items() if k != "reason"}, reason=d.reason,
                             took_s=self.backend.now() - t0)
@@ -184,6 +187,7 @@ class Driver:
         # train on the step's responses, then push the new weights
         self.phase("train", g["lengths"])
         tr = b.train(step, g["lengths"])
+        self.installed = tr.detail.get("topology_end", self.installed)  # re-wired inside ("train:dp")
         self.phase_event(tr, step)
         self.phase("sync", g["lengths"])
         sy = b.sync_weights(step)

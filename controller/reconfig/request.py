@@ -63,21 +63,26 @@ class CircuitsBody(_TimingBody):
 @dataclass(frozen=True, kw_only=True)
 class PhaseBody(_TimingBody):
     """JSON body of ``POST /api/v1/phase``: ``{"phase": "train", "delay_ms": 10, "window_ms": null,
-    "gain_ms": null}``."""
+    "gain_ms": null}``; the train phase may name one ``part`` of its step ("mp": the EP all-to-all and PP
+    stages, "dp": the gradient all-reduce; ``controller.phases.train_part_matchings``) to install that part's
+    own topology (re-wiring inside the train phase, scenario ``controller.train_rewire``)."""
 
     phase: str
+    part: Optional[str] = None
 
 
 @dataclass(frozen=True)
 class ReconfigRequest:
     """A validated reconfiguration: target matchings for some OCSes (the others keep theirs).
 
-    ``phase`` names the phase the target realises (None for explicit circuits). ``delay_ms`` None means the
-    spec's default switching delay. ``source``: who asked (``rest``, ``initial``, ``reconcile``).
+    ``phase`` names the phase the target realises (None for explicit circuits), ``part`` the part of the
+    train step it was built for (None: the whole phase). ``delay_ms`` None means the spec's default switching
+    delay. ``source``: who asked (``rest``, ``initial``, ``reconcile``).
     """
 
     target: Mapping[int, Matching]
     phase: str | None = None
+    part: str | None = None
     delay_ms: float | None = None
     window_ms: float | None = None
     gain_ms: float | None = None
@@ -113,6 +118,16 @@ def phase_request(spec: FabricSpec, layout: JobLayout, data: Any, traffic: Any =
     (``traffic``: ``controller.traffic.PhaseTraffic``, what the train topology is built from)."""
     body = from_dict(PhaseBody, data)
     check_phase(body.phase)
-    target = phases.phase_matchings(spec, layout, body.phase, traffic)
-    return ReconfigRequest(target=dict(target), phase=body.phase, delay_ms=body.delay_ms,
+    if body.part is None:
+        target = phases.phase_matchings(spec, layout, body.phase, traffic)
+    else:
+        require(body.phase == "train", "part", f"only the train phase has parts, got phase {body.phase!r}")
+        require(isinstance(body.part, str) and body.part in phases.TRAIN_PARTS, "part",
+                f"must be one of {', '.join(phases.TRAIN_PARTS)}, got {brief(body.part)}")
+        require(traffic is not None, "part", "the controller was told no workload, so it has no train step to split "
+                "(start it with the scenario's workload)")
+        target = phases.train_part_matchings(spec, layout, traffic, body.part)
+        require(target is not None, "part", f"the workload's train step sends nothing in part {body.part!r} "
+                "(a dense model has no model-parallel part)")
+    return ReconfigRequest(target=dict(target), phase=body.phase, part=body.part, delay_ms=body.delay_ms,
                            window_ms=body.window_ms, gain_ms=body.gain_ms)

@@ -28,7 +28,7 @@ from agents.costmodel import CostModel
 from agents.engine import Layout
 from agents.protocol import unpack_array
 from controller.ocs import Matching
-from controller.phases import SyncChain, stripe_plan, sync_chains
+from controller.phases import SyncChain, split_topology, stripe_plan, sync_chains
 from controller.reconfig.request import MAX_WINDOW_MS
 from controller.traffic import train_bytes, train_traffic
 from emulation.builder import port_bytes
@@ -187,6 +187,8 @@ class EmulatedBackend(Backend):
 
     # ---- fabric and phases ----
     def set_phase(self, phase: str, window_ms: float | None, gain_ms: float | None) -> PhaseDecision:
+        """``phase``: a topology name (``controller.phases.topology_name``: "train:mp" asks for that part of the
+        train step's topology)."""
         if self.tb.controller is None:  # a static tree: nothing to re-wire (the phase model says so)
             return dataclasses.replace(self.model.decide(phase, phase, window_ms, gain_ms),
                                        timing=PhaseTiming(None, 0.0))
@@ -195,7 +197,8 @@ class EmulatedBackend(Backend):
         gain = None if gain_ms is None else (cap if math.isinf(gain_ms) else max(-cap, min(cap, gain_ms * self.tdf)))
         window = None if window_ms is None else min(cap, window_ms * self.tdf)
         t0 = self.now()
-        rec = self.tb.client.set_phase(phase, window_ms=window, gain_ms=gain)
+        name, part = split_topology(phase)
+        rec = self.tb.client.set_phase(name, window_ms=window, gain_ms=gain, part=part)
         ov = rec.get("overhead_ms")
         return PhaseDecision(rec.get("decision", rec.get("status")), rec.get("stall_ms", 0.0) / self.tdf, window_ms,
                              gain_ms, rec.get("reason"),
@@ -204,7 +207,8 @@ class EmulatedBackend(Backend):
     def _installed_phase(self) -> str | None:
         if self.tb.controller is None:
             return None
-        return self.tb.client.state().get("phase") or "train"
+        st = self.tb.client.state()
+        return st.get("topology") or st.get("phase") or "train"
 
     def _installed_matchings(self) -> dict[int, Matching]:
         spec = self.scenario.fabric
@@ -282,15 +286,23 @@ class EmulatedBackend(Backend):
         (``controller.traffic.train_traffic`` at this step's tokens, bytes scaled by the fabric's scale):
         the EP all-to-all of each group in A2A_CHUNKS layer groups, then the DP rings as Gloo all-reduces. The
         collectives of one stage run together, one per trainer at a time (a trainer in two rings of a stage,
-        dense and expert, runs them one after the other). Pipeline point-to-point is not emulated."""
+        dense and expert, runs them one after the other). Pipeline point-to-point is not emulated.
+
+        On the "train:mp" topology (the scenario re-wires inside the train phase, ``controller.train_rewire``)
+        the controller is asked for "train:dp" before the rings, with no idle window and the phase model's
+        gain (:meth:`PhaseModel.rewire_gain_ms`): its rule switches (the rings wait the switching time) or
+        keeps the circuits; ``detail["rewire"]`` holds its answer and ``detail["topology_end"]`` where the phase
+        ended."""
         spec = self.scenario.fabric
-        _, model = self.model.train_s(self._installed_phase(), lengths)
+        topology = self._installed_phase()
+        _, model = self.model.train_s(topology, lengths)
         compute = float(model.get("compute_s", 0.0))
         trainers = [t for t in self.train_servers if t not in self.pool.failed]
         t0 = self.now()
         self.pool.call_all(trainers, "compute", lambda s: {"seconds": compute}, compute * self.tdf + 60)
         t_c = self.now()
-        detail = {"compute_s": t_c - t0, "modelled_compute_s": compute}
+        detail = {"compute_s": t_c - t0, "modelled_compute_s": compute, "topology": topology,
+                  "topology_end": topology}
         self.compute_log.append((compute, t_c - t0))
         tl = self.model.train_layout
         tokens = float(np.sum(lengths) + len(lengths) * self.scenario.workload.prompt_tokens)
@@ -313,6 +325,14 @@ class EmulatedBackend(Backend):
                     wave[m] = (name, g)
             if not waves:
                 continue
+            if st.name == "dp_allreduce" and topology == "train:mp":
+                t_r = self.now()
+                d = self.set_phase("train:dp", 0.0, self.model.rewire_gain_ms(lengths))
+                took = self.now() - t_r
+                detail.update(rewire={**d.to_json(), "took_s": took}, rewire_s=took,
+                              rewire_decision=d.decision)
+                if d.changed:
+                    detail["topology_end"] = "train:dp"
             if before is None:  # after the compute: no other phase's traffic counted in, beside generation's
                 t_r = self.now()
                 before = self._port_bytes()

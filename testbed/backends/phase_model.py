@@ -2,6 +2,14 @@
 the simulated one takes its sync and train times from it; the emulated one asks it for the predicted gain and
 slack window it hands the controller with every phase change (benefit-aware switching), and for the modelled
 training compute.
+
+Topologies are named as the controller names them (``controller.phases.topology_name``): a phase's own
+("gen", "train", "sync") and, where the scenario re-wires inside the train phase (``controller.train_rewire``)
+and its train step has model-parallel traffic, "train:mp" (the EP all-to-all and PP stages' own) and "train:dp"
+(the DP rings'). :meth:`topology_for` says which one a phase asks for: "train:mp" for training where RLSim's
+model of the iteration (``rlsim.sim.simulate_iteration``, the same code) is faster re-wired than on one train
+topology; the train phase then re-wires to "train:dp" before its all-reduce when the rule says so
+(:meth:`rewire_gain_ms`).
 """
 from __future__ import annotations
 
@@ -10,11 +18,12 @@ import math
 import numpy as np
 
 from agents.costmodel import CostModel
+from controller.phases import TRAIN_PARTS, topology_name, train_part_matchings
 from controller.switching import decide_switch
 from controller.traffic import phase_traffic
 from emulation.spec import PHASES
-from rlsim.fabrics import CircuitNetwork, Unreachable, build_network, rfabric_counts
-from rlsim.sim import SimSettings, resolved, sync_phase, train_phase
+from rlsim.fabrics import CircuitNetwork, Unreachable, build_network, circuit_counts, rfabric_counts
+from rlsim.sim import SimSettings, resolved, simulate_iteration, sync_phase, train_phase
 
 from .base import PhaseDecision
 
@@ -36,12 +45,33 @@ class PhaseModel:
                 continue
             counts, m = rfabric_counts(self.spec, self.layout, ph, self.traffic)
             self.nets[ph] = CircuitNetwork("rfabric", self.spec, counts, settings.fabric.max_two_hop, matchings=m)
+        # re-wiring inside the train phase (controller.train_rewire): the parts' topologies, and whether RLSim's
+        # iteration takes it (rewire_plan: its detail.train_rewire, None where there is nothing to re-wire)
+        # (the parts' topologies are modelled whenever the step has them: the controller installs one on request)
+        self.rewire_plan = None
+        if not self.static and self.traffic.n_stages > 1:
+            for part in TRAIN_PARTS:
+                m = train_part_matchings(self.spec, self.layout, self.traffic, part)
+                self.nets[topology_name("train", part)] = CircuitNetwork(
+                    "rfabric", self.spec, circuit_counts(self.spec, m), settings.fabric.max_two_hop, matchings=m)
+            if self.settings.train_rewire:
+                self.rewire_plan = simulate_iteration(scenario, "rfabric",
+                                                      settings=self.settings)["detail"]["train_rewire"]
         self.train_servers = self.layout.train_servers(self.spec)
         self.train_layout = self.traffic.train.layout  # training's placement (controller.traffic)
         self.gen_servers = self.layout.gen_servers(self.spec)
 
     def _net(self, topology: str | None):
         return self.nets["train" if self.static or topology is None else topology]
+
+    @property
+    def rewires(self) -> bool:
+        """The train phase starts on "train:mp" and may re-wire to "train:dp" inside (RLSim took it)."""
+        return bool(self.rewire_plan and self.rewire_plan["taken"])
+
+    def topology_for(self, phase: str) -> str:
+        """The topology ``phase`` asks the fabric for: its own, "train:mp" for a re-wiring train phase."""
+        return "train:mp" if phase == "train" and self.rewires else phase
 
     def sync_s(self, topology: str | None) -> tuple[float, dict]:
         try:
@@ -52,12 +82,26 @@ class PhaseModel:
         return run.duration, dict(run.detail)
 
     def train_s(self, topology: str | None, lengths: np.ndarray) -> tuple[float, dict]:
+        """Training on ``topology``; on "train:mp" the phase re-wires to "train:dp" before its all-reduce when
+        the rule says so (its stall inside). ``detail["topology_end"]``: the topology it ends on."""
+        dp_net = self.nets.get("train:dp") if topology == "train:mp" else None
         try:
             run = train_phase(self.w, self.cm, self.spec, self._net(topology), self.train_servers,
-                              np.asarray(lengths), self.settings)
+                              np.asarray(lengths), self.settings, dp_net=dp_net, delay_s=self.delay_ms / 1e3)
         except Unreachable as e:
             return math.inf, {"unreachable": str(e)}
-        return run.duration, dict(run.detail)
+        end = run.detail.get("end_topology")
+        out = {**run.detail, "topology_end": topology_name("train", end) if end else topology}
+        rw = run.detail.get("train_rewire")
+        if rw is not None:  # the keys the emulated backend reports for the live re-wiring
+            out.update(rewire_decision=rw["decision"], rewire_s=rw["stall_s"])
+        return run.duration, out
+
+    def rewire_gain_ms(self, lengths: np.ndarray) -> float:
+        """What the all-reduce saves on "train:dp" against "train:mp" (inf: the rings cannot run on "train:mp"),
+        the gain the re-wiring inside the train phase hands the controller."""
+        rw = self.train_s("train:mp", lengths)[1].get("train_rewire") or {}
+        return math.inf if not rw.get("old_topology_carries", True) else float(rw.get("gain_ms") or 0.0)
 
     def predicted_s(self, phase: str, topology: str, lengths: np.ndarray | None = None) -> float:
         if phase == "sync":
@@ -67,12 +111,14 @@ class PhaseModel:
         return 0.0  # generation's traffic (tokens, KV moves) is tiny on any topology that reaches the trainers
 
     def gain_ms(self, phase: str, installed: str, lengths: np.ndarray | None = None) -> float:
-        """What ``phase`` saves on its own topology against the installed one: negative when its own is slower
-        (the rule then keeps the installed one), inf when the installed one cannot carry it."""
-        if phase == installed or self.static:
+        """What ``phase`` saves on its own topology (:meth:`topology_for`) against the installed one: negative
+        when its own is slower (the rule then keeps the installed one), inf when the installed one cannot
+        carry it."""
+        mine = self.topology_for(phase)
+        if mine == installed or self.static:
             return 0.0
         here = self.predicted_s(phase, installed, lengths)
-        own = self.predicted_s(phase, phase, lengths)
+        own = self.predicted_s(phase, mine, lengths)
         if math.isinf(here):
             return math.inf
         return (here - own) * 1000.0
@@ -82,15 +128,17 @@ class PhaseModel:
         compute before the gradient all-reduce; the first decode step before generation's first tokens;
         nothing before a weight sync (it starts sending at once)."""
         if phase == "train":
-            return self.train_s(phase, lengths if lengths is not None else np.full(64, 500))[1].get("compute_s", 0.0) * 1e3
+            return self.train_s(self.topology_for(phase), lengths if lengths is not None else np.full(64, 500)
+                                )[1].get("compute_s", 0.0) * 1e3
         if phase == "gen":
             return first_step_s * 1e3
         return 0.0
 
-    def decide(self, installed: str, phase: str, window_ms: float | None, gain_ms: float | None) -> PhaseDecision:
+    def decide(self, installed: str, topology: str, window_ms: float | None, gain_ms: float | None) -> PhaseDecision:
+        """The rule's decision on a change from the ``installed`` topology to ``topology``."""
         if self.static:
             return PhaseDecision("static", 0.0, window_ms, gain_ms, f"a static {self.spec.kind} fabric: nothing to re-wire")
-        if installed == phase:
+        if installed == topology:
             return PhaseDecision("unchanged", 0.0, window_ms, gain_ms, "the phase's circuits are installed")
         d = decide_switch(window_ms, self.delay_ms, gain_ms)  # +-inf: the old / the new topology cannot carry it
         return PhaseDecision(d.action, d.stall_ms, window_ms, gain_ms, d.reason, self.delay_ms)

@@ -356,9 +356,11 @@ class SimulatedBackend(Backend):
 
     def train(self, step: int, lengths: np.ndarray) -> PhaseResult:
         t0 = self.t
-        dur, detail = self.model.train_s(self.installed, lengths)
+        topology = self.installed
+        dur, detail = self.model.train_s(topology, lengths)  # re-wired inside on "train:mp" (its stall in dur)
         self.wait_until(t0 + dur)
-        return PhaseResult("train", t0, self.t, {**detail, "topology": self.installed})
+        self.installed = detail["topology_end"]
+        return PhaseResult("train", t0, self.t, {**detail, "topology": topology})
 
     # asynchronous mode: a phase beside generation ends at a virtual time known when it starts
     def start_train(self, step: int, lengths: np.ndarray) -> Job:

@@ -73,6 +73,10 @@ def _fabric_options(p: argparse.ArgumentParser, several: bool) -> None:
                                                       "fat-tree, fat-tree-2to1, ...)")
     p.add_argument("--time-dilation", type=float, default=None,
                    help="the scenario's fabric.time_dilation instead (0.05..100: links / TDF, compute x TDF; below 1 time is compressed)")
+    p.add_argument("--train-rewire", action="store_true", default=None,
+                   help="set the scenario's controller.train_rewire: RFabric's train phase starts on the EP/PP "
+                        "stages' own topology and may re-wire to the DP rings' before the all-reduce (taken where "
+                        "RLSim's iteration is faster so; the controller installs both, docs/rlsim.md)")
 
 
 def _with_fabric_options(args, scn):
@@ -90,6 +94,8 @@ def _with_fabric_options(args, scn):
         scn = with_kind(scn, kinds[0])
     if getattr(args, "time_dilation", None) is not None:
         scn = dataclasses.replace(scn, fabric=dataclasses.replace(scn.fabric, time_dilation=args.time_dilation))
+    if getattr(args, "train_rewire", None):
+        scn = dataclasses.replace(scn, controller=dataclasses.replace(scn.controller, train_rewire=True))
     return scn
 
 

@@ -49,10 +49,11 @@ def register(subparsers) -> None:
                    help="packet tiers counted in the cost: auto (default: the fewest tiers of prices.yaml's "
                         "switch_radix-port switches that cover the NICs), 2 (ToR + spine), or 3 (the MixNet "
                         "calculator's method: ToR, aggregation and core from the uplink ratio)")
-    p.add_argument("--train-rewire", action="store_true",
+    p.add_argument("--train-rewire", action="store_true", default=None,
                    help="RFabric: re-wire inside the train phase, from the EP/PP stages' own topology to the DP "
                         "rings', when the switching rule says the rings gain more than T_ocs (a synchronous "
-                        "iteration; the controller installs one train topology)")
+                        "iteration; default: the scenario's controller.train_rewire, which the live loop's "
+                        "controller follows too)")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     p.add_argument("--out", help="sweep: output directory (sweep.json and plots)")
     p.add_argument("--fabrics", type=_names, default=None, help="sweep: fabrics (default all)")
@@ -109,7 +110,7 @@ def run(args) -> int:
             print(f"  train re-wiring {'taken' if rw['taken'] else 'not taken'}: iteration "
                   f"{rw['rewired_iteration_s']:.3f} s re-wired against {rw['one_topology_iteration_s']:.3f} s "
                   "on one train topology")
-        elif args.train_rewire:
+        elif args.train_rewire or (args.train_rewire is None and scn.controller.train_rewire):
             print("  train re-wiring: nothing to re-wire (RFabric only, and a train step with model-parallel "
                   "traffic beside the rings)")
     return 0
@@ -146,7 +147,8 @@ def _sweep(args) -> int:
                                               "reconfig_delay_ms": t_list, "ray": use_ray,
                                               "uplinks": args.uplinks_list, "ocs": args.ocs_list,
                                               "radix": args.radix_list, "fat_tree_tiers": args.fat_tree_tiers,
-                                              "train_rewire": args.train_rewire},
+                                              "train_rewire": scn.controller.train_rewire
+                                              if args.train_rewire is None else args.train_rewire},
                           ceilings)
     for k, v in files.items():
         print(f"{k}: {v}")

@@ -418,7 +418,7 @@ def test_state_file_holds_the_new_intent_when_the_request_answers(tmp_path):
     connect_all(core)
     rec = core.request_phase({"phase": "gen", "delay_ms": 5})
     assert rec["status"] == "done" and "persist_error" not in rec and rec["persist_wait_ms"] >= 0
-    assert load_state(state, SPEC) == (phases.phase_matchings(SPEC, LAYOUT, "gen"), "gen")
+    assert load_state(state, SPEC) == (phases.phase_matchings(SPEC, LAYOUT, "gen"), "gen", None)
     assert "persist" not in rec["overhead_stages_ms"]  # not on the overhead's path any more
     assert sum(rec["overhead_stages_ms"].values()) == pytest.approx(rec["overhead_ms"], abs=0.01)
 
