@@ -8,9 +8,9 @@ circuits share the load). Transit ToRs forward by the same tables, so multi-hop 
 Where a ToR has more than one first-hop uplink toward a destination ToR, the packets its own servers send
 there are *pinned*: each (local server, remote server) pair to one of those uplinks, round robin over the
 pairs (:func:`pinned_flows`), so a collective's few long TCP connections spread evenly over the parallel
-circuits as a fluid model of them (RLSim's) assumes. The select group's hash of four such connections put
-all of them on one of two circuits in some runs here (an all-to-all at the one circuit's rate, no faster than
-on half the circuits). Transit packets keep the group.
+circuits as a fluid model of them (RLSim's) assumes, in every run. The select group hashes each connection
+(ports included) onto a bucket: four connections on two buckets all land on one in 1 of 8 hashings, and
+split 3:1 in 1 of 2. Transit packets keep the group.
 A destination ToR that becomes unreachable loses its flows and its group (the flows are deleted first);
 packets to it then miss the table and are dropped (OpenFlow 1.3 table-miss default).
 
