@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from controller.phases import circuit_graph, phase_matchings
+from controller.phases import circuit_graph, phase_matchings, split_topology, train_part_matchings
 from emulation.spec import FABRICS, OVERSUB, FabricSpec, JobLayout  # noqa: F401 - FABRICS, OVERSUB: re-exported
 from emulation.validation import SpecError
 
@@ -310,6 +310,19 @@ def rfabric_counts(spec: FabricSpec, layout: JobLayout, phase: str, traffic=None
     matchings."""
     matchings = phase_matchings(spec, layout, phase, traffic)
     return circuit_counts(spec, matchings), matchings
+
+
+def rfabric_network(spec: FabricSpec, layout: JobLayout, topology: str, traffic, max_two_hop: int
+                    ) -> tuple[CircuitNetwork, dict]:
+    """RFabric on the controller's topology named ``topology`` (``controller.phases.topology_name``: a phase's,
+    or ``train:mp`` / ``train:dp``, one part of a train step with model-parallel traffic), and its matchings."""
+    phase, part = split_topology(topology)
+    if part is None:
+        counts, m = rfabric_counts(spec, layout, phase, traffic)
+    else:
+        m = train_part_matchings(spec, layout, traffic, part)
+        counts = circuit_counts(spec, m)
+    return CircuitNetwork("rfabric", spec, counts, max_two_hop, matchings=m), m
 
 
 def circuit_counts(spec: FabricSpec, matchings) -> np.ndarray:

@@ -52,7 +52,7 @@ import numpy as np
 
 from agents.costmodel import CostModel
 from controller.ocs import diff
-from controller.phases import TRAIN_PARTS, stripe_plan, sync_chains, train_part_matchings, train_plan
+from controller.phases import TRAIN_PARTS, stripe_plan, sync_chains, topology_name, train_plan
 from controller.switching import decide_switch
 from controller.traffic import (Group, TrainLayout, broadcast_tree, merge, phase_traffic, train_bytes, train_layout,
                                 train_traffic)
@@ -63,8 +63,8 @@ from emulation.validation import SpecError, require
 from emulation.workload import LengthSchedule
 
 from .cost import fabric_cost
-from .fabrics import (FABRICS, GBPS, CircuitNetwork, FabricOptions, Network, Unreachable, build_network, circuit_counts,
-                      mixnet_split, rfabric_counts)
+from .fabrics import (FABRICS, GBPS, CircuitNetwork, FabricOptions, Network, Unreachable, build_network,
+                      mixnet_split, rfabric_network)
 from .flowsim import Transfer, simulate
 from .limits import scale_scenario
 
@@ -627,8 +627,7 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
     traffic = phase_traffic(spec, layout, w) if fabric == "rfabric" else None
     for ph in ("gen", "train", "sync"):
         if fabric == "rfabric":
-            counts, matchings[ph] = rfabric_counts(spec, layout, ph, traffic)
-            nets[ph] = CircuitNetwork(fabric, spec, counts, settings.fabric.max_two_hop, matchings=matchings[ph])
+            nets[ph], matchings[ph] = rfabric_network(spec, layout, ph, traffic, settings.fabric.max_two_hop)
         else:
             nets[ph] = nets.get("gen") or build_network(fabric, spec, layout, ph, settings.fabric)
     gc = gen_compute(w, cm, spec, gen_servers, lengths, rng, settings)
@@ -637,9 +636,8 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
         # the train phase may start on the model-parallel stages' own topology and re-wire to the rings' own
         # (train_phase); taken when the iteration is faster so, its stalls included, than on one train topology
         for part in TRAIN_PARTS:
-            m = train_part_matchings(spec, layout, traffic, part)
-            parts[part] = (m, CircuitNetwork(fabric, spec, circuit_counts(spec, m), settings.fabric.max_two_hop,
-                                             matchings=m))
+            net, m = rfabric_network(spec, layout, topology_name("train", part), traffic, settings.fabric.max_two_hop)
+            parts[part] = (m, net)
 
     def runners_for(ns: dict, rewired: bool) -> dict:
         return {

@@ -290,7 +290,7 @@ class EmulatedBackend(Backend):
 
         On the "train:mp" topology (the scenario re-wires inside the train phase, ``controller.train_rewire``)
         the controller is asked for "train:dp" before the rings, with no idle window and the phase model's
-        gain (:meth:`PhaseModel.rewire_gain_ms`): its rule switches (the rings wait the switching time) or
+        gain (:meth:`PhaseModel.rewire_gain_ms` of the modelled step): its rule switches (the rings wait the switching time) or
         keeps the circuits; ``detail["rewire"]`` holds its answer and ``detail["topology_end"]`` where the phase
         ended."""
         spec = self.scenario.fabric
@@ -327,10 +327,8 @@ class EmulatedBackend(Backend):
                 continue
             if st.name == "dp_allreduce" and topology == "train:mp":
                 t_r = self.now()
-                d = self.set_phase("train:dp", 0.0, self.model.rewire_gain_ms(lengths))
-                took = self.now() - t_r
-                detail.update(rewire={**d.to_json(), "took_s": took}, rewire_s=took,
-                              rewire_decision=d.decision)
+                d = self.set_phase("train:dp", 0.0, self.model.rewire_gain_ms(model))
+                detail.update(rewire=d.to_json(), rewire_s=self.now() - t_r, rewire_decision=d.decision)
                 if d.changed:
                     detail["topology_end"] = "train:dp"
             if before is None:  # after the compute: no other phase's traffic counted in, beside generation's

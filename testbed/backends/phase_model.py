@@ -18,11 +18,11 @@ import math
 import numpy as np
 
 from agents.costmodel import CostModel
-from controller.phases import TRAIN_PARTS, topology_name, train_part_matchings
+from controller.phases import TRAIN_PARTS, topology_name
 from controller.switching import decide_switch
 from controller.traffic import phase_traffic
 from emulation.spec import PHASES
-from rlsim.fabrics import CircuitNetwork, Unreachable, build_network, circuit_counts, rfabric_counts
+from rlsim.fabrics import Unreachable, build_network, rfabric_network
 from rlsim.sim import SimSettings, resolved, simulate_iteration, sync_phase, train_phase
 
 from .base import PhaseDecision
@@ -43,17 +43,16 @@ class PhaseModel:
                 self.nets[ph] = self.nets.get("train") or build_network(self.spec.kind, self.spec, self.layout,
                                                                        opts=settings.fabric)
                 continue
-            counts, m = rfabric_counts(self.spec, self.layout, ph, self.traffic)
-            self.nets[ph] = CircuitNetwork("rfabric", self.spec, counts, settings.fabric.max_two_hop, matchings=m)
-        # re-wiring inside the train phase (controller.train_rewire): the parts' topologies, and whether RLSim's
-        # iteration takes it (rewire_plan: its detail.train_rewire, None where there is nothing to re-wire)
-        # (the parts' topologies are modelled whenever the step has them: the controller installs one on request)
+            self.nets[ph] = rfabric_network(self.spec, self.layout, ph, self.traffic, settings.fabric.max_two_hop)[0]
+        # re-wiring inside the train phase: the parts' topologies are modelled whenever the step has them (the
+        # controller installs one on request); rewire_plan: whether RLSim's iteration takes re-wiring (its
+        # detail.train_rewire; None where the scenario does not ask for it or there is nothing to re-wire)
         self.rewire_plan = None
         if not self.static and self.traffic.n_stages > 1:
             for part in TRAIN_PARTS:
-                m = train_part_matchings(self.spec, self.layout, self.traffic, part)
-                self.nets[topology_name("train", part)] = CircuitNetwork(
-                    "rfabric", self.spec, circuit_counts(self.spec, m), settings.fabric.max_two_hop, matchings=m)
+                name = topology_name("train", part)
+                self.nets[name] = rfabric_network(self.spec, self.layout, name, self.traffic,
+                                                  settings.fabric.max_two_hop)[0]
             if self.settings.train_rewire:
                 self.rewire_plan = simulate_iteration(scenario, "rfabric",
                                                       settings=self.settings)["detail"]["train_rewire"]
@@ -97,10 +96,12 @@ class PhaseModel:
             out.update(rewire_decision=rw["decision"], rewire_s=rw["stall_s"])
         return run.duration, out
 
-    def rewire_gain_ms(self, lengths: np.ndarray) -> float:
+    @staticmethod
+    def rewire_gain_ms(detail: dict) -> float:
         """What the all-reduce saves on "train:dp" against "train:mp" (inf: the rings cannot run on "train:mp"),
-        the gain the re-wiring inside the train phase hands the controller."""
-        rw = self.train_s("train:mp", lengths)[1].get("train_rewire") or {}
+        the gain the re-wiring inside the train phase hands the controller; ``detail``: :meth:`train_s`'s on
+        "train:mp"."""
+        rw = detail.get("train_rewire") or {}
         return math.inf if not rw.get("old_topology_carries", True) else float(rw.get("gain_ms") or 0.0)
 
     def predicted_s(self, phase: str, topology: str, lengths: np.ndarray | None = None) -> float:

@@ -83,7 +83,7 @@ def run(args) -> int:
     if args.scenario:
         raise UsageError(f"unexpected argument {args.scenario!r} (did you mean 'sim sweep {args.target}'?)")
     from rlsim.fabrics import FabricOptions
-    from rlsim.sim import SimSettings, simulate_iteration
+    from rlsim.sim import SimSettings, resolved, simulate_iteration
 
     from rlsim.limits import check_simulatable
 
@@ -110,7 +110,7 @@ def run(args) -> int:
             print(f"  train re-wiring {'taken' if rw['taken'] else 'not taken'}: iteration "
                   f"{rw['rewired_iteration_s']:.3f} s re-wired against {rw['one_topology_iteration_s']:.3f} s "
                   "on one train topology")
-        elif args.train_rewire or (args.train_rewire is None and scn.controller.train_rewire):
+        elif resolved(settings, scn).train_rewire:
             print("  train re-wiring: nothing to re-wire (RFabric only, and a train step with model-parallel "
                   "traffic beside the rings)")
     return 0

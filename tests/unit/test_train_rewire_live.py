@@ -90,7 +90,7 @@ def test_the_phase_model_asks_for_the_mp_part_where_rlsim_takes_re_wiring():
     t_mp, mp = on.train_s("train:mp", lengths)
     assert mp["ep_alltoall_s"] < 0.9 * one["ep_alltoall_s"] and t_mp < t_one  # every uplink to the EP partner
     # the rings run on the mp topology here (one EP cell over both trainer ToRs): nothing to gain, kept
-    assert on.rewire_gain_ms(lengths) == pytest.approx(0.0, abs=1e-6)
+    assert on.rewire_gain_ms(mp) == pytest.approx(0.0, abs=1e-6)
     assert mp["rewire_decision"] == "deferred" and mp["topology_end"] == "train:mp"
     assert on.gain_ms("train", "gen", lengths) == pytest.approx((t_one - t_mp) * 1e3, rel=1e-6)
     # the weights cannot go out on the mp topology (the generators' pod is cut off): the sync must switch
