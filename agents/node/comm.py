@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 P2P_TAG_BASE = 1 << 30  # point-to-point (migration) tags live above the broadcast tags
 BCAST_CHUNK_BITS = 16
+A2A_TAG_BASE = P2P_TAG_BASE + (1 << 21)  # the all-to-all's point-to-point tags, above the migrations'
 
 
 class CommError(RuntimeError):
@@ -135,6 +136,16 @@ class Comm:
                 "correct": got == (want, want), "value": got[0], "expected": want}
 
     def all_to_all(self, p: CollectiveParams) -> dict:
+        """Every member sends ``nbytes / k`` to every other member at once (the concurrent exchange NCCL's and
+        RLSim's all-to-all is), each direction of a pair on its own TCP connection: data from the lower to the
+        higher rank on the group's connection, the other way on the world's.
+
+        Not ``all_to_all_single`` over one group: Gloo's unbound-buffer protocol holds a send until the receiver's
+        recv-ready notice arrives, and that notice travels on the same connection as the receiver's own bulk
+        data to the sender. Behind megabytes of it, one direction of a pair waited for the other to drain: on
+        moe-small's EP group the circuits' two directions took turns (one idle for 1.5 s mid-transfer) and the
+        exchange ran at 0.57-0.82 of the links' rates; split, at 0.89-0.94 (docs/emulation.md "Known limits").
+        On the world group itself both directions share its connections."""
         group, members = self._group(p.group)
         if self.agent not in members:
             raise CommError(f"all_to_all: agent {self.agent} is not in group {p.group}")
@@ -146,8 +157,19 @@ class Comm:
             inp[j * per:(j + 1) * per] = float(me * 1000 + j)
         out = torch.empty_like(inp)
 
+        ranks = [self._rank(a, "all_to_all") for a in members]
+
         def once() -> None:
-            dist.all_to_all_single(out, inp, group=group)
+            out[me * per:(me + 1) * per].copy_(inp[me * per:(me + 1) * per])
+            works = []
+            for j in range(k):
+                if j == me:
+                    continue
+                gs, gr = (group if me < j else None), (group if j < me else None)  # send / receive connection
+                works.append(dist.irecv(out[j * per:(j + 1) * per], src=ranks[j], group=gr, tag=A2A_TAG_BASE))
+                works.append(dist.isend(inp[j * per:(j + 1) * per], dst=ranks[j], group=gs, tag=A2A_TAG_BASE))
+            for w in works:
+                w.wait()
 
         start = time.monotonic()
         times = self._timed(once, group, p)

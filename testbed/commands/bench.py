@@ -172,6 +172,31 @@ def _generation(args: argparse.Namespace) -> int:
     return 0
 
 
+def _alltoall(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from emulation.scenario import load_scenario
+    from testbed.benchmarks.bench_agents import A2A_TOPOLOGIES, bench_alltoall
+
+    if not Path(args.scenario).is_file():
+        raise UsageError(f"scenario: no such file {args.scenario!r}")
+    if not 1 <= args.repeats <= 100:
+        raise UsageError(f"--repeats must be in 1..100, got {args.repeats}")
+    topos = [t.strip() for t in args.topologies.split(",") if t.strip()]
+    bad = [t for t in topos if t not in A2A_TOPOLOGIES]
+    if bad or not topos:
+        raise UsageError(f"--topologies: unknown {bad or 'empty'} (known: {', '.join(A2A_TOPOLOGIES)})")
+    scn = load_scenario(args.scenario)
+    if scn.fabric.is_static:
+        raise UsageError(f"scenario {args.scenario!r} builds a static {scn.fabric.kind}: the topologies are RFabric's")
+    if scn.workload.train_ep <= 1:
+        raise UsageError(f"scenario {args.scenario!r} trains without expert parallelism (train_ep): no all-to-all")
+    with tqdm(total=len(topos) * args.repeats, desc="all-to-all", file=sys.stderr, disable=args.quiet) as bar:
+        res = bench_alltoall(scn, args.repeats, tuple(topos), progress=lambda n: bar.update(n - bar.n))
+    _emit(res, args.json)
+    return 0
+
+
 def _sizes(text: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
@@ -188,6 +213,14 @@ def register_agents(bsub) -> None:
     c.add_argument("--json", action="store_true")
     c.add_argument("-q", "--quiet", action="store_true")
     c.set_defaults(func=_collectives)
+    a = bsub.add_parser("alltoall", help="the live loop's MoE all-to-all against RLSim's model of it, per train "
+                                         "topology (JSON)")
+    a.add_argument("scenario", nargs="?", default="scenarios/moe-small.yaml", help="an MoE scenario (default moe-small)")
+    a.add_argument("--repeats", type=int, default=3, help="train phases per topology (default 3)")
+    a.add_argument("--topologies", default="train,train:mp", help="comma-separated: train, train:mp")
+    a.add_argument("--json", action="store_true")
+    a.add_argument("-q", "--quiet", action="store_true")
+    a.set_defaults(func=_alltoall)
     g = bsub.add_parser("generation", help="token streaming, token lag, migration downtime (JSON)")
     g.add_argument("--batch", type=int, default=64, help="decode batch per replica (default 64)")
     g.add_argument("--seconds", type=float, default=8.0, help="measurement window (default 8)")

@@ -4,7 +4,9 @@ messages, and an agent killed mid-run whose requests are surfaced. The agents st
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
 import time
 
 import pytest
@@ -104,6 +106,44 @@ def test_all_to_all_among_generators_is_correct(cluster):
     tb.client.set_phase("gen")
     res = pool.call_all([2, 3], "all_to_all", lambda s: {"group": "generators", "nbytes": 2**20}, 60)
     assert all(r["correct"] for r in res.values())
+
+
+def tcp_bytes(pid: int, peer_ip: str) -> dict[tuple[str, str], tuple[int, int]]:
+    """(local, peer) address of every established TCP connection to ``peer_ip`` in process ``pid``'s namespace ->
+    (bytes sent, bytes received), from ``ss -tin``."""
+    out = subprocess.run(["nsenter", "-t", str(pid), "-n", "ss", "-tinH", "state", "established", "dst", peer_ip],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    conns, key = {}, None
+    for line in out:
+        if not line.startswith(("\t", " ")):
+            f = line.split()
+            key = (f[-2], f[-1])
+        elif key is not None:
+            got = {k: int(v) for k, v in re.findall(r"\b(bytes_sent|bytes_received):(\d+)", line)}
+            conns[key] = (got.get("bytes_sent", 0), got.get("bytes_received", 0))
+    return conns
+
+
+def test_all_to_all_sends_each_direction_of_a_pair_on_its_own_connection(cluster):
+    """Gloo holds a send until the receiver's recv-ready notice arrives on the pair's connection: behind the
+    receiver's own bulk data there, one direction waits for the other (agents/node/comm.py). So each direction
+    of a pair carries its bulk on a connection of its own, and the notices go against the data's flow."""
+    tb, pool = cluster
+    tb.client.set_phase("gen")
+    a, b = 2, 3
+    pid, peer = tb.fabric.host(a).pid, SPEC.host_ip(b)
+    before = tcp_bytes(pid, peer)
+    nbytes = 8 * 2**20
+    res = pool.call_all([a, b], "all_to_all", lambda s: {"group": "generators", "nbytes": nbytes}, 60)
+    assert all(r["correct"] for r in res.values())
+    after = tcp_bytes(pid, peer)
+    delta = {c: (s - before.get(c, (0, 0))[0], r - before.get(c, (0, 0))[1]) for c, (s, r) in after.items()}
+    half = nbytes // 2  # what each rank sends the other (and receives from it)
+    sent = [c for c, (s, _) in delta.items() if s >= 0.9 * half]
+    received = [c for c, (_, r) in delta.items() if r >= 0.9 * half]
+    assert len(sent) == 1 and len(received) == 1, delta
+    assert sent != received, f"both directions on one connection: {delta}"
+    assert delta[sent[0]][1] < 0.01 * half and delta[received[0]][0] < 0.01 * half  # against the flow: notices, ACKs
 
 
 def test_streamed_generation_is_counted_exactly_once(cluster):

@@ -18,6 +18,10 @@ from controller.ocs import Matching, diff
     (["bench", "reconfig", "--delay-ms", "nan"], "--delay-ms must be a finite number"),
     (["bench", "reconfig", "--pps", "inf"], "--pps must be a finite number"),
     (["bench", "fabric", "--seconds", "nan"], "--seconds must be a finite number"),
+    (["bench", "alltoall", "no/such/scenario.yaml"], "no/such/scenario.yaml"),
+    (["bench", "alltoall", "--repeats", "0"], "--repeats must be in 1..100"),
+    (["bench", "alltoall", "--topologies", "gen"], "--topologies: unknown ['gen']"),
+    (["bench", "alltoall", "scenarios/default-small.yaml"], "trains without expert parallelism"),
 ])
 def test_bad_input_exits_2_naming_the_problem(argv, needle, run_cli):
     rc, out = run_cli(argv)
