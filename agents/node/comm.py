@@ -34,6 +34,41 @@ def _td(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=float(seconds))
 
 
+def exchange(out: torch.Tensor, inp: torch.Tensor, per: int, me: int, ranks: list[int], group) -> None:
+    """One all-to-all: ``inp``'s chunk j (``per`` floats) to rank ``ranks[j]``, its chunk for this rank into
+    ``out``'s chunk j, every pair at once (the concurrent exchange NCCL's and RLSim's all-to-all is), each
+    direction of a pair on its own TCP connection: data from the lower to the higher rank on ``group``'s
+    connection, the other way on the world's.
+
+    Not ``all_to_all_single`` over one group: Gloo's unbound-buffer protocol holds a send until the receiver's
+    recv-ready notice arrives, and that notice travels on the same connection as the receiver's own bulk data
+    to the sender. Behind megabytes of it, one direction of a pair waited for the other to drain: on moe-small's
+    EP group the circuits' two directions took turns (one idle for 1.5 s mid-transfer) and the exchange took
+    1.15-1.76x RLSim's time; split, 1.06-1.15x (docs/emulation.md "Known limits"). On the world group itself
+    (``group`` None) both directions share its connections."""
+    out[me * per:(me + 1) * per].copy_(inp[me * per:(me + 1) * per])
+    works = []
+    for j, r in enumerate(ranks):
+        if j == me:
+            continue
+        gs, gr = (group if me < j else None), (group if j < me else None)  # the send's / the receive's connection
+        works.append(dist.irecv(out[j * per:(j + 1) * per], src=r, group=gr, tag=A2A_TAG_BASE))
+        works.append(dist.isend(inp[j * per:(j + 1) * per], dst=r, group=gs, tag=A2A_TAG_BASE))
+    for w in works:
+        w.wait()
+
+
+def _my_chunks(agent: int, child, nchunks: int) -> set[int] | None:
+    """The chunks ``agent`` sends broadcast child ``child``: all (None), or its share of a striped head's."""
+    if len(child.sources) <= 1:
+        return None
+    srcs = [a for a, _ in child.sources]
+    if agent not in srcs:
+        raise CommError(f"broadcast: agent {agent} is not among child {child.agent}'s sources")
+    own = chunk_owners(nchunks, [sh for _, sh in child.sources])
+    return {i for i, o in enumerate(own) if o == srcs.index(agent)}
+
+
 class Comm:
     def __init__(self, agent: int):
         self.agent = agent
@@ -47,6 +82,7 @@ class Comm:
         # peer that dies errors by itself: Gloo sees the connection close. Its waits cannot be sliced to poll
         # for news instead: a Gloo wait that times out closes the connection.)
         self.dead: set[int] = set()
+        self._root_buf: torch.Tensor | None = None  # the weights this agent broadcasts as a root (_weights)
 
     # ---- world and groups ----
     @property
@@ -136,16 +172,7 @@ class Comm:
                 "correct": got == (want, want), "value": got[0], "expected": want}
 
     def all_to_all(self, p: CollectiveParams) -> dict:
-        """Every member sends ``nbytes / k`` to every other member at once (the concurrent exchange NCCL's and
-        RLSim's all-to-all is), each direction of a pair on its own TCP connection: data from the lower to the
-        higher rank on the group's connection, the other way on the world's.
-
-        Not ``all_to_all_single`` over one group: Gloo's unbound-buffer protocol holds a send until the receiver's
-        recv-ready notice arrives, and that notice travels on the same connection as the receiver's own bulk
-        data to the sender. Behind megabytes of it, one direction of a pair waited for the other to drain: on
-        moe-small's EP group the circuits' two directions took turns (one idle for 1.5 s mid-transfer) and the
-        exchange ran at 0.57-0.82 of the links' rates; split, at 0.89-0.94 (docs/emulation.md "Known limits").
-        On the world group itself both directions share its connections."""
+        """Every member sends ``nbytes / k`` to every other member at once (:func:`exchange`), every chunk checked."""
         group, members = self._group(p.group)
         if self.agent not in members:
             raise CommError(f"all_to_all: agent {self.agent} is not in group {p.group}")
@@ -158,27 +185,21 @@ class Comm:
         out = torch.empty_like(inp)
 
         ranks = [self._rank(a, "all_to_all") for a in members]
-
-        def once() -> None:
-            out[me * per:(me + 1) * per].copy_(inp[me * per:(me + 1) * per])
-            works = []
-            for j in range(k):
-                if j == me:
-                    continue
-                gs, gr = (group if me < j else None), (group if j < me else None)  # send / receive connection
-                works.append(dist.irecv(out[j * per:(j + 1) * per], src=ranks[j], group=gr, tag=A2A_TAG_BASE))
-                works.append(dist.isend(inp[j * per:(j + 1) * per], dst=ranks[j], group=gs, tag=A2A_TAG_BASE))
-            for w in works:
-                w.wait()
-
         start = time.monotonic()
-        times = self._timed(once, group, p)
+        times = self._timed(lambda: exchange(out, inp, per, me, ranks, group), group, p)
         ok = all(float(out[j * per].item()) == float(j * 1000 + me) and float(out[(j + 1) * per - 1].item())
                  == float(j * 1000 + me) for j in range(k))
         return {"op": "all_to_all", "group": p.group, "ranks": k, "bytes": per * k * 4, "times_s": times,
                 "start_mono": start, "end_mono": time.monotonic(), "backend": self.backend, "correct": ok}
 
     # ---- pipelined broadcast ----
+    def _weights(self, n: int) -> torch.Tensor:
+        """The root's weights buffer of ``n`` floats, kept from one sync to the next (a trainer's weights exist
+        before the sync: filling 24-28 MB afresh took the root tens of ms after the driver's call)."""
+        if self._root_buf is None or self._root_buf.numel() != n:
+            self._root_buf = torch.arange(n, dtype=torch.float32, device=self.device)
+        return self._root_buf
+
     def broadcast(self, p: BroadcastParams) -> dict:
         """Receive each chunk from its source (the sources split the chunks by share), forward it to every
         child as soon as it is in, so a chain of depth d takes ~(bytes + d x bucket) / rate."""
@@ -187,23 +208,20 @@ class Comm:
         n = max(1, p.nbytes // 4)
         per = max(1, p.bucket_bytes // 4)
         nchunks = -(-n // per)
-        buf = torch.empty(n, dtype=torch.float32, device=self.device)
         src_ranks = [(self._rank(a, "broadcast source"), share) for a, share in p.sources]
         owner = chunk_owners(nchunks, [s for _, s in src_ranks]) if src_ranks else []
-        # per child: its rank and the chunks it gets from here (all, or this agent's share of a striped head)
-        children = []
-        for c in p.children:
-            mine = None
-            if len(c.sources) > 1:
-                k = [a for a, _ in c.sources].index(self.agent) if self.agent in [a for a, _ in c.sources] else None
-                if k is None:
-                    raise CommError(f"broadcast: agent {self.agent} is not among child {c.agent}'s sources")
-                own = chunk_owners(nchunks, [sh for _, sh in c.sources])
-                mine = {i for i, o in enumerate(own) if o == k}
-            children.append((self._rank(c.agent, "broadcast child"), mine))
+        children = [(self._rank(c.agent, "broadcast child"), _my_chunks(self.agent, c, nchunks)) for c in p.children]
         base = (p.tag % (1 << (30 - BCAST_CHUNK_BITS))) << BCAST_CHUNK_BITS
         if not src_ranks:  # the root: weights of version ``version`` (deterministic), ready before the clock
-            torch.arange(n, dtype=torch.float32, out=buf).add_(float(p.version % 1000))
+            buf = self._weights(n)
+            buf[::per] = float(p.version % 1000)  # every chunk carries the version: a stale chunk changes the CRC
+        else:
+            buf = torch.empty(n, dtype=torch.float32, device=self.device)
+        # the CRC32 of the buffer, the ranks' check that every byte arrived: on the CPU taken chunk by chunk while
+        # the next one is on the wire. Taken whole after the last chunk it kept eight agents on two cores busy for
+        # 0.1-0.2 s after moe-small's 24 MB sync (a copy and a CRC each), time the phase paid and the network did not
+        on_cpu = buf.device.type == "cpu"
+        crc = 0
         t0 = time.monotonic()
         recvs = []
         if src_ranks:
@@ -240,6 +258,8 @@ class Comm:
                     except RuntimeError as e:
                         broken.add(r)
                         problems.append(f"broadcast: a send to rank {r}: {e}")
+            if on_cpu:
+                crc = zlib.crc32(view.numpy(), crc)
         for r, w in sends:
             if r in broken:
                 continue
@@ -251,10 +271,11 @@ class Comm:
         if problems:
             raise CommError(f"broadcast incomplete ({len(problems)} transfer(s) failed): {problems[0]}")
         end = time.monotonic()
-        data = buf.cpu().numpy().tobytes() if buf.device.type != "cpu" else buf.numpy().tobytes()
+        if not on_cpu:
+            crc = zlib.crc32(buf.cpu().numpy())
         return {"op": "broadcast", "bytes": n * 4, "chunks": nchunks, "bucket_bytes": per * 4,
                 "sources": [a for a, _ in p.sources], "children": [c.agent for c in p.children], "start_mono": t0,
-                "first_chunk_mono": first_in, "end_mono": end, "crc32": zlib.crc32(data), "backend": self.backend}
+                "first_chunk_mono": first_in, "end_mono": end, "crc32": crc, "backend": self.backend}
 
     # ---- point to point ----
     def p2p(self, p: P2PParams, send: bool) -> dict:

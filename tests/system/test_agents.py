@@ -8,7 +8,9 @@ import re
 import signal
 import subprocess
 import time
+import zlib
 
+import numpy as np
 import pytest
 
 from emulation.builder import port_bytes
@@ -88,6 +90,14 @@ def test_pipelined_broadcast_reaches_every_generator_with_identical_bytes(cluste
     assert all(r["bytes"] == nbytes for r in res.values())
     # pipelined: the chain's end gets its first chunk long before the root has sent everything
     assert res[3]["first_chunk_mono"] < res[0]["end_mono"]
+    # the CRC (taken chunk by chunk as they arrive) is the whole buffer's: the root's weights with the version
+    # in every chunk, so a chunk left over from an earlier sync would not match
+    want = np.arange(nbytes // 4, dtype=np.float32)
+    want[::bucket // 4] = 3.0
+    assert res[3]["crc32"] == zlib.crc32(want.tobytes())
+    again = pool.call_all(list(plan), "broadcast", lambda s: {"nbytes": nbytes, "bucket_bytes": bucket, "tag": 9,
+                                                               "version": 4, **plan[s]}, 120)
+    assert len({r["crc32"] for r in again.values()}) == 1 and again[3]["crc32"] != res[3]["crc32"]
 
 
 def test_a_striped_broadcast_head_gets_each_chunk_once_from_its_sources(cluster):
