@@ -22,6 +22,7 @@ from .validation import from_dict, require
 STEP_MODES = ("sync", "async")
 DISPATCH = ("contiguous", "random")  # how a step's batch is dealt to the servers (backends.base.deal)
 MIGRATION_MODES = ("stop_copy", "multi_stage")  # how a request's KV moves (agents.migration_plan)
+PAY_JUDGES = ("forecast", "truth")  # what the balancer's test that a move pays draws lengths from
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,10 @@ class BalancerSettings:
     # decision time (docs/orchestrator.md, "Moves that pay")
     pay_probability: float = 0.0
     pay_samples: int = 0
+    # ``truth`` (simulated backend only): the test above judges each move on the requests' true remaining lengths
+    # (one draw, the truth) instead of the forecast's draws. An oracle, not a policy: what a balancer that knew
+    # which moves pay would do (docs/orchestrator.md "Moves that pay")
+    pay_judge: str = "forecast"
 
     def __post_init__(self) -> None:
         require(math.isfinite(self.threshold) and 0 <= self.threshold < 1, "threshold",
@@ -199,6 +204,8 @@ class BalancerSettings:
         require(math.isfinite(self.pay_probability) and 0 <= self.pay_probability <= 1, "pay_probability",
                 f"must be in [0, 1], got {self.pay_probability}")
         require(0 <= self.pay_samples <= 4096, "pay_samples", f"must be in 0..4096, got {self.pay_samples}")
+        require(self.pay_judge in PAY_JUDGES, "pay_judge",
+                f"must be one of {', '.join(PAY_JUDGES)}, got {self.pay_judge!r}")
         require(self.mode in MIGRATION_MODES, "mode", f"must be one of {', '.join(MIGRATION_MODES)}, got {self.mode!r}")
 
 

@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from emulation.orchestration import OrchestratorSettings
+from emulation.validation import SpecError
 from testbed.backends.base import Backend, StepRequests
 from testbed.decision_priority import raised_priority
 from testbed.orchestrator.balancer import Balancer
@@ -45,6 +46,11 @@ class PlanningTick:
         self.planner = Planner(est, backend_cost(cm, self.gpus, settings.engine), settings.planner, cm.model.is_moe,
                                tuple(feasible)) if policy.planner else None
         self.balancer = Balancer(est, settings.balancer) if policy.balancer else None
+        if self.balancer is not None and settings.balancer.pay_judge == "truth":
+            if backend.true_remaining is None:
+                raise SpecError("orchestrator.balancer.pay_judge",
+                                f"'truth' reads the true lengths, which only the simulated backend has ({backend.name})")
+            self.balancer.truth = backend.true_remaining
         self.last_switch_end: dict[int, float] = {}
         self.decision_ms: list[float] = []
         self.realised: list[tuple[float, float]] = []  # per move: predicted and realised (the tick without it)

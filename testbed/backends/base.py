@@ -266,6 +266,8 @@ class Backend(abc.ABC):
         against none of them. ({}, None) where it cannot."""
         return {}, None
 
+    true_remaining = None  # the simulated backend's: request ids -> their true remaining tokens (an oracle's input)
+
     @abc.abstractmethod
     def finished_count(self, deadline_s: float | None = None) -> int:
         """Requests of the current step that produced their last token (-1: unknown within ``deadline_s``)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -70,6 +71,9 @@ class Balancer:
     estimator: Estimator
     settings: BalancerSettings = field(default_factory=BalancerSettings)
     views_after: dict = field(default_factory=dict, repr=False)  # decide(): each agent's view after its moves
+    # settings.pay_judge "truth": request ids -> their true remaining tokens (the simulated backend's), judged on
+    # in place of the forecast's draws: an oracle of which moves pay, not a policy
+    truth: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
 
     def frozen(self, load: ServerLoad) -> ServerLoad:
         """``load`` with every request's remaining tokens fixed at the estimator's stratified value for it now
@@ -233,7 +237,7 @@ class Balancer:
         same draw on both sides (the moved request keeps its length): the quantity the simulated backend's
         counterfactual measures with the true lengths in place of the draws. Every replica under every draw,
         and the two changed replicas under every draw and candidate, in one grouped estimator pass per server."""
-        S, m = self.settings.pay_samples, len(cands)
+        S, m = (1 if self.truth is not None else self.settings.pay_samples), len(cands)
         servers = [a] if b == a else [a, b]
         # the same draws for every candidate of this (source replica, target) at this tick, however they are split
         rng = np.random.default_rng([a, ja, b, jb, int(round(now * 1e3)) & 0xFFFFFFFF])
@@ -241,6 +245,9 @@ class Balancer:
         draws = {}  # server -> (S, n): its requests' remaining lengths, one row per draw
         for x in servers:
             g = ags[x]
+            if self.truth is not None:
+                draws[x] = np.clip(np.asarray(self.truth(g.rids), float), 1.0, None)[None, :]
+                continue
             at = np.searchsorted(ids, g.rids)
             gen, sh = gens[at], shifts[at]
             u = np.clip(rng.random((S, len(gen))), 1e-9, 1 - 1e-9)
@@ -319,7 +326,7 @@ class Balancer:
         # levels looks slowest, and moves made on that alone mostly changed nothing (MoE default: 36 of 99
         # intra-server moves realised no gain and 19 lost)
         # the test that a move pays needs every request's forecast law: what it has generated, its prompt's shift
-        judged = (s.pay_samples > 0 and self.estimator.forecast is not None and len(raw) > 1
+        judged = ((s.pay_samples > 0 or self.truth is not None) and self.estimator.forecast is not None and len(raw) > 1
                   and all(v.load.gen is not None for v in raw.values()))
         if judged:
             ids = np.concatenate([np.asarray(rids[a]) for a in raw])

@@ -294,3 +294,39 @@ def test_a_move_that_does_not_pay_over_the_draws_is_not_made():
     strict = sure.decide(views, rids, 10.0)[0]
     assert all(m.pays == 1.0 for m in strict)  # every one paid in every draw
     assert len(strict) < len(plain)  # and some the quantile rule makes do not
+
+
+def test_the_truth_judge_makes_only_moves_that_pay_on_the_true_lengths():
+    """``pay_judge: truth`` (an oracle for the simulated backend): the pay test reads each request's true
+    remaining length in place of the forecast's draws. When every request is about to end no move pays;
+    with long true lengths the moves it makes paid on them (``pays`` 1.0)."""
+    w, est, lays, _, _ = _setup(4096, 64)
+    views, rids = _bench_state(w, est, lays, np.random.default_rng(0), 512, [Layout(1)] * 4,
+                               weights=[0.4, 0.2, 0.2, 0.2])
+    st = BalancerSettings(min_gain_s=0.0, gain_margin=0.0, pay_judge="truth")
+    plain = Balancer(est, BalancerSettings(min_gain_s=0.0, gain_margin=0.0)).decide(views, rids, 10.0)[0]
+    ending = Balancer(est, st, truth=lambda r: np.ones(len(r)))
+    assert plain and ending.decide(views, rids, 10.0)[0] == []
+    means = {int(r): float(x) for s, v in views.items() for r, x in zip(rids[s], v.load.rem)}
+    told = Balancer(est, st, truth=lambda r: np.array([4 * means[int(x)] for x in r]))
+    moves = told.decide(views, rids, 10.0)[0]
+    assert moves and all(m.pays == 1.0 for m in moves)
+
+
+def test_the_truth_judge_is_refused_without_the_true_lengths():
+    from emulation.validation import SpecError
+    from testbed.planning import PlanningTick
+    from testbed.orchestrator.policies import Policy
+
+    with pytest.raises(SpecError, match="pay_judge"):
+        BalancerSettings(pay_judge="oracle")
+
+    class NoTruth:  # the emulated backend's interface: no true lengths to read
+        name, true_remaining = "emulated", None
+
+    w, est, *_ = _setup(4096, 64)
+    scn = Scenario(name="t", seed=1, fabric=FabricSpec(pods=2, tors_per_pod=2, servers_per_tor=2),
+                   layout=JobLayout((0,), (1,)), workload=w)
+    settings = orchestrator_settings({"balancer": {"pay_judge": "truth"}})
+    with pytest.raises(SpecError, match="orchestrator.balancer.pay_judge.*simulated backend"):
+        PlanningTick(scn, NoTruth(), Policy("orchestrrl", None, True, True), settings, est, None, None)
