@@ -246,6 +246,28 @@ def parse_port_bytes(dump: str) -> dict[str, dict[str, int]]:
 
 
 # ---- the builder --------------------------------------------------------------------------------
+TCP_CC_AVAILABLE = "/proc/sys/net/ipv4/tcp_available_congestion_control"
+
+
+def check_tcp_cc(cc: str, available_path: str = TCP_CC_AVAILABLE) -> None:
+    """Raise SpecError (``host_tcp_cc``) unless the kernel offers congestion control ``cc``, loading its module
+    (``tcp_<cc>``) first where it is missing: a host told to use one the kernel lacks fails at start, by name."""
+    def available() -> list[str]:
+        try:
+            with open(available_path) as f:
+                return f.read().split()
+        except OSError:
+            return []
+    if cc in available():
+        return
+    if shutil.which("modprobe"):
+        subprocess.run(["modprobe", "-q", f"tcp_{cc}"], capture_output=True, timeout=30)
+    have = available()
+    if cc not in have:
+        raise SpecError("host_tcp_cc", f"{cc!r} is not available in this kernel (it offers {', '.join(have) or 'none'}"
+                                       f"; `modprobe tcp_{cc}` did not add it): pick one of those")
+
+
 class EmulatedFabric:
     """The emulated fabric of ``spec`` (context manager). Needs root and Open vSwitch.
 
@@ -332,6 +354,7 @@ class EmulatedFabric:
             log.warning("capacity: %s", cap["message"])
         else:
             log.info("capacity: %s", cap["message"])
+        check_tcp_cc(self.spec.host_tcp_cc)
         buf_ok, buf = sendbuf.check()
         if not buf_ok:  # the fabric works, but drops packets wherever flows converge on a shaped port
             log.warning("Open vSwitch send buffer: %s (sudo scripts/provision.sh sets it)", buf)
@@ -444,8 +467,10 @@ class EmulatedFabric:
             ipf = os.path.join(self._tmpdir, f"{h.name}.ip")
             with open(ipf, "w") as f:
                 f.write("\n".join(host_batch(plan, h.server)) + "\n")
+            # the host's own TCP congestion control (FabricSpec.host_tcp_cc), before any socket is made in it
             out = node.cmd(f"sysctl -q -w net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1"
-                           f" >/dev/null; ip -batch {ipf} && echo ORL_OK")
+                           f" net.ipv4.tcp_congestion_control={self.spec.host_tcp_cc}"
+                           f" >/dev/null && ip -batch {ipf} && echo ORL_OK")
             if "ORL_OK" not in out:
                 raise RuntimeError(f"configuring host {h.name} failed: {out.strip()[:500]}")
             shaping.shape_many([(h.intf, self.spec.server_link_mbps)], netns_pid=node.pid)  # in its namespace

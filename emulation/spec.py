@@ -47,6 +47,8 @@ EMULATED_FABRICS = ("rfabric",) + tuple(OVERSUB)
 # Google's Palomar (136 ports) is not sold. A scenario's explicit ``ocs_ports`` may not exceed it; RLSim's
 # derived radix (ocs_ports 0 at thousands of GPUs) is a hypothetical OCS and is not bounded here.
 MAX_OCS_PORTS = 320
+# TCP congestion controls a host namespace may use (FabricSpec.host_tcp_cc; all three ship with Debian's kernel)
+HOST_TCP_CCS = ("cubic", "bbr", "reno")
 
 
 @functools.lru_cache(maxsize=65536)
@@ -109,9 +111,18 @@ class FabricSpec:
     # server rate / oversubscription (RLSim's aggregated ToR pipe; the builder's static_flows rule). RLSim
     # takes the fabric to simulate as an argument (any of FABRICS).
     kind: str = "rfabric"
+    # TCP congestion control in every host's namespace (the agents' Gloo and KV connections), set by the builder
+    # whatever the machine's default. Not BBR: BBR (v1, Linux's) re-measures its minimum RTT when its estimate
+    # is 10 s old, holding the window at 4 packets for 200 ms; a collective's connections sit idle through a
+    # generation phase (20 s on moe-small), so every train and sync phase began with its flows at ~1/3 of the
+    # link for 0.2 s: moe-small's weight sync took 0.80-0.88 s against 0.66-0.69 s under CUBIC, the same run
+    # side by side (docs/emulation.md "Congestion control"). An RDMA fabric has no such pause.
+    host_tcp_cc: str = "cubic"
 
     def __post_init__(self) -> None:
         require(self.kind in FABRICS, "kind", f"must be one of {', '.join(FABRICS)}, got {self.kind!r}")
+        require(self.host_tcp_cc in HOST_TCP_CCS, "host_tcp_cc",
+                f"must be one of {', '.join(HOST_TCP_CCS)}, got {self.host_tcp_cc!r}")
         for name in ("pods", "tors_per_pod", "servers_per_tor", "gpus_per_server", "ocs_count",
                      "uplinks_per_tor"):
             require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")

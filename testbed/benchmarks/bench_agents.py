@@ -40,11 +40,12 @@ def ring_circuits(spec: FabricSpec, ring: list[int]) -> dict[str, list[list[int]
     return {"0": pairs}
 
 
-def bench_scenario(rate_mbps: float, scale: float = 0.001, model: str = "Qwen2.5-7B") -> Scenario:
+def bench_scenario(rate_mbps: float, scale: float = 0.001, model: str = "Qwen2.5-7B",
+                   host_tcp_cc: str = "cubic") -> Scenario:
     """4 servers, one per ToR (2 pods x 2 ToRs), 2 uplinks per ToR on one OCS, every link at ``rate_mbps``."""
     gbps = rate_mbps / 1000.0 / scale
     spec = FabricSpec(pods=2, tors_per_pod=2, servers_per_tor=1, ocs_count=1, uplinks_per_tor=2, server_gbps=gbps,
-                      uplink_gbps=gbps, scale=scale)
+                      uplink_gbps=gbps, scale=scale, host_tcp_cc=host_tcp_cc)
     return Scenario(name="bench-agents", seed=1, fabric=spec, layout=JobLayout((0,), (1,)),
                     workload=WorkloadSpec(model=model, gpu="H800", prompts_per_step=4, samples_per_prompt=4),
                     controller=ControllerSettings(initial_phase="train"))
@@ -58,8 +59,9 @@ def _span(res: dict) -> float:
 
 
 def bench_collectives(sizes_mib=(1, 4, 16, 64, 256), rate_mbps: float = 400.0, bucket_mib: float = 0.5,
-                      iperf_s: float = 4.0, progress: Callable[[int], None] | None = None) -> dict:
-    scn = bench_scenario(rate_mbps)
+                      iperf_s: float = 4.0, progress: Callable[[int], None] | None = None,
+                      host_tcp_cc: str = "cubic") -> dict:
+    scn = bench_scenario(rate_mbps, host_tcp_cc=host_tcp_cc)
     rows = []
     with running_cluster(scn) as (tb, pool):
         tb.client.set_circuits(ring_circuits(scn.fabric, RING))  # not a phase topology: the bench's own ring
@@ -100,7 +102,7 @@ def bench_collectives(sizes_mib=(1, 4, 16, 64, 256), rate_mbps: float = 400.0, b
             if progress:
                 progress(done)
     big = [r["efficiency"] for r in rows if r["bytes"] >= 16 * 2**20]
-    return {"rate_mbps": rate_mbps, "goodput_mbps": round(goodput / 1e6, 2), "rows": rows,
+    return {"rate_mbps": rate_mbps, "host_tcp_cc": host_tcp_cc, "goodput_mbps": round(goodput / 1e6, 2), "rows": rows,
             "efficiency_min_ge_16mib": min(big) if big else None,
             "note": "efficiency = bus bandwidth / iperf3 TCP goodput over the same shaped links, same run"}
 
@@ -206,7 +208,8 @@ def bench_alltoall(scenario, repeats: int = 3, topologies=A2A_TOPOLOGIES,
             rows.append({"topology": topo, "bytes_per_rank": tr.detail["alltoall_bytes"],
                          "ratio_median": round(statistics.median(r["ratio"] for r in runs), 4),
                          "ratio_max": max(r["ratio"] for r in runs), "runs": runs})
-    return {"scenario": scenario.name, "link_mbps": scenario.fabric.server_link_mbps, "requests": len(lengths),
+    return {"scenario": scenario.name, "host_tcp_cc": scenario.fabric.host_tcp_cc,
+            "link_mbps": scenario.fabric.server_link_mbps, "requests": len(lengths),
             "length": int(lengths[0]), "rows": rows,
             "note": "ratio = the emulated all-to-all's span / RLSim's flow-model time of the same bytes on the same "
                     "topology (1.0: the fluid max-min exchange; the links' TCP goodput alone is ~0.955 of their rate)"}

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from tqdm import tqdm
 
 from controller.datapath import FLUSH_MODES
+from emulation.spec import HOST_TCP_CCS
 from testbed.commands.common import UsageError, positive
 
 
@@ -153,7 +155,7 @@ def _collectives(args: argparse.Namespace) -> int:
         raise UsageError(f"--sizes-mib must be sizes in (0, 1024], got {args.sizes_mib}")
     with tqdm(total=len(args.sizes_mib), desc="collectives", file=sys.stderr, disable=args.quiet) as bar:
         res = bench_collectives(tuple(args.sizes_mib), rate_mbps=args.rate_mbps, bucket_mib=args.bucket_mib,
-                                progress=lambda n: bar.update(n - bar.n))
+                                progress=lambda n: bar.update(n - bar.n), host_tcp_cc=args.host_tcp_cc)
     _emit(res, args.json)
     return 0
 
@@ -187,6 +189,8 @@ def _alltoall(args: argparse.Namespace) -> int:
     if bad or not topos:
         raise UsageError(f"--topologies: unknown {bad or 'empty'} (known: {', '.join(A2A_TOPOLOGIES)})")
     scn = load_scenario(args.scenario)
+    if args.host_tcp_cc:
+        scn = dataclasses.replace(scn, fabric=dataclasses.replace(scn.fabric, host_tcp_cc=args.host_tcp_cc))
     if scn.fabric.is_static:
         raise UsageError(f"scenario {args.scenario!r} builds a static {scn.fabric.kind}: the topologies are RFabric's")
     if scn.workload.train_ep <= 1:
@@ -210,6 +214,8 @@ def register_agents(bsub) -> None:
     c.add_argument("--rate-mbps", type=float, default=400.0, help="emulated rate of every link (default 400)")
     c.add_argument("--bucket-mib", type=float, default=0.5,
                    help="broadcast bucket (MiB; default 0.5 = veRL's 512 MB buckets at the default scale 0.001)")
+    c.add_argument("--host-tcp-cc", choices=HOST_TCP_CCS, default="cubic",
+                   help="TCP congestion control in the hosts (default cubic; fabric.host_tcp_cc)")
     c.add_argument("--json", action="store_true")
     c.add_argument("-q", "--quiet", action="store_true")
     c.set_defaults(func=_collectives)
@@ -218,6 +224,8 @@ def register_agents(bsub) -> None:
     a.add_argument("scenario", nargs="?", default="scenarios/moe-small.yaml", help="an MoE scenario (default moe-small)")
     a.add_argument("--repeats", type=int, default=3, help="train phases per topology (default 3)")
     a.add_argument("--topologies", default="train,train:mp", help="comma-separated: train, train:mp")
+    a.add_argument("--host-tcp-cc", choices=HOST_TCP_CCS, default=None,
+                   help="TCP congestion control in the hosts (default: the scenario's fabric.host_tcp_cc)")
     a.add_argument("--json", action="store_true")
     a.add_argument("-q", "--quiet", action="store_true")
     a.set_defaults(func=_alltoall)

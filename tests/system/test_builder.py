@@ -21,8 +21,9 @@ from emulation.spec import FabricSpec
 pytestmark = pytest.mark.system
 
 SPEC = FabricSpec(pods=2, tors_per_pod=2, servers_per_tor=2, ocs_count=1, uplinks_per_tor=2,
-                  server_gbps=400, uplink_gbps=2500, scale=0.001)  # servers 400 Mb/s; uplinks 2500 Mb/s, above
-# Mininet's own 1000 Mb/s limit for bw=, so the builder's htb shaping is what sets it
+                  server_gbps=400, uplink_gbps=2500, scale=0.001, host_tcp_cc="reno")
+# servers 400 Mb/s; uplinks 2500 Mb/s, above Mininet's own 1000 Mb/s limit for bw=, so the builder's htb shaping
+# is what sets it. reno: no machine's default, so the hosts have it only if the builder set it
 UNUSED_CONTROLLER_PORT = 16699  # nothing listens: fail-mode secure bridges forward only what we program
 
 
@@ -108,6 +109,11 @@ def test_build_check_forward_and_stop(orl_state_dir, no_capacity_file, orl_lefto
             ctrl = vsctl("get", "bridge", sw.name, "controller").strip("[]")
             assert vsctl("get", "controller", ctrl, "target").strip('"') == f"tcp:127.0.0.1:{UNUSED_CONTROLLER_PORT}"
         assert sorted(fab.dpids()) == sorted([0x1000, 0x1001, 0x1002, 0x1003, 0x2000])
+        # every host's namespace has the spec's TCP congestion control, whatever the machine's default
+        for s in range(SPEC.n_servers):
+            cc = subprocess.run(["nsenter", "-t", str(fab.host(s).pid), "-n", "sysctl", "-n",
+                                 "net.ipv4.tcp_congestion_control"], capture_output=True, text=True, check=True)
+            assert cc.stdout.strip() == "reno", (s, cc.stdout)
         # OpenFlow port numbers as spec.py documents
         for s in range(SPEC.n_servers):
             tor = SPEC.tor_name(SPEC.tor_of_server(s))

@@ -22,6 +22,8 @@ from controller.ocs import Matching, diff
     (["bench", "alltoall", "--repeats", "0"], "--repeats must be in 1..100"),
     (["bench", "alltoall", "--topologies", "gen"], "--topologies: unknown ['gen']"),
     (["bench", "alltoall", "scenarios/default-small.yaml"], "trains without expert parallelism"),
+    (["bench", "collectives", "--host-tcp-cc", "vegas"], "--host-tcp-cc: invalid choice: 'vegas'"),
+    (["bench", "alltoall", "--host-tcp-cc", "BBR"], "--host-tcp-cc: invalid choice: 'BBR'"),
 ])
 def test_bad_input_exits_2_naming_the_problem(argv, needle, run_cli):
     rc, out = run_cli(argv)

@@ -56,6 +56,7 @@ def test_empty_mapping_gives_defaults(tmp_path):
     ({"layout": {"train_pods": [0], "gen_pods": [2]}}, "layout", "do not exist"),
     ({"fabric": {"pods": 3}}, "layout", "have no role"),
     ({"seed": -1}, "seed", ">= 0"),
+    ({"fabric": {"host_tcp_cc": "vegas"}}, "fabric.host_tcp_cc", "must be one of cubic, bbr, reno"),
     ({"extra": 1}, "extra", "unknown key"),
     # the orchestrator's section is checked at load too, not first when a run builds its settings
     ({"orchestrator": {"planner": {"min_gain_s": -1}}}, "orchestrator.planner.min_gain_s", "must be a finite"),
@@ -124,3 +125,20 @@ def test_the_controllers_old_delay_key_is_still_read(tmp_path):
     with pytest.raises(SpecError) as e:
         load_scenario(write(tmp_path, {"controller": {"delay_ms": 3.0, "reconfig_delay_ms": 4.0}}))
     assert e.value.field == "controller.delay_ms"
+
+
+def test_the_hosts_congestion_control_is_the_scenarios(tmp_path):
+    assert load_scenario(write(tmp_path, {"name": "x"})).fabric.host_tcp_cc == "cubic"
+    assert load_scenario(write(tmp_path, {"fabric": {"host_tcp_cc": "bbr"}})).fabric.host_tcp_cc == "bbr"
+
+
+def test_a_congestion_control_the_kernel_lacks_is_refused_by_name(tmp_path):
+    from emulation.builder import check_tcp_cc
+
+    avail = tmp_path / "available"
+    avail.write_text("reno cubic\n")
+    check_tcp_cc("cubic", str(avail))  # offered: nothing to do
+    with pytest.raises(SpecError) as e:
+        check_tcp_cc("nosuchcc", str(avail))  # modprobe finds no tcp_nosuchcc either
+    assert e.value.field == "host_tcp_cc" and "'nosuchcc' is not available" in str(e.value)
+    assert "reno, cubic" in str(e.value)
