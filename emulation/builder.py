@@ -467,10 +467,11 @@ class EmulatedFabric:
             ipf = os.path.join(self._tmpdir, f"{h.name}.ip")
             with open(ipf, "w") as f:
                 f.write("\n".join(host_batch(plan, h.server)) + "\n")
-            # the host's own TCP congestion control (FabricSpec.host_tcp_cc), before any socket is made in it
+            # IPv6 off where the kernel has it (best effort, as before); the host's own TCP congestion control
+            # (FabricSpec.host_tcp_cc, checked at start) before any socket is made in it, or the host fails
             out = node.cmd(f"sysctl -q -w net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1"
-                           f" net.ipv4.tcp_congestion_control={self.spec.host_tcp_cc}"
-                           f" >/dev/null && ip -batch {ipf} && echo ORL_OK")
+                           f" >/dev/null; sysctl -q -w net.ipv4.tcp_congestion_control={self.spec.host_tcp_cc}"
+                           f" && ip -batch {ipf} && echo ORL_OK")
             if "ORL_OK" not in out:
                 raise RuntimeError(f"configuring host {h.name} failed: {out.strip()[:500]}")
             shaping.shape_many([(h.intf, self.spec.server_link_mbps)], netns_pid=node.pid)  # in its namespace

@@ -41,7 +41,7 @@ def ring_circuits(spec: FabricSpec, ring: list[int]) -> dict[str, list[list[int]
 
 
 def bench_scenario(rate_mbps: float, scale: float = 0.001, model: str = "Qwen2.5-7B",
-                   host_tcp_cc: str = "cubic") -> Scenario:
+                   host_tcp_cc: str = FabricSpec.host_tcp_cc) -> Scenario:
     """4 servers, one per ToR (2 pods x 2 ToRs), 2 uplinks per ToR on one OCS, every link at ``rate_mbps``."""
     gbps = rate_mbps / 1000.0 / scale
     spec = FabricSpec(pods=2, tors_per_pod=2, servers_per_tor=1, ocs_count=1, uplinks_per_tor=2, server_gbps=gbps,
@@ -60,7 +60,7 @@ def _span(res: dict) -> float:
 
 def bench_collectives(sizes_mib=(1, 4, 16, 64, 256), rate_mbps: float = 400.0, bucket_mib: float = 0.5,
                       iperf_s: float = 4.0, progress: Callable[[int], None] | None = None,
-                      host_tcp_cc: str = "cubic") -> dict:
+                      host_tcp_cc: str = FabricSpec.host_tcp_cc) -> dict:
     scn = bench_scenario(rate_mbps, host_tcp_cc=host_tcp_cc)
     rows = []
     with running_cluster(scn) as (tb, pool):

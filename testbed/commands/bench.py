@@ -9,7 +9,7 @@ import sys
 from tqdm import tqdm
 
 from controller.datapath import FLUSH_MODES
-from emulation.spec import HOST_TCP_CCS
+from emulation.spec import HOST_TCP_CCS, FabricSpec
 from testbed.commands.common import UsageError, positive
 
 
@@ -214,8 +214,8 @@ def register_agents(bsub) -> None:
     c.add_argument("--rate-mbps", type=float, default=400.0, help="emulated rate of every link (default 400)")
     c.add_argument("--bucket-mib", type=float, default=0.5,
                    help="broadcast bucket (MiB; default 0.5 = veRL's 512 MB buckets at the default scale 0.001)")
-    c.add_argument("--host-tcp-cc", choices=HOST_TCP_CCS, default="cubic",
-                   help="TCP congestion control in the hosts (default cubic; fabric.host_tcp_cc)")
+    c.add_argument("--host-tcp-cc", choices=HOST_TCP_CCS, default=FabricSpec.host_tcp_cc,
+                   help=f"TCP congestion control in the hosts (default {FabricSpec.host_tcp_cc}; fabric.host_tcp_cc)")
     c.add_argument("--json", action="store_true")
     c.add_argument("-q", "--quiet", action="store_true")
     c.set_defaults(func=_collectives)
