@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, Callable, Sequence
 
-from . import capacity, registry, sendbuf, shaping
+from . import capacity, machine, registry, sendbuf, shaping
 from .netlink import Netlink, NetlinkFailed
 from .signals import shielded
 from .spec import NAME_PREFIX, FabricSpec
@@ -251,21 +251,33 @@ TCP_CC_AVAILABLE = "/proc/sys/net/ipv4/tcp_available_congestion_control"
 
 def check_tcp_cc(cc: str, available_path: str = TCP_CC_AVAILABLE) -> None:
     """Raise SpecError (``host_tcp_cc``) unless the kernel offers congestion control ``cc``, loading its module
-    (``tcp_<cc>``) first where it is missing: a host told to use one the kernel lacks fails at start, by name."""
+    (``tcp_<cc>``) first where it is missing: a host told to use one the kernel lacks fails at start, by name.
+    Then make sure a host's namespace may choose it: a namespace other than the root one may only pick an
+    algorithm in the root namespace's ``net.ipv4.tcp_allowed_congestion_control``, which on a freshly booted
+    machine is ``reno bbr`` (emulation/machine.py; ``scripts/provision.sh`` adds the rest for good)."""
     def available() -> list[str]:
         try:
             with open(available_path) as f:
                 return f.read().split()
         except OSError:
             return []
-    if cc in available():
-        return
-    if shutil.which("modprobe"):
-        subprocess.run(["modprobe", "-q", f"tcp_{cc}"], capture_output=True, timeout=30)
-    have = available()
-    if cc not in have:
-        raise SpecError("host_tcp_cc", f"{cc!r} is not available in this kernel (it offers {', '.join(have) or 'none'}"
-                                       f"; `modprobe tcp_{cc}` did not add it): pick one of those")
+    if cc not in available():
+        if shutil.which("modprobe"):
+            subprocess.run(["modprobe", "-q", f"tcp_{cc}"], capture_output=True, timeout=30)
+        have = available()
+        if cc not in have:
+            raise SpecError("host_tcp_cc", f"{cc!r} is not available in this kernel (it offers {', '.join(have) or 'none'}"
+                                           f"; `modprobe tcp_{cc}` did not add it): pick one of those")
+    key = "net.ipv4.tcp_allowed_congestion_control"
+    try:
+        old = machine.ensure_tcp_cc_allowed(cc)
+    except OSError as e:
+        raise SpecError("host_tcp_cc", f"{cc!r} is not in {key} and it cannot be added ({e}): run "
+                                       "`sudo scripts/provision.sh`, or `sysctl -w "
+                                       f"{key}=\"$(sysctl -n {key}) {cc}\"`") from None
+    if old is not None:
+        log.warning("%s was '%s': added %s so the hosts may use it (scripts/provision.sh sets it for good)",
+                    key, old, cc)
 
 
 class EmulatedFabric:

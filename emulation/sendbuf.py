@@ -11,7 +11,8 @@ sees ~10% loss and stalls on timeouts: the 2:1 tree's weight sync took 1.75-3.15
 time dilation 2 and 1.86x at 5 (50 and 20 Mb/s links): a fixed number of bytes, not CPU time. At 8 MiB the
 same sync ran at 1.05x with no retransmissions (the peak queued on the socket was 0.9 MB).
 ``scripts/provision.sh`` sets it before Open vSwitch starts and restarts vswitchd when its socket was made
-smaller (``python3 -m emulation.sendbuf want|socket``: the size wanted, the size vswitchd's socket has);
+smaller (``python3 -m emulation.machine want-send-buffer`` the size wanted, ``python3 -m emulation.sendbuf socket``
+the size vswitchd's socket has);
 ``orchestrrl doctor`` and the builder check it.
 """
 from __future__ import annotations
@@ -21,7 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-WANT_BYTES = 8 * 2**20  # net.core.wmem_default the fabric needs (scripts/provision.sh sets it)
+from .machine import OVS_SEND_BUFFER
+
+WANT_BYTES = OVS_SEND_BUFFER  # net.core.wmem_default the fabric needs (emulation/machine.py; provision.sh sets it)
 WMEM_DEFAULT = Path("/proc/sys/net/core/wmem_default")
 
 
@@ -78,10 +81,8 @@ def check() -> tuple[bool, str]:
 
 
 if __name__ == "__main__":  # scripts/provision.sh (Debian's python3, before the venv): stdlib only
-    if sys.argv[1:] == ["want"]:
-        print(WANT_BYTES)
-    elif sys.argv[1:] == ["socket"]:  # empty when vswitchd has no send socket yet
+    if sys.argv[1:] == ["socket"]:  # empty when vswitchd has no send socket yet
         tb = read_send_buffer()
         print("" if tb is None else tb)
     else:
-        sys.exit("usage: python3 -m emulation.sendbuf want|socket")
+        sys.exit("usage: python3 -m emulation.sendbuf socket")

@@ -20,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
+from .machine import HOST_TCP_CCS  # noqa: F401 (re-exported: FabricSpec.host_tcp_cc's choices)
 from .validation import SpecError, few, finite_float, require
 
 NAME_PREFIX = "orl"
@@ -47,8 +48,6 @@ EMULATED_FABRICS = ("rfabric",) + tuple(OVERSUB)
 # Google's Palomar (136 ports) is not sold. A scenario's explicit ``ocs_ports`` may not exceed it; RLSim's
 # derived radix (ocs_ports 0 at thousands of GPUs) is a hypothetical OCS and is not bounded here.
 MAX_OCS_PORTS = 320
-# TCP congestion controls a host namespace may use (FabricSpec.host_tcp_cc; all three ship with Debian's kernel)
-HOST_TCP_CCS = ("cubic", "bbr", "reno")
 
 
 @functools.lru_cache(maxsize=65536)

@@ -65,20 +65,15 @@ fi
 
 # ---- Open vSwitch (no systemd; userspace datapath; userspace TSO) ------------------------------
 ovs_ctl=/usr/share/openvswitch/scripts/ovs-ctl
-# ovs-vswitchd sends every packet of every port through one packet socket, sized from net.core.wmem_default
-# when it is made: at Debian's 208 KiB, the bytes queued in the links' htb where flows converge exhaust it
-# and OVS drops packets silently (emulation/sendbuf.py). Set before vswitchd starts, and kept across boots.
-wmem=$(/usr/bin/python3 -m emulation.sendbuf want)
-if [ "$(sysctl -n net.core.wmem_default)" -lt "$wmem" ]; then
-  log "net.core.wmem_default -> $wmem (Open vSwitch's shared send socket)"
-  sysctl -q -w net.core.wmem_default="$wmem"
-fi
-if [ "$(sysctl -n net.core.wmem_max)" -lt "$wmem" ]; then
-  sysctl -q -w net.core.wmem_max="$wmem"
-fi
-mkdir -p /etc/sysctl.d
-printf '# orchestrrl (scripts/provision.sh): Open vSwitch userspace datapath send buffer\nnet.core.wmem_default = %s\n' \
-  "$wmem" > /etc/sysctl.d/60-orchestrrl.conf
+# The root namespace's settings the testbed needs (emulation/machine.py: each one and why), raised where they
+# fall short and written to /etc/sysctl.d/60-orchestrrl.conf so a reboot keeps them. Among them: the congestion
+# controls a host namespace may pick (a fresh machine allows only 'reno bbr'; the builder sets CUBIC in every
+# host) and net.core.wmem_default, which sizes ovs-vswitchd's one packet send socket when it starts (at
+# Debian's 208 KiB it drops packets where flows converge: emulation/sendbuf.py), so it comes before vswitchd.
+# It sets: net.ipv4.tcp_allowed_congestion_control net.core.wmem_default net.core.wmem_max net.core.rmem_max
+#          net.core.netdev_max_backlog net.ipv4.tcp_rmem net.ipv4.tcp_wmem   (a unit test keeps this list whole)
+/usr/bin/python3 -m emulation.machine apply
+wmem=$(/usr/bin/python3 -m emulation.machine want-send-buffer)
 if [ "$start_ovs" = 1 ]; then
   if ! ovs-vsctl --timeout=5 show >/dev/null 2>&1; then
     log "starting Open vSwitch"

@@ -82,6 +82,18 @@ def check_ovs() -> list[Check]:
     return out
 
 
+def check_machine() -> list[Check]:
+    """The root namespace's settings the testbed needs (emulation/machine.py), one check each, with the fix."""
+    from emulation import machine
+
+    out = []
+    for setting, ok, msg in machine.check():
+        out.append(Check(f"sysctl {setting.key}", "OK" if ok else "FAIL", msg,
+                         "" if ok else f"{PROVISION} (emulation/machine.py sets it and keeps it in "
+                                       f"{machine.SYSCTL_CONF})"))
+    return out
+
+
 def check_netdev_bridge() -> Check:
     r = _run(["ovs-vsctl", "--timeout=10", "--", "--if-exists", "del-br", TEST_BRIDGE, "--", "add-br", TEST_BRIDGE,
               "--", "set", "bridge", TEST_BRIDGE, "datapath_type=netdev"])
@@ -220,6 +232,8 @@ def run_checks(progress: Callable[[Check], None] | None = None) -> list[Check]:
     for c in ovs:
         add(c)
     ovs_up = all(c.status == "OK" for c in ovs if c.name != "userspace TSO enabled") and len(ovs) >= 3
+    for c in check_machine():
+        add(c)
     if root.status != "OK":
         for name in ("netdev bridge", "veth", "htb qdisc", "netns"):
             add(Check(name, "SKIP", "needs root", "run as root"))
@@ -236,6 +250,7 @@ def run_checks(progress: Callable[[Check], None] | None = None) -> list[Check]:
 def register(subparsers) -> None:
     p = subparsers.add_parser("doctor", help="check that this machine can run the emulated testbed",
                               description="Checks root, Open vSwitch (answering, userspace TSO, netdev bridges), "
+                                          "the root namespace's sysctls the testbed needs (emulation/machine.py), "
                                           "kernel features (veth, htb, netns), Mininet and the Python "
                                           "dependencies. Exit 0 when ready, 1 when not.")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")

@@ -229,3 +229,33 @@ def test_capacity_check_warns(tmp_path, monkeypatch, caplog):
     fab2 = EmulatedFabric(SPEC, controller_port=UNUSED_CONTROLLER_PORT)
     chk = fab2.capacity_check()
     assert chk["ok"] is False and chk["aggregate_emulated_gbps"] == pytest.approx(3.2)
+
+
+def test_hosts_get_their_congestion_control_on_a_fresh_root_namespace(orl_state_dir, no_capacity_file, orl_leftovers,
+                                                                       caplog):
+    """A freshly booted machine allows only 'reno bbr' in namespaces other than the root one: the builder adds
+    the scenario's algorithm to the root namespace's allowed list before it configures the hosts, instead of
+    failing every host (`sysctl: ... Operation not permitted`). The machine's list is restored afterwards."""
+    from emulation import machine
+
+    allowed = machine.by_key("net.ipv4.tcp_allowed_congestion_control")
+    if "cubic" not in machine.available_tcp_ccs():
+        pytest.skip("this kernel offers no cubic")
+    before = machine.read(allowed)
+    spec = FabricSpec(pods=1, tors_per_pod=1, servers_per_tor=2, ocs_count=1, uplinks_per_tor=1,
+                      server_gbps=400, uplink_gbps=400, scale=0.001, host_tcp_cc="cubic")
+    fresh = " ".join(w for w in before.split() if w != "cubic") or "reno"
+    try:
+        machine.write(allowed, fresh)
+        assert "cubic" not in machine.read(allowed).split()
+        with EmulatedFabric(spec, controller_port=UNUSED_CONTROLLER_PORT) as fab:
+            assert machine.read(allowed).split() == fresh.split() + ["cubic"]
+            for s in range(spec.n_servers):
+                cc = subprocess.run(["nsenter", "-t", str(fab.host(s).pid), "-n", "sysctl", "-n",
+                                     "net.ipv4.tcp_congestion_control"], capture_output=True, text=True, check=True)
+                assert cc.stdout.strip() == "cubic", (s, cc.stdout)
+        assert "tcp_allowed_congestion_control" in caplog.text and "added cubic" in caplog.text
+    finally:
+        machine.write(allowed, before)
+    assert machine.read(allowed) == before
+    assert orl_leftovers() == {"bridges": [], "interfaces": []}

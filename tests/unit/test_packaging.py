@@ -69,3 +69,24 @@ def test_namespace_discovery_ships_the_data_folders():
     pkgs = set(find_namespace_packages(where=str(ROOT), include=inc, exclude=exc))
     assert {"rlsim.data", "agents.data", "emulation.data", "controller", "testbed.commands"} <= pkgs
     assert not any("__pycache__" in p or p.startswith("tests") for p in pkgs)
+
+
+def test_provision_names_every_machine_setting_and_doctor_fails_on_each(tmp_path, monkeypatch):
+    """scripts/provision.sh applies emulation/machine.py and lists the keys it sets (what a reader of the script,
+    and the fresh-machine comparison, look for); doctor fails on a setting below its floor, naming the fix."""
+    from emulation import machine
+
+    text = (ROOT / "scripts" / "provision.sh").read_text()
+    assert "-m emulation.machine apply" in text
+    listed = set(re.findall(r"\bnet\.[a-z0-9_.]+", text.split("It sets:", 1)[1].split("\n/usr/bin", 1)[0]))
+    assert listed == {s.key for s in machine.SETTINGS}
+    monkeypatch.setattr(machine, "SYSCTL_DIR", tmp_path)
+    for s in machine.SETTINGS:
+        s.path.parent.mkdir(parents=True, exist_ok=True)
+        s.path.write_text(s.want + "\n")
+    (tmp_path / "net/ipv4/tcp_available_congestion_control").write_text("reno bbr cubic\n")
+    assert all(c.status == "OK" for c in doctor.check_machine())
+    machine.by_key("net.ipv4.tcp_allowed_congestion_control").path.write_text("reno bbr\n")
+    bad = [c for c in doctor.check_machine() if c.status != "OK"]
+    assert [c.name for c in bad] == ["sysctl net.ipv4.tcp_allowed_congestion_control"]
+    assert "provision.sh" in bad[0].fix and "cubic" in bad[0].detail

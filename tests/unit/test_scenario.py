@@ -132,13 +132,84 @@ def test_the_hosts_congestion_control_is_the_scenarios(tmp_path):
     assert load_scenario(write(tmp_path, {"fabric": {"host_tcp_cc": "bbr"}})).fabric.host_tcp_cc == "bbr"
 
 
-def test_a_congestion_control_the_kernel_lacks_is_refused_by_name(tmp_path):
+def _sysctl_tree(root, allowed: str):
+    d = root / "net" / "ipv4"
+    d.mkdir(parents=True)
+    (d / "tcp_allowed_congestion_control").write_text(allowed + "\n")
+    (d / "tcp_available_congestion_control").write_text("reno bbr cubic\n")
+    return d / "tcp_allowed_congestion_control"
+
+
+def test_a_congestion_control_the_kernel_lacks_is_refused_by_name(tmp_path, monkeypatch):
+    from emulation import machine
     from emulation.builder import check_tcp_cc
 
+    monkeypatch.setattr(machine, "SYSCTL_DIR", tmp_path / "sys")
+    _sysctl_tree(tmp_path / "sys", "reno cubic")
     avail = tmp_path / "available"
     avail.write_text("reno cubic\n")
-    check_tcp_cc("cubic", str(avail))  # offered: nothing to do
+    check_tcp_cc("cubic", str(avail))  # offered and allowed: nothing to do
     with pytest.raises(SpecError) as e:
         check_tcp_cc("nosuchcc", str(avail))  # modprobe finds no tcp_nosuchcc either
     assert e.value.field == "host_tcp_cc" and "'nosuchcc' is not available" in str(e.value)
     assert "reno, cubic" in str(e.value)
+
+
+def test_a_congestion_control_missing_from_the_allowed_list_is_added(tmp_path, monkeypatch, caplog):
+    """A fresh machine allows only 'reno bbr' in namespaces other than the root one: the builder adds the
+    scenario's algorithm (and says so) instead of failing every host; where it cannot, the error names the
+    sysctl and the fix."""
+    from emulation import machine
+    from emulation.builder import check_tcp_cc
+
+    monkeypatch.setattr(machine, "SYSCTL_DIR", tmp_path / "sys")
+    allowed = _sysctl_tree(tmp_path / "sys", "reno bbr")
+    avail = tmp_path / "available"
+    avail.write_text("reno bbr cubic\n")
+    check_tcp_cc("cubic", str(avail))
+    assert allowed.read_text().split() == ["reno", "bbr", "cubic"]
+    assert "added cubic" in caplog.text
+    check_tcp_cc("bbr", str(avail))  # already allowed: unchanged
+    assert allowed.read_text().split() == ["reno", "bbr", "cubic"]
+
+    def refuse(setting, value):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(machine, "write", refuse)
+    allowed.write_text("reno bbr\n")
+    with pytest.raises(SpecError) as e:
+        check_tcp_cc("cubic", str(avail))
+    assert e.value.field == "host_tcp_cc"
+    assert "net.ipv4.tcp_allowed_congestion_control" in str(e.value) and "provision.sh" in str(e.value)
+
+
+def test_machine_settings_are_checked_and_applied_as_floors(tmp_path, monkeypatch):
+    """emulation/machine.py: doctor's check fails on each setting below its floor and names it; apply raises
+    only what falls short (more is left alone) and writes the sysctl.d file provision.sh installs."""
+    from emulation import machine
+
+    root = tmp_path / "sys"
+    monkeypatch.setattr(machine, "SYSCTL_DIR", root)
+    monkeypatch.setattr(machine, "SYSCTL_CONF", tmp_path / "etc" / "60-orchestrrl.conf")
+    _sysctl_tree(root, "reno bbr")
+    values = {"net.core.wmem_default": "212992", "net.core.wmem_max": "33554432", "net.core.rmem_max": "4194304",
+              "net.core.netdev_max_backlog": "1000", "net.ipv4.tcp_rmem": "4096\t131072\t33554432",
+              "net.ipv4.tcp_wmem": "4096 16384 4194304"}
+    for key, val in values.items():
+        p = root / key.replace(".", "/")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(val + "\n")
+    found = {s.key: (ok, msg) for s, ok, msg in machine.check()}
+    assert set(found) == {s.key for s in machine.SETTINGS}
+    assert found["net.core.wmem_max"][0]  # above the floor: fine as it is
+    for key in ("net.ipv4.tcp_allowed_congestion_control", "net.core.wmem_default", "net.core.rmem_max",
+                "net.core.netdev_max_backlog", "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem"):
+        assert not found[key][0] and key in found[key][1]
+    assert machine.apply(lambda m: None) == 0
+    assert all(ok for _, ok, _ in machine.check())
+    read = {s.key: machine.read(s) for s in machine.SETTINGS}
+    assert read["net.ipv4.tcp_rmem"] == "10240 131072 33554432"  # each field raised to its floor, no lower
+    assert read["net.core.wmem_max"] == "33554432"
+    assert read["net.ipv4.tcp_allowed_congestion_control"] == "reno bbr cubic"
+    conf = (tmp_path / "etc" / "60-orchestrrl.conf").read_text()
+    assert "net.core.netdev_max_backlog = 5000" in conf and "net.ipv4.tcp_allowed_congestion_control = reno bbr cubic" in conf
