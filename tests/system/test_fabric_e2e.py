@@ -88,11 +88,14 @@ def test_loss_gap_tracks_the_programmed_delay(delay_ms):
     if delay_ms > 0:
         assert res["changed_lost"] > 0, res
     # about D where the same uplinks stay paired: a few ms of slack for a shared 2-core CI machine (the
-    # benchmark reports the real spread)
-    assert delay_ms - 1.5 <= res["blackout_ms_p50"] <= delay_ms + 6.0, res
+    # benchmark reports the real spread). Below D: the controller sends the adds D after it sent the deletes,
+    # counting on both taking effect one install latency later; on a loaded machine a delete lands later than
+    # the adds that follow it and the dark time comes out short (8.4 ms for D = 10 beside two CPU-bound jobs, 2026-12-06): 3 ms of slack, still far from 0
+    low = max(delay_ms - 3.0, 0.7 * delay_ms)
+    assert low <= res["blackout_ms_p50"] <= delay_ms + 6.0, res
     # where the path's ToR routes move to other uplinks, the routes toward the new circuits may only go in
     # once the deletes are confirmed (before, they would send into the old circuit), so the dark interval is
     # the larger of D and that confirmation plus the ToRs' route update (~10 ms on this userspace datapath,
     # quiet: a D of 0 cannot be met): the probe's blackout is held to the dark interval the controller reports
     dark_ms = delay_ms + max(0.0, res["overhead_stages_ms_p50_rerouted"]["dark_minus_delay"])
-    assert delay_ms - 1.5 <= res["blackout_ms_p50_rerouted"] <= dark_ms + 6.0, res
+    assert low <= res["blackout_ms_p50_rerouted"] <= dark_ms + 6.0, res
