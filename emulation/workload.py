@@ -86,6 +86,12 @@ class LengthComponent:
         require(math.isfinite(self.sigma) and 0 <= self.sigma <= 5, "sigma", f"must be in [0, 5], got {self.sigma}")
 
 
+# Responses one step may hold: every command draws a step's lengths as arrays (the engines, RLSim, the controller's
+# traffic), 32 MiB of int64 at 4 M. Checked when the scenario loads, so no command starts on a step beyond it
+# (a billion prompts died of a 60 GiB allocation inside `fabric up` and `controller`, leaving their folders).
+MAX_SAMPLES_PER_STEP = 1 << 22
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
     # Model and GPU. Qwen2.5-7B: the smallest model of the RollPacker/veRL set-ups (REFERENCE.md "Batches").
@@ -166,6 +172,11 @@ class WorkloadSpec:
                      "rollout_tp", "train_tp", "train_pp", "train_ep", "steps"):
             v = getattr(self, name)
             require(v >= 1, name, f"must be >= 1, got {v}")
+        n = self.prompts_per_step * self.samples_per_prompt
+        if n > MAX_SAMPLES_PER_STEP:
+            big = max(("prompts_per_step", "samples_per_prompt"), key=lambda k: getattr(self, k))
+            raise SpecError(big, f"prompts_per_step x samples_per_prompt = {n} responses per step; a step's "
+                                 f"lengths are drawn as arrays of at most {MAX_SAMPLES_PER_STEP}")
         require(self.train_dp >= 0, "train_dp", f"must be >= 0 (0: fill the trainer GPUs), got {self.train_dp}")
         require(math.isfinite(self.response_median_tokens) and self.response_median_tokens >= 1,
                 "response_median_tokens", f"must be >= 1, got {self.response_median_tokens}")

@@ -6,7 +6,8 @@ Without it, a scenario that cannot fit (``tors_per_pod: 100000``, ``prompts_per_
 (``/usr/bin/time -f %M orchestrrl sim scenarios/dapo-32b.yaml --fabric F --gpus N``): peak RSS grows with the
 square of the cluster, 293 MiB at 16,384 GPUs and 1.0 GB at 32,768 on the Fat-Tree (RFabric: 75 and 125 MiB),
 so 65,536 GPUs (~4 GB) is the largest size simulated here. The ToR count bounds the ToR x ToR circuit matrices
-(int64: 128 MiB at 4,096 ToRs); the samples per step bound the response-length arrays (32 MiB at 4 M).
+(int64: 128 MiB at 4,096 ToRs). The samples per step, which bound the response-length arrays, are checked
+when the scenario loads (emulation.workload.MAX_SAMPLES_PER_STEP), for every command.
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from emulation.validation import SpecError, require
 
 MAX_SIM_GPUS = 65536
 MAX_SIM_TORS = 4096
-MAX_SAMPLES_PER_STEP = 1 << 22
 
 
 def check_gpus(gpus: int | None, field: str = "gpus") -> None:
@@ -64,7 +64,7 @@ def check_simulatable(scn: Scenario, gpus: int | None = None) -> None:
     if gpus is not None:
         scn = scale_scenario(scn, gpus)
         resized = f" (re-sized to --gpus {gpus})"
-    f, w = scn.fabric, scn.workload
+    f = scn.fabric
     if f.n_gpus > MAX_SIM_GPUS:
         raise SpecError(_largest(f, "fabric", ("pods", "tors_per_pod", "servers_per_tor", "gpus_per_server")),
                         f"pods x tors_per_pod x servers_per_tor x gpus_per_server = {f.n_gpus} GPUs; RLSim "
@@ -72,8 +72,3 @@ def check_simulatable(scn: Scenario, gpus: int | None = None) -> None:
     if f.n_tors > MAX_SIM_TORS:
         raise SpecError(_largest(f, "fabric", ("pods", "tors_per_pod")),
                         f"pods x tors_per_pod = {f.n_tors} ToRs{resized}; RLSim simulates at most {MAX_SIM_TORS}")
-    n = w.prompts_per_step * w.samples_per_prompt
-    if n > MAX_SAMPLES_PER_STEP:
-        raise SpecError(_largest(w, "workload", ("prompts_per_step", "samples_per_prompt")),
-                        f"prompts_per_step x samples_per_prompt = {n} responses per step; RLSim draws at most "
-                        f"{MAX_SAMPLES_PER_STEP}")

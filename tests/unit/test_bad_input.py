@@ -57,7 +57,8 @@ CASES = [
     (f"controller:\n  delay_ms: {HUGE}\n", ["sim", "demo", "fabric up"], "controller.delay_ms"),
     ("fabric:\n  tors_per_pod: 100000\n", ["sim"], "fabric.tors_per_pod"),
     ("fabric:\n  tors_per_pod: 100000\n", ["demo", "fabric up"], "servers"),
-    ("workload:\n  prompts_per_step: 1000000000\n", ["sim", "demo"], "workload.prompts_per_step"),
+    ("workload:\n  prompts_per_step: 1000000000\n", ["sim", "demo", "fabric up", "controller", "run", "compare"],
+     "workload.prompts_per_step"),
     ("fabric:\n  1: 2\n  a: 3\n", ["sim"], "fabric.1"),  # non-string YAML keys
     ("fabric:\n  pods: [1, 2]\n", ["sim"], "fabric.pods"),
     (BIG_EMULATED, ["demo", "fabric up"], "servers"),
