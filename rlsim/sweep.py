@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
+from emulation import plots
 from emulation.files import write_json_atomic
 from emulation.scenario import Scenario
 from emulation.validation import SpecError, to_dict
@@ -361,8 +362,7 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
                  "(Fat-Tree tier count); T_ocs = 10 ms", fontsize=9)
     fig.tight_layout()
     files["pareto"] = os.path.join(out_dir, "pareto.png")
-    fig.savefig(files["pareto"], dpi=110)
-    plt.close(fig)
+    plots.save(fig, files["pareto"])
 
     # 2. per-phase time by fabric at the largest scale (the scenario's own configuration where swept):
     #    stacked (left), train and sync close up (right)
@@ -396,8 +396,7 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
         plt.setp(a_.get_xticklabels(), rotation=25, ha="right")
     fig.tight_layout()
     files["phases"] = os.path.join(out_dir, "phases.png")
-    fig.savefig(files["phases"], dpi=110)
-    plt.close(fig)
+    plots.save(fig, files["phases"])
 
     # 3. sensitivity to T_ocs: iteration time relative to the non-blocking Fat-Tree (top) and every
     #    transition's decision (bottom: switched / stalled / kept), per scale and configuration
@@ -446,6 +445,5 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
         ax.legend(fontsize=7)
     fig.tight_layout()
     files["reconfig_delay"] = os.path.join(out_dir, "reconfig_delay.png")
-    fig.savefig(files["reconfig_delay"], dpi=110)
-    plt.close(fig)
+    plots.save(fig, files["reconfig_delay"])
     return files

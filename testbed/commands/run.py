@@ -329,6 +329,8 @@ def format_table(report: dict) -> str:
     al = report.get("aliases") or {}
     if al:
         rows.append("aliases: " + ", ".join(f"{a} = {n}" for a, n in al.items()))
+    for a, b in (report.get("same_runs") or {}).items():
+        rows.append(f"{a}: not run, the same run as {b} step for step (max_num_seqs never bound in the tuning grid)")
     fids = {n: p.get("fidelity") or {} for n, p in pols.items()}
     judged = {n: f for n, f in fids.items() if "distorted" in f}
     if judged:  # the first line: a reader must know before the figures whether the emulation was faithful

@@ -99,9 +99,17 @@ class Experiment:
     def aliases(self) -> dict[str, str]:
         return {a: self.policy(a).name for a in ("static-tuned", "static-low", "static-high")}
 
+    def same_runs(self) -> dict[str, str]:
+        """Static configurations the tuning grid found to be another's run step for step (``same_as``:
+        max_num_seqs never bound at the smaller value), by name: the alias' run is not made again."""
+        grid = self.tuning_grid()
+        return {p.name: static_name(p.layout, p.same_as) for p in grid if p.same_as is not None}
+
     def default_policies(self) -> list[str]:
-        """The tuned static configuration, static-low and static-high (each once), and the adaptive policies."""
-        names = list(dict.fromkeys(self.aliases().values()))
+        """The tuned static configuration, static-low and static-high (each distinct run once: one the grid
+        found identical to another is reported as its alias), and the adaptive policies."""
+        same = self.same_runs()
+        names = list(dict.fromkeys(same.get(n, n) for n in self.aliases().values()))
         return names + list(ADAPTIVE)
 
     def _settings(self, policy: Policy):
@@ -187,6 +195,9 @@ class Experiment:
                 **{k: r[k] for k in ("tokens_target", "tokens_unique", "tokens_duplicate", "exactly_once",
                                      "tokens_by_agent", "ticks")}}
         report["aliases"] = self.aliases()
+        # a configuration not run because the grid found it another's run, step for step (Experiment.same_runs)
+        report["same_runs"] = {a: b for a, b in self.same_runs().items()
+                               if a in report["aliases"].values() and a not in results and b in results}
         if orc is not None:
             from testbed.runs.oracle import KIND_OF_POLICY
 

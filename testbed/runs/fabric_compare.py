@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from emulation import plots
 from emulation.spec import EMULATED_FABRICS, FABRICS
 from emulation.validation import require
 from testbed.runs.report import write_json
@@ -138,10 +139,7 @@ def plot_fabrics(out: Path, report: dict) -> str:
     axes[0].legend(fontsize=7)
     fig.suptitle(f"{report['scenario']}: the same RL steps on each fabric", fontsize=10)
     fig.tight_layout()
-    path = Path(out) / "fabrics.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return plots.save(fig, Path(out) / "fabrics.png")
 
 
 def format_fabrics(report: dict) -> str:

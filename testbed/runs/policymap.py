@@ -19,6 +19,7 @@ import logging
 import math
 from pathlib import Path
 
+from emulation import plots
 from emulation.orchestration import orchestrator_settings
 from emulation.validation import to_dict
 
@@ -185,8 +186,5 @@ def plot(doc: dict, out: Path) -> list[str]:
         fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="speedup over the tuned static baseline")
         fig.suptitle(f"{doc['scenario']}: where adaptive compute pays ({p['x']} x {p['y']}; simulated backend, "
                      f"{doc['steps']} step(s) per point)", fontsize=10)
-        f = Path(out) / f"map-{name}.png"
-        fig.savefig(f, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        files.append(str(f))
+        files.append(plots.save(fig, Path(out) / f"map-{name}.png"))
     return files

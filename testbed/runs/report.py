@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from emulation import plots
 from emulation.files import write_json_atomic
 
 PHASE_COLOURS = {"gen": "#4c9be8", "train": "#59b36b", "sync": "#f2a541"}
@@ -81,12 +82,13 @@ def plot_timeline(out: Path, policy: str, timeline: dict) -> dict:
     files = {}
     if not samples:
         return files
+    t0 = plots.run_start(timeline)  # every time axis in seconds from the run's start
     servers = sorted({int(s) for smp in samples for s in smp["servers"]})
     fig, ax = plt.subplots(figsize=(12, 0.9 + 0.55 * max(1, len(servers)) * 2))
     row = 0
     yt, yl = [], []
     for s in servers:
-        ts = [smp["t"] for smp in samples if str(s) in smp["servers"] or s in smp["servers"]]
+        ts = [smp["t"] - t0 for smp in samples if str(s) in smp["servers"] or s in smp["servers"]]
         recs = [smp["servers"].get(str(s), smp["servers"].get(s)) for smp in samples
                 if str(s) in smp["servers"] or s in smp["servers"]]
         nrep = max(len(r["running"]) for r in recs)
@@ -102,41 +104,33 @@ def plot_timeline(out: Path, policy: str, timeline: dict) -> dict:
     for e in timeline["events"]:
         if e["kind"] == "layout_switch":
             y = servers.index(e["server"]) if e["server"] in servers else 0
-            ax.axvspan(e["start"], e["end"], color="#f2a541", alpha=0.35, lw=0)
-            ax.annotate(e["to"], (e["start"], row), fontsize=6, rotation=90, va="top")
+            ax.axvspan(e["start"] - t0, e["end"] - t0, color="#f2a541", alpha=0.35, lw=0)
+            ax.annotate(e["to"], (e["start"] - t0, row), fontsize=6, rotation=90, va="top")
         elif e["kind"] == "migration":
-            ax.axvline(e["t"], color="#d62728", lw=0.5, alpha=0.6)
+            ax.axvline(e["t"] - t0, color="#d62728", lw=0.5, alpha=0.6)
         elif e["kind"] == "phase_start" and e["phase"] != "gen":
-            ax.axvline(e["t"], color=PHASE_COLOURS[e["phase"]], lw=1.2, ls="--")
+            ax.axvline(e["t"] - t0, color=PHASE_COLOURS[e["phase"]], lw=1.2, ls="--")
     ax.set_yticks(yt, yl)
-    ax.set_xlabel("seconds (backend time, real-time equivalent)")
-    ax.set_title(f"{policy}: requests per replica (running + waiting, each row scaled to its peak); "
-                 "orange: layout switches, red: migrations, dashed: train/sync")
-    fig.tight_layout()
-    p = out / f"timeline-{policy}.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    files["timeline_png"] = str(p)
+    ax.set_xlabel("seconds from the run's start (real-time equivalent)")
+    plots.title(ax, f"{policy}: requests per replica (running + waiting, each row scaled to its peak); "
+                "orange: layout switches, red: migrations, dashed: train/sync")
+    files["timeline_png"] = plots.save(fig, out / f"timeline-{policy}.png")
     # load index
     loads = [(smp["t"], smp.get("load", {})) for smp in samples if smp.get("load")]
     if loads:
         fig, ax = plt.subplots(figsize=(10, 3.4))
         for s in servers:
-            xs = [t for t, ld in loads if str(s) in ld or s in ld]
+            xs = [t - t0 for t, ld in loads if str(s) in ld or s in ld]
             ys = [ld.get(str(s), ld.get(s)) for t, ld in loads if str(s) in ld or s in ld]
             ax.plot(xs, ys, label=f"server {s}", lw=1)
         for e in timeline["events"]:
             if e["kind"] == "migration":
-                ax.axvline(e["t"], color="#d62728", lw=0.4, alpha=0.5)
-        ax.set_xlabel("seconds")
+                ax.axvline(e["t"] - t0, color="#d62728", lw=0.4, alpha=0.5)
+        ax.set_xlabel("seconds from the run's start (real-time equivalent)")
         ax.set_ylabel("load index (predicted remaining s)")
-        ax.set_title(f"{policy}: load index per generator (red: migrations)")
+        plots.title(ax, f"{policy}: load index per generator (red: migrations)")
         ax.legend(fontsize=7, ncol=4)
-        fig.tight_layout()
-        p = out / f"load-{policy}.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        files["load_png"] = str(p)
+        files["load_png"] = plots.save(fig, out / f"load-{policy}.png")
     return files
 
 
@@ -162,11 +156,7 @@ def plot_makespans(out: Path, report: dict) -> str:
                         va="bottom", fontsize=8)
     ax.set_xticks([i + (steps - 1) * width / 2 for i in range(len(names))], names, rotation=20, fontsize=8)
     ax.set_ylabel("step makespan (s)")
-    ax.set_title(f"{report['scenario']} on the {report['backend']} backend (labels: speedup vs best static "
-                 f"{report['best_static']})")
+    plots.title(ax, f"{report['scenario']} on the {report['backend']} backend (labels: speedup vs best static "
+                f"{report['best_static']})")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    p = Path(out) / "makespan.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return str(p)
+    return plots.save(fig, Path(out) / "makespan.png")

@@ -330,3 +330,23 @@ def test_the_truth_judge_is_refused_without_the_true_lengths():
     settings = orchestrator_settings({"balancer": {"pay_judge": "truth"}})
     with pytest.raises(SpecError, match="orchestrator.balancer.pay_judge.*simulated backend"):
         PlanningTick(scn, NoTruth(), Policy("orchestrrl", None, True, True), settings, est, None, None)
+
+
+def test_an_alias_the_grid_found_identical_is_reported_not_run_again(tmp_path, monkeypatch):
+    """static-high (TP8x1 at the scenario's max_num_seqs) whose grid point is ``same_as`` the tuned one's: the
+    comparison's default policies run it once, under the tuned name."""
+    monkeypatch.setenv("ORCHESTRRL_CACHE_DIR", str(tmp_path))
+    from testbed.runs.experiment import Experiment
+    from testbed.runs.tuning import GridPoint
+
+    exp = Experiment(_tiny(), "simulated", grid=(64, 256, 1024))
+    mns = exp.settings.engine.max_num_seqs
+    hi = exp.layouts[-1].name(8)
+    lo = exp.layouts[0].name(8)
+    exp._grid = [GridPoint(hi, 64, 20.0, (20.0,), (10.0,)), GridPoint(hi, mns, 20.0, (20.0,), (10.0,), same_as=64),
+                 GridPoint(lo, 64, 30.0, (30.0,), (10.0,)), GridPoint(lo, mns, 29.0, (29.0,), (10.0,))]
+    assert exp.aliases()["static-high"] == f"static-{hi}@{mns}"
+    assert exp.same_runs() == {f"static-{hi}@{mns}": f"static-{hi}@64"}
+    names = exp.default_policies()
+    assert names[:2] == [f"static-{hi}@64", f"static-{lo}@{mns}"]  # tuned, static-low; static-high not again
+    assert f"static-{hi}@{mns}" not in names
