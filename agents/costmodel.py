@@ -38,6 +38,8 @@ import yaml
 from emulation.validation import SpecError, from_dict, require
 from emulation.workload import catalogue, read_catalogue
 
+from .engineprofile import KERNELS, EngineBinding
+
 # the calibration (the model and GPU catalogues: emulation/data)
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 BF16 = 2
@@ -361,19 +363,30 @@ class CostModel:
     """Timings of ``model`` on ``gpu``; all methods are pure functions of their arguments."""
 
     def __init__(self, model: ModelConfig, gpu: GpuSpec, eff: Efficiency = Efficiency(),
-                 dtype_bytes: int = BF16, grad_dtype_bytes: int = BF16, calib: Calibration | None = None):
+                 dtype_bytes: int = BF16, grad_dtype_bytes: int = BF16, calib: Calibration | None = None,
+                 engine: EngineBinding | None = None):
         self.model = model
         self.gpu = gpu
         self.eff = eff
         self.dtype_bytes = dtype_bytes
         self.grad_dtype_bytes = grad_dtype_bytes
         self.calib = calib if calib is not None else load_calibration()
+        # the serving engine's per-step terms (agents/engineprofile.py); None or the kernels profile: the
+        # kernels alone (what the GPU runs back to back)
+        self.engine = engine if engine is not None and not engine.kernels_only else None
+        self._binding = engine
         self._layouts: dict[tuple[int, int], _Layout] = {}
 
     @classmethod
     def for_names(cls, model: str, gpu: str, eff: Efficiency = Efficiency(),
-                  calib: Calibration | None = None) -> "CostModel":
-        return cls(get_model(model), get_gpu(gpu), eff, calib=calib)
+                  calib: Calibration | None = None, engine: EngineBinding | None = None) -> "CostModel":
+        return cls(get_model(model), get_gpu(gpu), eff, calib=calib, engine=engine)
+
+    @classmethod
+    def for_engine(cls, model: str, gpu: str, settings) -> "CostModel":
+        """The cost model a generation engine with ``settings`` (emulation.orchestration.EngineSettings: its
+        ``profile`` and knobs) runs on."""
+        return cls.for_names(model, gpu, engine=EngineBinding.of(settings))
 
     # ---- sizes -------------------------------------------------------------------------------
     def weight_bytes(self) -> float:
@@ -446,13 +459,19 @@ class CostModel:
         emb = m.embedding_params / tp + m.hidden
         return (m.layers * per_layer + emb) * self.dtype_bytes
 
-    def activation_bytes_per_gpu(self, tp: int, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
-                                 ep: int = 1) -> float:
+    def activation_bytes_per_gpu(self, tp: int, max_num_batched_tokens: int | None = None,
+                                 max_num_seqs: int | None = None, ep: int = 1) -> float:
         """Peak activation workspace of a forward pass over ``max_num_batched_tokens`` tokens (what vLLM
         profiles before sizing its KV cache): one layer's live tensors (hidden states, QKV, FFN input and
         output, bf16) plus fp32 logits for ``max_num_seqs`` tokens (engines compute logits only for the
-        tokens they sample)."""
+        tokens they sample). Left out, the engine's: ``max_num_seqs`` sequences' logits (vLLM's profiling pass;
+        the kernels profile keeps 256), ``max_num_batched_tokens`` (8192 without an engine)."""
         lay = self._layout(tp, ep)
+        b = self._binding
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = b.max_num_batched_tokens if b is not None else 8192
+        if max_num_seqs is None:
+            max_num_seqs = b.activation_seqs if b is not None else 256
         _check_int(max_num_batched_tokens, "max_num_batched_tokens")
         _check_int(max_num_seqs, "max_num_seqs")
         m = self.model
@@ -461,11 +480,12 @@ class CostModel:
         return max_num_batched_tokens * per_token * self.dtype_bytes + max_num_seqs * m.vocab / tp * 4
 
     def kv_capacity_tokens(self, tp: int, reserve: float | None = None, *, ep: int = 1,
-                           max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> float:
+                           max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None) -> float:
         """Tokens of KV cache a ``tp`` replica can hold: HBM x (1 - ``reserve``) minus the weights and the
         activation workspace per GPU, over the KV bytes per token per GPU. ``reserve`` is
         ``1 - gpu_memory_utilization`` (vLLM's default 0.9: reserve 0.1, calibration.yaml ``kv_reserve``).
-        0 when the weights alone do not fit."""
+        The workspace follows the engine's ``max_num_seqs`` and ``max_num_batched_tokens`` unless given
+        (:meth:`activation_bytes_per_gpu`). 0 when the weights alone do not fit."""
         if reserve is None:
             reserve = self.calib.kv_reserve
         if isinstance(reserve, bool) or not (isinstance(reserve, (int, float)) and 0 <= reserve < 1):
@@ -568,28 +588,74 @@ class CostModel:
 
     def decode_breakdown(self, batch: float, context_tokens: float, tp: int = 1, ep: int = 1) -> dict[str, float]:
         """:meth:`decode_step_s` split by operator (seconds per step, all layers): Vidur's operator names
-        plus ``attention``, ``allreduce`` (both TP all-reduces), ``moe_*``, ``lm_head``, ``logits_gather``."""
+        plus ``attention``, ``allreduce`` (both TP all-reduces), ``moe_*``, ``lm_head``, ``logits_gather``,
+        and with an engine profile ``eager_launch`` (what a step launched kernel by kernel waits beyond its
+        kernels) and ``engine_cpu`` (the engine's CPU time the GPU does not hide)."""
         _check_nonneg(batch, "batch")
         _check_nonneg(context_tokens, "context_tokens")
         lay = self._layout(tp, ep)
         if batch == 0:
             return {}
-        return {k: float(v) for k, v in self._decode_terms(float(batch), float(context_tokens), lay, _SCALAR).items()}
+        out = {k: float(v) for k, v in self._decode_terms(float(batch), float(context_tokens), lay, _SCALAR).items()}
+        if self.engine is not None:
+            gpu = sum(out.values())
+            side = self._gpu_side(gpu, float(batch), float(context_tokens), float(batch), 0.0, tp, _SCALAR)
+            out["eager_launch"] = side - gpu
+            out["engine_cpu"] = self.engine_step_s(gpu, float(batch), float(context_tokens), float(batch), 0.0, tp) - side
+        return out
+
+    # ---- the serving engine's terms (agents/engineprofile.py) -------------------------------------
+    def _gpu_side(self, gpu, batch, ctx, tokens, prefill_tokens, tp: int, xp: _Ops):
+        """The step's GPU side: its kernels, or, launched eagerly (above the engine's CUDA-graph cap, a prefill
+        where graphs do not cover one, a context past the capture limit), no less than launching them."""
+        e = self.engine
+        p = e.profile
+        eager = tokens > e.graph_cap(tp)
+        if not p.graph_mixed:
+            eager = eager | (prefill_tokens > 0)
+        if p.graph_max_context:  # vLLM V0: any sequence past max_seq_len_to_capture (here: the batch's mean)
+            eager = eager | (ctx > p.graph_max_context * batch)
+        launch = self.model.layers * p.eager_layer_us * 1e-6
+        if xp is _SCALAR:
+            return max(gpu, launch) if eager else gpu
+        return np.where(eager, np.maximum(gpu, launch), gpu)
+
+    def engine_step_s(self, gpu, batch, ctx, tokens, prefill_tokens, tp: int, xp: _Ops = _SCALAR):
+        """A step of the engine whose kernels take ``gpu`` seconds: ``batch`` running sequences over ``ctx``
+        cached tokens in all, ``tokens`` computed in the step, ``prefill_tokens`` of them a prefill chunk. Its GPU
+        side (:meth:`_gpu_side`) and the engine's CPU time, overlapped (``max``) or in series (``+``) as the
+        engine runs them. Without an engine profile: ``gpu``."""
+        e = self.engine
+        if e is None:
+            return gpu
+        side = self._gpu_side(gpu, batch, ctx, tokens, prefill_tokens, tp, xp)
+        cpu = e.cpu_s(batch, tp, prefill_tokens)
+        if e.profile.overlap:
+            return xp.maximum(side, cpu)
+        return side + cpu
 
     # ---- inference ---------------------------------------------------------------------------
-    def decode_step_s(self, batch: float, context_tokens: float, tp: int = 1, ep: int = 1) -> float:
-        """One decode step (one new token for each of ``batch`` sequences) of one replica of ``tp`` GPUs.
-
-        ``context_tokens`` is the total KV length over the batch (sum of each sequence's tokens so far).
-        ``ep`` > 1 (MoE only, a multiple of ``tp``): routed experts sharded over ``ep`` GPUs, shared by
-        ``ep / tp`` equally loaded replicas (attention data-parallel), dispatch/combine on NVLink.
-        """
+    def kernel_decode_step_s(self, batch: float, context_tokens: float, tp: int = 1, ep: int = 1) -> float:
+        """The kernels of one decode step alone (what the H100 profiles calibrate; no engine terms)."""
         _check_nonneg(batch, "batch")
         _check_nonneg(context_tokens, "context_tokens")
         lay = self._layout(tp, ep)
         if batch == 0:
             return 0.0
         return float(sum(self._decode_terms(float(batch), float(context_tokens), lay, _SCALAR).values()))
+
+    def decode_step_s(self, batch: float, context_tokens: float, tp: int = 1, ep: int = 1) -> float:
+        """One decode step (one new token for each of ``batch`` sequences) of one replica of ``tp`` GPUs, as the
+        engine runs it (its kernels, then :meth:`engine_step_s`).
+
+        ``context_tokens`` is the total KV length over the batch (sum of each sequence's tokens so far).
+        ``ep`` > 1 (MoE only, a multiple of ``tp``): routed experts sharded over ``ep`` GPUs, shared by
+        ``ep / tp`` equally loaded replicas (attention data-parallel), dispatch/combine on NVLink.
+        """
+        gpu = self.kernel_decode_step_s(batch, context_tokens, tp, ep)
+        if batch == 0 or self.engine is None:
+            return gpu
+        return float(self.engine_step_s(gpu, float(batch), float(context_tokens), float(batch), 0.0, tp))
 
     def decode_step_s_array(self, batch: np.ndarray, context_tokens: np.ndarray, tp: int = 1,
                             ep: int = 1) -> np.ndarray:
@@ -602,26 +668,57 @@ class CostModel:
         b, ctx = np.broadcast_arrays(b, ctx)
         safe = np.where(b > 0, b, 1.0)
         out = sum(self._decode_terms(safe, ctx, lay, _ARRAY).values())
+        if self.engine is not None:
+            out = self.engine_step_s(out, safe, ctx, safe, 0.0, tp, _ARRAY)
         return np.where(b > 0, out, 0.0)
 
-    def prefill_s(self, batch: float, prompt_tokens: float, tp: int = 1, ep: int = 1) -> float:
-        """Prefill of ``batch`` prompts of ``prompt_tokens`` tokens each (causal attention; logits only for
-        each prompt's last token, as serving engines compute them)."""
-        _check_nonneg(batch, "batch")
-        _check_nonneg(prompt_tokens, "prompt_tokens")
+    def step_s(self, n_decode: float, decode_ctx: float, prefill_tokens: float, prefill_seqs: float,
+               tp: int = 1, ep: int = 1, prefill_pairs: float | None = None) -> float:
+        """One engine step as vLLM and SGLang run chunked prefill: ``n_decode`` sequences decode one token over
+        ``decode_ctx`` cached tokens in all, and ``prefill_tokens`` prompt tokens of ``prefill_seqs`` sequences
+        are prefilled, in ONE forward pass: every GEMM, norm and TP all-reduce runs over all the step's tokens
+        (the chunk's activations are all-reduced with the decodes'), attention reads the decodes' caches and
+        computes the chunks' causal scores, and the engine's terms apply to the whole step.
+
+        ``prefill_pairs``: the chunks' attention (query, key) pairs, ``sum(chunk x (offset + chunk / 2))`` over
+        the sequences, where ``offset`` is what a sequence had computed before the chunk (a later chunk of a
+        long prompt, or a preempted request's recompute, attends to everything before it); None: each chunk
+        starts its prompt (``prefill_tokens x per-sequence chunk / 2``)."""
+        for name, v in (("n_decode", n_decode), ("decode_ctx", decode_ctx), ("prefill_tokens", prefill_tokens),
+                        ("prefill_seqs", prefill_seqs)):
+            _check_nonneg(v, name)
         lay = self._layout(tp, ep)
-        tokens = float(batch) * float(prompt_tokens)
+        tokens = float(n_decode) + float(prefill_tokens)
         if tokens == 0:
             return 0.0
         m = self.model
         dt = self.dtype_bytes
         kv_gpu = 2.0 * lay.kvr * m.head_dim * dt
-        flops = 2.0 * batch * prompt_tokens ** 2 * lay.qr * m.head_dim  # causal: half of 4 S^2 d
-        read = tokens * (kv_gpu + 2.0 * lay.qr * m.head_dim * dt)
-        attn_s = max(read / (self.gpu.hbm_bytes_per_s * self.eff.prefill_hbm),
-                     flops / (self.gpu.peak_flops * self.eff.prefill_mfu))
-        terms = self._terms(tokens, attn_s, tokens * kv_gpu, float(batch), lay, _SCALAR)
-        return float(sum(terms.values()))
+        attn = 0.0
+        if n_decode:
+            read = decode_ctx * kv_gpu + 2.0 * n_decode * lay.qr * m.head_dim * dt
+            attn += max(read / (self.gpu.hbm_bytes_per_s * self.eff.decode_hbm),
+                        4.0 * decode_ctx * lay.qr * m.head_dim / (self.gpu.peak_flops * self.eff.decode_mfu))
+        if prefill_tokens:
+            seqs = max(1.0, float(prefill_seqs))
+            pairs = prefill_tokens * (prefill_tokens / seqs) / 2.0 if prefill_pairs is None else float(prefill_pairs)
+            prefix = max(0.0, pairs / prefill_tokens - prefill_tokens / seqs / 2.0) * prefill_tokens  # keys read
+            read = (prefill_tokens + prefix) * kv_gpu + 2.0 * prefill_tokens * lay.qr * m.head_dim * dt
+            attn += max(read / (self.gpu.hbm_bytes_per_s * self.eff.prefill_hbm),
+                        4.0 * pairs * lay.qr * m.head_dim / (self.gpu.peak_flops * self.eff.prefill_mfu))
+        lm = float(n_decode) + float(prefill_seqs)
+        gpu = float(sum(self._terms(tokens, attn, tokens * kv_gpu, lm, lay, _SCALAR).values()))
+        if self.engine is None:
+            return gpu
+        return float(self.engine_step_s(gpu, float(n_decode) + float(prefill_seqs), float(decode_ctx), tokens,
+                                        float(prefill_tokens), tp))
+
+    def prefill_s(self, batch: float, prompt_tokens: float, tp: int = 1, ep: int = 1) -> float:
+        """Prefill of ``batch`` prompts of ``prompt_tokens`` tokens each in one step (causal attention; logits
+        only for each prompt's last token, as serving engines compute them): :meth:`step_s` with no decodes."""
+        _check_nonneg(batch, "batch")
+        _check_nonneg(prompt_tokens, "prompt_tokens")
+        return self.step_s(0.0, 0.0, float(batch) * float(prompt_tokens), float(batch), tp, ep)
 
     # ---- layout switch ------------------------------------------------------------------------
     def layout_switch(self, from_tp: int, to_tp: int, kv_tokens: float, *, from_ep: int = 1, to_ep: int = 1,

@@ -103,9 +103,10 @@ class StepCost(Protocol):
     """How long things take on a replica (the cost model, or a real decoder); seconds of real GPU time."""
 
     def step_s(self, layout: Layout, n_decode: int, decode_ctx: float, prefill_tokens: int,
-               prefill_seqs: int) -> float:
+               prefill_seqs: int, prefill_pairs: float | None = None) -> float:
         """One step: ``n_decode`` sequences decode one token over ``decode_ctx`` cached tokens in total, and
-        ``prefill_tokens`` prompt tokens of ``prefill_seqs`` sequences are prefilled."""
+        ``prefill_tokens`` prompt tokens of ``prefill_seqs`` sequences are prefilled (chunks whose attention
+        covers ``prefill_pairs`` query-key pairs: each chunk attends to what its sequence computed before it)."""
 
     def decode_steps_s(self, layout: Layout, n_decode: int, ctx: np.ndarray) -> np.ndarray:
         """Pure decode steps of ``n_decode`` sequences at each total context of ``ctx`` (vectorised)."""
@@ -223,6 +224,10 @@ class ReplicaRequests:
         self.n = 0
         self.waiting: deque[Queued] = deque()
         self._seq = 0
+        self.preemptions = 0
+        self.seq_bound = False  # max_num_seqs ever kept a waiting request out (else any larger value runs the same)
+        self.kv_bound = False  # the KV cache ever kept a request out or preempted one
+        self.kv_peak = 0  # the most KV blocks held at once: a cache of at least this many, never bound, runs the same
 
     @property
     def used_blocks(self) -> int:
@@ -251,6 +256,16 @@ class ReplicaRequests:
         self.n -= 1
         return rec
 
+    def _prefill_pairs(self, chunk: np.ndarray) -> float:
+        """The attention (query, key) pairs of this step's prefill chunks (``chunk``: tokens per running slot):
+        each chunk attends to what its sequence computed before it (a recompute: its prompt and all it had
+        generated) and causally to itself."""
+        n = self.n
+        on = chunk[:n] > 0
+        done = (self.prompt[:n] + self.gen[:n] - self.prefill_left[:n])[on]
+        c = chunk[:n][on].astype(float)
+        return float(np.sum(c * (done + c / 2.0)))
+
     def add_waiting(self, rec: Queued, front: bool = False) -> None:
         (self.waiting.appendleft if front else self.waiting.append)(rec)
 
@@ -266,6 +281,63 @@ class ReplicaRequests:
         self.order[i] = self._seq
         self.n += 1
         return i
+
+    def _preempt_for_growth(self) -> list[int]:
+        """Preempt (by recompute) the most recently admitted running request until every decoding request
+        has room for its next token; the ids preempted."""
+        preempted: list[int] = []
+        while self.n:
+            n = self.n
+            dec = self.prefill_left[:n] == 0
+            ctx_after = self.prompt[:n] + self.gen[:n] + 1
+            need = int(np.sum(dec & (self._blocks_for(ctx_after) > self.blocks[:n])))
+            if need <= self.kv_blocks - self.used_blocks:
+                break
+            self.kv_bound = True
+            rec = self._remove_slot(int(np.argmax(self.order[:n])))
+            rec.kv_tokens = 0  # its KV is gone: recompute
+            rec.preemptions += 1
+            self.add_waiting(rec, front=True)
+            self.preemptions += 1
+            preempted.append(rec.rid)
+        return preempted
+
+    def _continue_prefills(self, chunk: np.ndarray, decoding: np.ndarray, budget: int) -> int:
+        """Give the running prefills (admission order) their chunks of the step's token budget; what is left."""
+        n = self.n
+        if n > int(decoding.sum()):
+            idx = np.nonzero(~decoding)[0]
+            for i in idx[np.argsort(self.order[idx])]:
+                if budget <= 0:
+                    break
+                c = int(min(self.prefill_left[i], budget))
+                chunk[i] = c
+                budget -= c
+        return budget
+
+    def _admit_waiting(self, chunk: np.ndarray, budget: int) -> None:
+        """Admit waiting requests (FIFO) while a slot, the token budget and the KV blocks of each allow."""
+        free = self.kv_blocks - self.used_blocks
+        while self.waiting and budget > 0:
+            if self.n >= self.settings.max_num_seqs:
+                self.seq_bound = True
+                break
+            rec = self.waiting[0]
+            need = int(self._blocks_for(rec.prompt + rec.generated + 1))
+            if need > free:
+                self.kv_bound = True
+                if self.n == 0 and need > self.kv_blocks:  # add() and set_layout() keep this from happening
+                    raise RuntimeError(f"request {rec.rid} needs {need} KV blocks, the replica has {self.kv_blocks}")
+                break
+            self.waiting.popleft()
+            i = self._admit(rec, rec.kv_tokens)
+            free -= need
+            if self.prefill_left[i] > 0:
+                c = int(min(self.prefill_left[i], budget))
+                chunk[i] = c
+                budget -= c
+            else:
+                budget -= 1  # it arrived with its KV: it decodes in this step
 
 
 class _Lookahead:
@@ -315,8 +387,6 @@ class Replica(ReplicaRequests):
         self.cost = cost
         self.step: Step | None = None  # the step in flight
         self.busy_until: float | None = None
-        self.preemptions = 0
-        self.seq_bound = False  # max_num_seqs ever kept a waiting request out (else any larger value runs the same)
         self.tokens_total = 0
         self.recent: deque[tuple[float, int]] = deque()
         self._ahead = _Lookahead(cost, layout)
@@ -359,17 +429,20 @@ class Replica(ReplicaRequests):
         ctx_dec = float(np.sum((self.prompt[:n] + self.gen[:n])[dec]))
         pf = chunk[:n]
         pf_tokens = int(pf.sum())
-        dur = self._step_s(int(dec.sum()), ctx_dec, pf_tokens, int(np.count_nonzero(pf)))
+        pairs = self._prefill_pairs(pf) if pf_tokens else None
+        dur = self._step_s(int(dec.sum()), ctx_dec, pf_tokens, int(np.count_nonzero(pf)), pairs)
         # who emits a token at the end: decoders, and prefills that finish in this step (slots do not move
         # during a step, so the mask stays valid; None: every running request decodes)
         emit = dec | ((pf > 0) & (pf == self.prefill_left[:n]))
         self.step = Step(now, now + dur, dur, pf.copy() if pf_tokens else None, None if emit.all() else emit,
                          tuple(preempted))
+        self.kv_peak = max(self.kv_peak, self.used_blocks)
         self.busy_until = now + dur
         return True
 
-    def _step_s(self, n_decode: int, decode_ctx: float, prefill_tokens: int, prefill_seqs: int) -> float:
-        dur = float(self.cost.step_s(self.layout, n_decode, decode_ctx, prefill_tokens, prefill_seqs))
+    def _step_s(self, n_decode: int, decode_ctx: float, prefill_tokens: int, prefill_seqs: int,
+                prefill_pairs: float | None = None) -> float:
+        dur = float(self.cost.step_s(self.layout, n_decode, decode_ctx, prefill_tokens, prefill_seqs, prefill_pairs))
         if not (math.isfinite(dur) and dur > 0):
             raise ValueError(f"step cost must be a finite time > 0, got {dur!r}")
         return dur
@@ -383,65 +456,11 @@ class Replica(ReplicaRequests):
         if int(grow.sum()) > self.kv_blocks - int(self.blocks[:n].sum()):
             return False
         self.blocks[:n] += grow
+        self.kv_peak = max(self.kv_peak, self.used_blocks)
         dur = self._step_s(n, float(ctx.sum()), 0, 0)
         self.step = Step(now, now + dur, dur)
         self.busy_until = now + dur
         return True
-
-    def _preempt_for_growth(self) -> list[int]:
-        """Preempt (by recompute) the most recently admitted running request until every decoding request
-        has room for its next token; the ids preempted."""
-        preempted: list[int] = []
-        while self.n:
-            n = self.n
-            dec = self.prefill_left[:n] == 0
-            ctx_after = self.prompt[:n] + self.gen[:n] + 1
-            need = int(np.sum(dec & (self._blocks_for(ctx_after) > self.blocks[:n])))
-            if need <= self.kv_blocks - self.used_blocks:
-                break
-            rec = self._remove_slot(int(np.argmax(self.order[:n])))
-            rec.kv_tokens = 0  # its KV is gone: recompute
-            rec.preemptions += 1
-            self.add_waiting(rec, front=True)
-            self.preemptions += 1
-            preempted.append(rec.rid)
-        return preempted
-
-    def _continue_prefills(self, chunk: np.ndarray, decoding: np.ndarray, budget: int) -> int:
-        """Give the running prefills (admission order) their chunks of the step's token budget; what is left."""
-        n = self.n
-        if n > int(decoding.sum()):
-            idx = np.nonzero(~decoding)[0]
-            for i in idx[np.argsort(self.order[idx])]:
-                if budget <= 0:
-                    break
-                c = int(min(self.prefill_left[i], budget))
-                chunk[i] = c
-                budget -= c
-        return budget
-
-    def _admit_waiting(self, chunk: np.ndarray, budget: int) -> None:
-        """Admit waiting requests (FIFO) while a slot, the token budget and the KV blocks of each allow."""
-        free = self.kv_blocks - self.used_blocks
-        while self.waiting and budget > 0:
-            if self.n >= self.settings.max_num_seqs:
-                self.seq_bound = True
-                break
-            rec = self.waiting[0]
-            need = int(self._blocks_for(rec.prompt + rec.generated + 1))
-            if need > free:
-                if self.n == 0 and need > self.kv_blocks:  # add() and set_layout() keep this from happening
-                    raise RuntimeError(f"request {rec.rid} needs {need} KV blocks, the replica has {self.kv_blocks}")
-                break
-            self.waiting.popleft()
-            i = self._admit(rec, rec.kv_tokens)
-            free -= need
-            if self.prefill_left[i] > 0:
-                c = int(min(self.prefill_left[i], budget))
-                chunk[i] = c
-                budget -= c
-            else:
-                budget -= 1  # it arrived with its KV: it decodes in this step
 
     def complete(self) -> StepOutput:
         """Apply the step in flight (its tokens exist now)."""
@@ -536,6 +555,7 @@ class Replica(ReplicaRequests):
         nxt = float(durs[m])
         ctx_after = self.prompt[:n] + self.gen[:n] + 1
         self.blocks[:n] = np.maximum(self.blocks[:n], self._blocks_for(ctx_after))
+        self.kv_peak = max(self.kv_peak, self.used_blocks)
         self.step = Step(t_end, t_end + nxt, nxt)
         self.busy_until = t_end + nxt
         return steps, t_end, tokens
@@ -652,6 +672,8 @@ class Engine(ServerRequests):
         self.last_end = -math.inf  # end of the last step completed (run_until: when the engine went idle)
         self._base_preemptions = 0  # counters of replicas replaced by a layout switch
         self._base_seq_bound = False
+        self._base_kv_bound = False
+        self._base_kv_peak = 0
         self._base_tokens = 0
         self._build(layout)
 
@@ -818,6 +840,8 @@ class Engine(ServerRequests):
             waiting.extend(rep.waiting)
         self._base_preemptions += sum(r.preemptions for r in self.replicas)
         self._base_seq_bound = self.seq_bound
+        self._base_kv_bound = self.kv_bound
+        self._base_kv_peak = self.kv_peak
         self._base_tokens += sum(r.tokens_total for r in self.replicas)
         self._build(sw.new)
         _deal_after_switch(running, waiting, self.replicas, self.settings.max_num_seqs)
@@ -825,6 +849,17 @@ class Engine(ServerRequests):
         self.paused_until = sw.end
         self.switches.append({"from": sw.old.name(self.gpus), "to": sw.new.name(self.gpus), "requested": sw.requested,
                               "start": sw.start, "end": sw.end, "switch_s": sw.switch_s, "kv_tokens": sw.kv_tokens})
+
+    @property
+    def kv_bound(self) -> bool:
+        """Whether the KV cache ever kept a waiting request out or preempted one on this server."""
+        return self._base_kv_bound or any(r.kv_bound for r in self.replicas)
+
+    @property
+    def kv_peak(self) -> int:
+        """The most KV blocks one replica of this server held at once: with a cache of at least this many that
+        never bound, a run schedules the same steps whatever the cache's size."""
+        return max([self._base_kv_peak] + [r.kv_peak for r in self.replicas])
 
     @property
     def seq_bound(self) -> bool:
@@ -903,11 +938,12 @@ def _server_snapshot(replicas: Sequence[Replica]) -> dict[str, np.ndarray]:
 
 # ---- the cost model as a step cost ------------------------------------------------------------------
 class ModelledCost:
-    """:class:`StepCost` from the calibrated cost model (``agents.costmodel.CostModel``).
+    """:class:`StepCost` from the calibrated cost model (``agents.costmodel.CostModel``), built for the engine it
+    serves (``CostModel.for_engine``: the engine profile's CPU time, CUDA graphs and KV sizing).
 
-    A mixed step (decodes plus a prefill chunk) reads the weights once: its time is the decode step plus
-    the prefill chunk's time beyond one weight read (for a chunk of a few hundred tokens or more, prefill is
-    compute-bound, so this is its compute time).
+    A step with a prefill chunk is one forward pass over the decodes' and the chunk's tokens together
+    (``CostModel.step_s``: chunked prefill as vLLM and SGLang run it, the chunk's activations all-reduced with
+    the decodes'; a chunk attends to what its sequence computed before it).
     """
 
     def __init__(self, cm, gpus: int = 8, reinit_s: float | None = None):
@@ -916,16 +952,11 @@ class ModelledCost:
         self.reinit_s = reinit_s  # the fixed part of a layout switch (None: the calibration's)
 
     def step_s(self, layout: Layout, n_decode: int, decode_ctx: float, prefill_tokens: int,
-               prefill_seqs: int) -> float:
-        cm = self.cm
-        t = cm.decode_step_s(n_decode, decode_ctx, layout.tp, layout.ep) if n_decode else 0.0
-        if prefill_tokens:
-            per = prefill_tokens / max(1, prefill_seqs)
-            pf = cm.prefill_s(max(1, prefill_seqs), per, layout.tp, layout.ep)
-            if n_decode:
-                pf = max(0.0, pf - cm.decode_step_s(1, 0.0, layout.tp, layout.ep))  # the weight read is shared
-            t += pf
-        return t
+               prefill_seqs: int, prefill_pairs: float | None = None) -> float:
+        if not prefill_tokens:
+            return self.cm.decode_step_s(n_decode, decode_ctx, layout.tp, layout.ep)
+        return self.cm.step_s(n_decode, decode_ctx, prefill_tokens, prefill_seqs, layout.tp, layout.ep,
+                              prefill_pairs)
 
     def decode_steps_s(self, layout: Layout, n_decode: int, ctx: np.ndarray) -> np.ndarray:
         return self.cm.decode_step_s_array(np.full(len(ctx), float(n_decode)), np.asarray(ctx, float), layout.tp,

@@ -42,8 +42,16 @@ class EngineSettings:
     # communicator pools (Flying Serving), 1-7 s TP/PP switches for 7B-70B (ReMP), minutes for a restart
     # (REFERENCE.md "Engine settings users run").
     switch_reinit_s: float | None = None
+    # The serving engine whose per-step costs beyond its GPU kernels the cost model adds (emulation/data/
+    # engines.yaml, agents/engineprofile.py): vllm-v1 (vLLM 0.8-0.13, the default), vllm-v1-async (0.14+), vllm-v0,
+    # sglang; kernels: the kernels alone (the model before engine profiles, for side-by-side figures).
+    profile: str = "vllm-v1"
 
     def __post_init__(self) -> None:
+        from .workload import engine_names
+
+        names = engine_names()
+        require(self.profile in names, "profile", f"must be one of {', '.join(names)}, got {self.profile!r}")
         for n in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             v = getattr(self, n)
             require(isinstance(v, int) and v >= 1, n, f"must be an integer >= 1, got {v!r}")

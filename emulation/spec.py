@@ -33,6 +33,7 @@ MAX_TIME_DILATION = 100.0
 # forwards (FabricSpec.check_emulatable), and the agents' CPU must keep up (the fidelity monitor says so).
 MIN_TIME_DILATION = 0.05
 MAX_DELAY_MS = 60000.0  # longest OCS switching delay anything accepts (scenario, controller, REST)
+FIT_MODES = ("off", "auto")  # FabricSpec.fit
 PHASES = ("train", "gen", "sync")  # the phase topologies (controller/phases.py builds them)
 # Fabric kinds: one name set for the emulator (``FabricSpec.kind``) and RLSim (rlsim/fabrics.py models them all)
 FABRICS = ("fat-tree", "fat-tree-2to1", "fat-tree-4to1", "fat-tree-8to1", "fat-tree-16to1", "rail", "topoopt",
@@ -102,6 +103,11 @@ class FabricSpec:
     # forwarding capacity (the fidelity monitor says which TDF a run needed). Below 1 it compresses time (steps
     # of long responses in a fraction of their real time; lower ``scale`` by the same factor). RLSim ignores it.
     time_dilation: float = 1.0
+    # Fit the emulation to this machine (testbed/cluster/fit.py): "auto" lowers ``scale`` (and, where the smallest
+    # messages would get too small, raises ``time_dilation``) until the traffic each phase plans fits what this
+    # machine's userspace datapath forwards beside the agents; "off" emulates exactly these numbers and says
+    # before the run starts when they will not be faithful. ``time_dilation`` is the least a fitted run uses.
+    fit: str = "off"
     fabric_subnet: str = "10.0.0.0/24"
     mgmt_subnet: str = "10.0.1.0/24"
     # rfabric: the uplinks go to OCS bridges re-wired per phase by the controller; a Fat-Tree kind
@@ -120,6 +126,7 @@ class FabricSpec:
 
     def __post_init__(self) -> None:
         require(self.kind in FABRICS, "kind", f"must be one of {', '.join(FABRICS)}, got {self.kind!r}")
+        require(self.fit in FIT_MODES, "fit", f"must be one of {', '.join(FIT_MODES)}, got {self.fit!r}")
         require(self.host_tcp_cc in HOST_TCP_CCS, "host_tcp_cc",
                 f"must be one of {', '.join(HOST_TCP_CCS)}, got {self.host_tcp_cc!r}")
         for name in ("pods", "tors_per_pod", "servers_per_tor", "gpus_per_server", "ocs_count",

@@ -34,7 +34,7 @@ import numpy as np
 
 from .validation import SpecError, require
 
-CATALOGUE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")  # models.yaml, gpus.yaml
+CATALOGUE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")  # models, gpus, engines
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,6 +65,12 @@ def model_names() -> tuple[str, ...]:
 def gpu_names() -> tuple[str, ...]:
     """The GPUs a workload may name: the entries of ``emulation/data/gpus.yaml``."""
     return tuple(catalogue("gpus.yaml"))
+
+
+def engine_names() -> tuple[str, ...]:
+    """The serving-engine profiles a scenario may name (``orchestrator.engine.profile``): the entries of
+    ``emulation/data/engines.yaml`` (agents/engineprofile.py reads their figures)."""
+    return tuple(catalogue("engines.yaml"))
 
 # The field every trace error names (the trace is the workload's, inside a scenario file).
 TRACE_FIELD = "workload.trace"

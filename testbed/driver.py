@@ -93,7 +93,7 @@ class Driver:
         self.progress = progress
         w = scenario.workload
         self.w = w
-        self.cm = CostModel.for_names(w.model, w.gpu)
+        self.cm = CostModel.for_engine(w.model, w.gpu, settings.engine)  # the engine profile the policy runs
         self.gpus = scenario.fabric.gpus_per_server
         self.est = Estimator(self.cm, self.gpus, settings.engine)
         self.model = PhaseModel(scenario)

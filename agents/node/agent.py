@@ -97,7 +97,7 @@ class Agent:
         self.started = time.monotonic()
         self.ctx = zmq.Context()
         self.stopping = threading.Event()
-        cm = CostModel.for_names(cfg.model, cfg.gpu)
+        cm = CostModel.for_engine(cfg.model, cfg.gpu, cfg.engine)
         cost = ModelledCost(cm, cfg.gpus, cfg.engine.switch_reinit_s)
         if cfg.real_compute is not None:
             from agents.node.realmodel import RealStepCost

@@ -188,7 +188,8 @@ class RealStepCost:
         self.modelled = ModelledCost(cm, gpus, reinit_s)
         self.steps = 0
 
-    def step_s(self, layout, n_decode: int, decode_ctx: float, prefill_tokens: int, prefill_seqs: int) -> float:
+    def step_s(self, layout, n_decode: int, decode_ctx: float, prefill_tokens: int, prefill_seqs: int,
+               prefill_pairs: float | None = None) -> float:
         t = 0.0
         if n_decode:
             c = self.config
@@ -200,7 +201,7 @@ class RealStepCost:
                 left -= b
             self.steps += 1
         if prefill_tokens:
-            t += self.modelled.step_s(layout, 0, 0.0, prefill_tokens, prefill_seqs)
+            t += self.modelled.step_s(layout, 0, 0.0, prefill_tokens, prefill_seqs, prefill_pairs)
         return max(t, 1e-6)
 
     def decode_steps_s(self, layout, n_decode: int, ctx) -> "list[float]":

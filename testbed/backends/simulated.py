@@ -46,7 +46,7 @@ class SimulatedBackend(Backend):
                  migration_overhead_s: float = 0.004, counterfactual: bool = False):
         super().__init__(scenario)
         w = scenario.workload
-        self.cm = CostModel.for_names(w.model, w.gpu)
+        self.cm = CostModel.for_engine(w.model, w.gpu, engine)
         self.cost = ModelledCost(self.cm, self.gpus, engine.switch_reinit_s)
         self.settings = engine
         self.engines = {s: Engine(self.cost, self.gpus, layouts[s], engine) for s in self.gen_servers}

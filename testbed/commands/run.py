@@ -71,12 +71,49 @@ def _fabric_options(p: argparse.ArgumentParser, several: bool) -> None:
     else:
         p.add_argument("--fabric", default=None, help="fabric kind instead of the scenario's fabric.kind (rfabric, "
                                                       "fat-tree, fat-tree-2to1, ...)")
-    p.add_argument("--time-dilation", type=float, default=None,
-                   help="the scenario's fabric.time_dilation instead (0.05..100: links / TDF, compute x TDF; below 1 time is compressed)")
+    p.add_argument("--time-dilation", type=time_dilation_arg, default=None, metavar="TDF|auto",
+                   help="the scenario's fabric.time_dilation instead (0.05..100: links / TDF, compute x TDF; below 1 "
+                        "time is compressed), emulated exactly; 'auto': fit the run to this machine (fabric.fit auto: "
+                        "a lower scale, or a larger dilation, until each phase's traffic fits; testbed/cluster/fit.py)")
     p.add_argument("--train-rewire", action="store_true", default=None,
                    help="set the scenario's controller.train_rewire: RFabric's train phase starts on the EP/PP "
                         "stages' own topology and may re-wire to the DP rings' before the all-reduce (taken where "
                         "RLSim's iteration is faster so; the controller installs both, docs/rlsim.md)")
+
+
+def time_dilation_arg(text: str):
+    """``--time-dilation``: a number, or ``auto`` (fit the run to this machine)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number or 'auto', got {text!r}") from None
+
+
+def _fit(args, scn):
+    """``scn`` fitted to this machine (testbed/cluster/fit.py) for an emulated run, every fabric kind of
+    ``--fabric`` considered (the most demanding decides); the fit's line goes to stderr before anything starts."""
+    import dataclasses
+
+    from testbed.cluster.fit import fit_scenario
+    from testbed.runs.fabric_compare import with_kind
+
+    def measure():
+        from testbed.benchmarks.bench_fabric import bench_fabric
+
+        print("measuring this machine's forwarding capacity first (orchestrrl bench fabric, ~30 s)", file=sys.stderr,
+              flush=True)
+        bench_fabric()
+
+    kinds = getattr(args, "kinds", None) or []
+    fits = ([fit_scenario(with_kind(scn, k), measure=measure) for k in kinds] if len(kinds) > 1
+            else [fit_scenario(scn, measure=measure)])
+    fitted, fit = min(fits, key=lambda sf: sf[0].fabric.scale / sf[0].fabric.time_dilation)
+    scn = dataclasses.replace(scn, fabric=dataclasses.replace(scn.fabric, scale=fitted.fabric.scale,
+                                                             time_dilation=fitted.fabric.time_dilation))
+    print(fit.line(), file=sys.stderr, flush=True)
+    return scn, fit
 
 
 def _with_fabric_options(args, scn):
@@ -92,8 +129,11 @@ def _with_fabric_options(args, scn):
         if len(kinds) > 1 and args.func is _run:
             raise UsageError("run takes one --fabric (compare takes several)")
         scn = with_kind(scn, kinds[0])
-    if getattr(args, "time_dilation", None) is not None:
-        scn = dataclasses.replace(scn, fabric=dataclasses.replace(scn.fabric, time_dilation=args.time_dilation))
+    tdf = getattr(args, "time_dilation", None)
+    if tdf == "auto":
+        scn = dataclasses.replace(scn, fabric=dataclasses.replace(scn.fabric, fit="auto"))
+    elif tdf is not None:  # a number given: emulated exactly as given
+        scn = dataclasses.replace(scn, fabric=dataclasses.replace(scn.fabric, time_dilation=tdf, fit="off"))
     if getattr(args, "train_rewire", None):
         scn = dataclasses.replace(scn, controller=dataclasses.replace(scn.controller, train_rewire=True))
     return scn
@@ -112,6 +152,7 @@ def _prepare(args):
     steps = args.steps if args.steps is not None else scn.workload.steps
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
+    fit = None
     if args.backend == "emulated":
         scn.fabric.check_emulatable()  # in 0.3 s, before anything starts
     check_simulatable(scn)  # the response-length arrays and the flow model of train/sync must fit
@@ -123,7 +164,10 @@ def _prepare(args):
         from testbed.runs.metrics import pin_controller_port
 
         scn = pin_controller_port(scn)  # the URL is printed before the cluster starts; a taken port: exit 2
-    return Experiment(scn, args.backend, steps=steps, use_cache=not args.no_cache), steps
+        scn, fit = _fit(args, scn)  # the scale and dilation this machine forwards faithfully (fabric.fit)
+    exp = Experiment(scn, args.backend, steps=steps, use_cache=not args.no_cache)
+    exp.fit = fit
+    return exp, steps
 
 
 @contextlib.contextmanager
@@ -181,6 +225,8 @@ def _run(args) -> int:
         print(f"agents failed mid-run {res['failures']}; their requests were re-queued")
     if res.get("fidelity", {}).get("verdict"):
         print(f"fidelity: {res['fidelity']['verdict']}")
+    if res.get("fit"):
+        print(f"emulation fit ({res['fit']['mode']}): {res['fit']['message']}")
     for k, v in files.items():
         print(f"{k}: {v}")
     return 0
@@ -335,7 +381,9 @@ def format_table(report: dict) -> str:
     judged = {n: f for n, f in fids.items() if "distorted" in f}
     if judged:  # the first line: a reader must know before the figures whether the emulation was faithful
         bad = {n: f for n, f in judged.items() if f["distorted"]}
+        fit = report.get("fit")
         rows.insert(0, f"fidelity: {len(judged) - len(bad)} of {len(judged)} runs faithful"
+                    + (f" (emulation fit {fit['mode']}: {fit['message']})" if fit else "")
                     + (f"; e.g. {next(iter(bad))}: {next(iter(bad.values()))['verdict']}" if bad else ""))
     failed = {n: p["failures"] for n, p in pols.items() if p.get("failures")}
     for n, f in failed.items():

@@ -142,10 +142,12 @@ class DecodeTable:
     returns None (the cost model is then called directly) when any number differs or the cost model is not
     agents.costmodel.CostModel's kind."""
 
-    def __init__(self, pre, post, read_b, kv_write_s, kv_gpu, flops_per_ctx, hbm, peak, floor, layers):
+    def __init__(self, pre, post, read_b, kv_write_s, kv_gpu, flops_per_ctx, hbm, peak, floor, layers,
+                 engine_step=None):
         self.pre, self.post, self.read_b, self.kv_write_s = pre, post, read_b, kv_write_s
         self.kv_gpu, self.flops_per_ctx, self.hbm, self.peak, self.floor, self.layers = \
             kv_gpu, flops_per_ctx, hbm, peak, floor, layers
+        self.engine_step = engine_step  # the engine's terms on the kernels' sum (cm.engine_step_s), or None
 
     @classmethod
     def build(cls, cm, tp: int, max_batch: int) -> "DecodeTable | None":
@@ -169,9 +171,13 @@ class DecodeTable:
             read_b[1:] = 2.0 * b * lay.qr * m.head_dim * dt
             kv_write_s = np.zeros(max_batch + 1)
             kv_write_s[1:] = cm._elementwise(b * kv_gpu, cm.calib.rope)
+            engine_step = None
+            if cm.engine is not None:
+                def engine_step(gpu, batch, ctx):
+                    return cm.engine_step_s(gpu, batch, ctx, batch, 0.0, tp, _ARRAY)
             tab = cls(pre, np.ascontiguousarray(rows[at + 1:]), read_b, kv_write_s, kv_gpu,
                       (lay.qr, m.head_dim), cm.gpu.hbm_bytes_per_s * cm.eff.decode_hbm,
-                      cm.gpu.peak_flops * cm.eff.decode_mfu, cm.calib.gemm.floor_us * 1e-6, m.layers)
+                      cm.gpu.peak_flops * cm.eff.decode_mfu, cm.calib.gemm.floor_us * 1e-6, m.layers, engine_step)
             # the check: every batch size, contexts from empty to far past the memory/compute crossover
             bb = np.repeat(b, 8)
             ctx = bb * np.tile([0.0, 1.0, 37.0, 256.0, 1500.0, 4096.0, 20000.0, 131072.0], max_batch)
@@ -195,6 +201,8 @@ class DecodeTable:
                                            + self.kv_write_s[bi])
         for row in self.post[:, bi]:
             out = out + row
+        if self.engine_step is not None:
+            out = self.engine_step(out, batch, ctx)
         return out
 
 

@@ -39,7 +39,7 @@ class Experiment:
         self.metrics = metrics  # testbed.runs.metrics.DriverMetrics: every run's timeline feeds it (or None)
         self.settings = scenario.orchestrator
         w = scenario.workload
-        self.cm = CostModel.for_names(w.model, w.gpu)
+        self.cm = CostModel.for_engine(w.model, w.gpu, self.settings.engine)
         self.gpus = scenario.fabric.gpus_per_server
         self.layouts = feasible_layouts(self.cm, self.gpus, self.settings.engine, w.prompt_tokens,
                                         w.max_response_tokens)
@@ -49,13 +49,14 @@ class Experiment:
         self._grid: list[GridPoint] | None = None
         self._stack = contextlib.ExitStack()
         self.cluster = None
+        self.fit = None  # testbed.cluster.fit.Fit: what an emulated run was fitted to (set by the CLI)
 
     # ---- the tuned baseline ----
     def tuning_grid(self, progress=None) -> list[GridPoint]:
         """Every layout x max_num_seqs of the grid on the simulated backend (cached: testbed.runs.tuning)."""
         if self._grid is None:
             self._grid = tune(self.scn, self.layouts, self.gpus, self.steps, self._simulate, self.grid_values,
-                              self.use_cache, progress)
+                              self.use_cache, progress, kv_blocks=self._kv_blocks)
         return self._grid
 
     def oracle(self, progress=None) -> dict:
@@ -72,9 +73,21 @@ class Experiment:
         pt = best(self.tuning_grid())
         return self.policy(pt.name)
 
-    def _simulate(self, layout, max_num_seqs: int) -> tuple[dict, bool]:
-        """One static configuration on the simulated backend (no files): the result, and whether max_num_seqs
-        ever kept a waiting request out (testbed.runs.tuning)."""
+    def _kv_blocks(self, layout, max_num_seqs: int) -> int:
+        """KV blocks of one replica of ``layout`` at ``max_num_seqs`` (the engine's cache sizing)."""
+        from agents.engine import ModelledCost
+
+        e = self.settings.engine
+        eng = dataclasses.replace(e, max_num_seqs=max_num_seqs,
+                                  max_num_batched_tokens=max(e.max_num_batched_tokens, max_num_seqs))
+        cm = CostModel.for_engine(self.scn.workload.model, self.scn.workload.gpu, eng)
+        return ModelledCost(cm, self.gpus).kv_capacity_tokens(layout, eng.gpu_memory_utilization) // eng.block_size
+
+    def _simulate(self, layout, max_num_seqs: int):
+        """One static configuration on the simulated backend (no files): the result, and what bound its engines
+        (testbed.runs.tuning.Bounds: whether a larger max_num_seqs runs the same)."""
+        from testbed.runs.tuning import Bounds
+
         from testbed.backends.simulated import SimulatedBackend
         from testbed.driver import Driver
 
@@ -83,7 +96,9 @@ class Experiment:
         gen = self.scn.layout.gen_servers(self.scn.fabric)
         with SimulatedBackend(self.scn, {s: layout for s in gen}, settings.engine) as b:
             res = Driver(self.scn, b, pol, settings).run(self.steps)
-            return res, any(e.seq_bound for e in b.engines.values())
+            es = list(b.engines.values())
+            return res, Bounds(any(e.seq_bound for e in es), any(e.kv_bound for e in es),
+                               max((e.kv_peak for e in es), default=0))
 
     # ---- policies ----
     def policy(self, name: str) -> Policy:
@@ -154,6 +169,8 @@ class Experiment:
                 res = drv.run(steps)
             res["scenario"] = self.scn.name
             res["max_num_seqs"] = policy.engine(self.settings.engine).max_num_seqs
+            if self.fit is not None:
+                res["fit"] = self.fit.to_json()
             files = write_run(Path(out), res, {"events": drv.timeline.events, "samples": drv.timeline.samples})
         return res, files
 
@@ -180,6 +197,8 @@ class Experiment:
         report = {"scenario": self.scn.name, "backend": self.backend_name, "steps": steps, "seed": self.scn.seed,
                   "best_static": tuned.name, "baseline_grid": [p.to_json() for p in grid],
                   "fidelity_flagged_runs": flagged, "policies": {}}
+        if self.fit is not None:
+            report["fit"] = self.fit.to_json()
         for n, r in results.items():
             report["policies"][n] = {
                 "step_makespan_s": r["step_makespan_s"], "phases": r["phases"],

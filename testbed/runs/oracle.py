@@ -88,9 +88,10 @@ class Oracle:
         w = scenario.workload
         self.w = w
         self.settings = scenario.orchestrator
-        self.cm = CostModel.for_names(w.model, w.gpu)
+        self.cm = CostModel.for_engine(w.model, w.gpu, self.settings.engine)
         self.gpus = scenario.fabric.gpus_per_server
         self.cost = ModelledCost(self.cm, self.gpus, self.settings.engine.switch_reinit_s)
+        self._costs: dict[int, ModelledCost] = {}
         self.layouts = feasible_layouts(self.cm, self.gpus, self.settings.engine, w.prompt_tokens,
                                         w.max_response_tokens)
         self.grid = tuple(sorted(set(grid)))
@@ -117,9 +118,17 @@ class Oracle:
         e = self.settings.engine
         return dataclasses.replace(e, max_num_seqs=mns, max_num_batched_tokens=max(e.max_num_batched_tokens, mns))
 
+    def _cost(self, mns: int) -> ModelledCost:
+        """The engine's cost at ``max_num_seqs`` ``mns`` (its CUDA-graph cap and KV sizing follow it)."""
+        if mns not in self._costs:
+            self._costs[mns] = ModelledCost(CostModel.for_engine(self.w.model, self.w.gpu, self._settings(mns)),
+                                            self.gpus, self.settings.engine.switch_reinit_s)
+        return self._costs[mns]
+
     def _engine(self, plan: ServerPlan, lengths: np.ndarray) -> Engine | None:
         try:
-            e = Engine(self.cost, self.gpus, plan.config.layout, self._settings(plan.config.max_num_seqs))
+            mns = plan.config.max_num_seqs
+            e = Engine(self._cost(mns), self.gpus, plan.config.layout, self._settings(mns))
         except Exception:  # noqa: BLE001 - the layout holds no KV for this model
             return None
         reqs = [NewRequest(rid=int(i), prompt=self.w.prompt_tokens, target=int(lengths[i])) for i in plan.requests]
@@ -154,7 +163,7 @@ class Oracle:
     # ---- estimates (ranking only) ----
     def _estimator(self, mns: int) -> Estimator:
         if mns not in self._est:
-            self._est[mns] = Estimator(self.cm, self.gpus, self._settings(mns))
+            self._est[mns] = Estimator(self._cost(mns).cm, self.gpus, self._settings(mns))
         return self._est[mns]
 
     def estimate(self, plan: ServerPlan, lengths: np.ndarray) -> float:
@@ -172,7 +181,7 @@ class Oracle:
             return math.inf
 
     def _fits(self, cfg: Config, lengths: np.ndarray) -> bool:
-        kv = self.cost.kv_capacity_tokens(cfg.layout, self.settings.engine.gpu_memory_utilization)
+        kv = self._cost(cfg.max_num_seqs).kv_capacity_tokens(cfg.layout, self.settings.engine.gpu_memory_utilization)
         bs = self.settings.engine.block_size
         return bool(len(lengths) == 0 or -(-(self.w.prompt_tokens + int(lengths.max())) // bs) * bs <= kv)
 

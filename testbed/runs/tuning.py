@@ -10,7 +10,10 @@ at one fixed value handicaps the large-TP layouts. The grid is every feasible la
 Two things keep the grid cheap, neither an approximation:
 
 * a run in which ``max_num_seqs`` never kept a waiting request out of a batch (``Engine.seq_bound``) is the
-  run of every larger value too, step for step: those are reported with ``same_as`` and not run again;
+  run of every larger value too, step for step, as long as the larger value's KV cache (smaller: the engine
+  reserves ``max_num_seqs`` sequences' logits, agents/costmodel.py) still holds the most the run ever held
+  and the cache never kept a request out or preempted one (``Engine.kv_peak``, ``kv_bound``): those are
+  reported with ``same_as`` and not run again;
 * results are cached by the scenario's content (every field, a trace file's bytes), the grid, the steps
   and :data:`CACHE_VERSION` (bumped when the engine's or the phase model's numbers change), in
   ``$ORCHESTRRL_CACHE_DIR`` (default ``~/.cache/orchestrrl``)/tuning/.
@@ -31,7 +34,7 @@ from emulation.files import write_json_atomic
 log = logging.getLogger(__name__)
 
 GRID = (64, 128, 256, 512, 1024)  # max_num_seqs values tried for every layout
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: engine profiles (CPU time per step, CUDA graphs, KV sizing by max_num_seqs)
 
 
 @dataclass(frozen=True)
@@ -103,13 +106,32 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ORCHESTRRL_CACHE_DIR") or Path.home() / ".cache" / "orchestrrl") / "tuning"
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """What bound one run's engines (``Engine.seq_bound``, ``kv_bound``, ``kv_peak``): whether a run at a larger
+    ``max_num_seqs`` is this one, step for step (:func:`tune`)."""
+
+    seq_bound: bool
+    kv_bound: bool = False
+    kv_peak_blocks: int = 0
+
+    def same_at(self, kv_blocks: int | None) -> bool:
+        """Whether the run at a larger ``max_num_seqs`` whose replicas hold ``kv_blocks`` blocks (None: the same
+        cache) schedules the same steps."""
+        if self.seq_bound:
+            return False
+        return kv_blocks is None or (not self.kv_bound and self.kv_peak_blocks <= kv_blocks)
+
+
 def tune(scenario, layouts: list, gpus: int, steps: int, run: Callable, grid: tuple[int, ...] = GRID,
-         use_cache: bool = True, progress: Callable[[str], None] | None = None) -> list[GridPoint]:
+         use_cache: bool = True, progress: Callable[[str], None] | None = None,
+         kv_blocks: Callable | None = None) -> list[GridPoint]:
     """The tuning grid of ``scenario``: every layout of ``layouts`` x every ``max_num_seqs`` of ``grid``.
 
-    ``run(layout, max_num_seqs) -> (result, seq_bound)`` runs one static configuration for ``steps`` steps on
-    the simulated backend (``result``: the driver's result dict; ``seq_bound``: whether max_num_seqs ever kept
-    a waiting request out, see the module docstring)."""
+    ``run(layout, max_num_seqs) -> (result, bounds)`` runs one static configuration for ``steps`` steps on
+    the simulated backend (``result``: the driver's result dict; ``bounds``: a :class:`Bounds`, or a bool:
+    whether max_num_seqs ever kept a waiting request out, see the module docstring); ``kv_blocks(layout,
+    max_num_seqs)``: the KV blocks of one replica there (None: the cache does not depend on max_num_seqs)."""
     grid = tuple(sorted(set(int(x) for x in grid)))
     key = cache_key(scenario, steps, grid)
     path = cache_dir() / f"{key}.json"
@@ -125,9 +147,9 @@ def tune(scenario, layouts: list, gpus: int, steps: int, run: Callable, grid: tu
     for lay in layouts:
         name = lay.name(gpus)
         prev: GridPoint | None = None
-        prev_bound = True
+        prev_bounds = Bounds(True)
         for mns in grid:
-            if prev is not None and not prev_bound:
+            if prev is not None and prev_bounds.same_at(None if kv_blocks is None else kv_blocks(lay, mns)):
                 out.append(GridPoint(name, mns, prev.makespan_s, prev.step_makespan_s, prev.gen_s,
                                      prev.same_as or prev.max_num_seqs))
                 continue
@@ -137,7 +159,7 @@ def tune(scenario, layouts: list, gpus: int, steps: int, run: Callable, grid: tu
             ms = tuple(float(x) for x in res["step_makespan_s"])
             pt = GridPoint(name, mns, sum(ms) / len(ms), ms, tuple(float(p["gen_s"]) for p in res["phases"]))
             out.append(pt)
-            prev, prev_bound = pt, bound
+            prev, prev_bounds = pt, (bound if isinstance(bound, Bounds) else Bounds(bool(bound)))
     if use_cache:
         try:
             write_json_atomic(path, {"scenario": scenario.name, "steps": steps, "grid": [p.to_json() for p in out]},

@@ -17,7 +17,7 @@ class FakeCost:
         self.step, self.kv, self.switch = step, kv_tokens, switch
         self.calls = []
 
-    def step_s(self, layout, n_decode, decode_ctx, prefill_tokens, prefill_seqs):
+    def step_s(self, layout, n_decode, decode_ctx, prefill_tokens, prefill_seqs, prefill_pairs=None):
         self.calls.append((n_decode, decode_ctx, prefill_tokens, prefill_seqs))
         return self.step
 
