@@ -500,7 +500,11 @@ class CostModel:
         g = self.calib.gemm
         dt = self.dtype_bytes
         mem = count * (k * n + tokens * (k + n)) * dt / (self.gpu.hbm_bytes_per_s * g.hbm_eff)
-        padded = xp.ceil(tokens / g.tile_tokens) * g.tile_tokens
+        # tokens padded to whole tiles where the batch spans tiles (the profiles' staircase above 128 tokens);
+        # a batch within one tile runs a small-M kernel (no padding: on H100 such a GEMM is bound by its
+        # weights either way, on A100's 3x lower FLOP/byte a padded 128-row tile would make decode look
+        # compute-bound)
+        padded = xp.maximum(tokens, xp.ceil(tokens / g.tile_tokens) * g.tile_tokens * (tokens > g.tile_tokens))
         comp = 2.0 * count * (padded + g.ramp_tokens) * k * n / (self.gpu.peak_flops * g.mfu)
         return g.floor_us * 1e-6 + xp.maximum(mem, comp)
 
