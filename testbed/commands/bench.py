@@ -254,7 +254,33 @@ def _planner(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine(args: argparse.Namespace) -> int:
+    """The cost model against every published engine measurement (agents/data/engine_cases.yaml)."""
+    from testbed.runs.validation import CASES_FILE, load_cases, markdown_table, run_cases
+
+    cases = load_cases(args.cases or CASES_FILE)
+    only = tuple(x.strip() for x in (args.only or "").split(",") if x.strip())
+    known = {c.id for c in cases.cases} | {c.kind for c in cases.cases}
+    bad = [x for x in only if x not in known]
+    if bad:
+        raise UsageError(f"--only: unknown case or kind {', '.join(bad)} (known kinds: "
+                         f"{', '.join(sorted({c.kind for c in cases.cases}))})")
+    doc = run_cases(args.cases or CASES_FILE, only)
+    if args.table:
+        print(markdown_table(doc))
+        return 0
+    _emit(doc, args.json)
+    return 0
+
+
 def register_orchestrator(bsub) -> None:
+    e = bsub.add_parser("engine", help="the cost model against published engine measurements, case by case (JSON)")
+    e.add_argument("--cases", default=None, help="a case file (default agents/data/engine_cases.yaml)")
+    e.add_argument("--only", default=None, help="comma-separated case ids or kinds (step_ms, cpu_share, "
+                                                "overlap_speedup, eager_ms, rollout_s)")
+    e.add_argument("--table", action="store_true", help="print the docs' markdown table instead")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=_engine)
     p = bsub.add_parser("planner", help="the planner's and balancer's decision time for N in-flight requests (JSON)")
     p.add_argument("scenario", nargs="?", default="scenarios/default.yaml", help="scenario YAML (default: the default)")
     p.add_argument("--requests", type=int, default=1024, help="in-flight requests (default 1024)")
