@@ -14,6 +14,8 @@ binding in :meth:`agents.costmodel.CostModel.engine_step_s` (docs/costmodel.md "
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -70,11 +72,31 @@ def load_profiles(path: str | None = None) -> dict[str, EngineProfile]:
     return out
 
 
+_SWEEP: dict[str, EngineProfile] = {}  # profiles replaced for a sweep (:func:`swept`)
+
+
+@contextlib.contextmanager
+def swept(name: str, **figures):
+    """Inside the block, profile ``name`` has ``figures`` in place of its own (a benchmark's sweep of an
+    assumed figure, testbed/benchmarks/bench_engine_sweep.py; results cached by scenario must not be reused)."""
+    old = _SWEEP.get(name)
+    _SWEEP[name] = dataclasses.replace(get_profile(name), **figures)
+    try:
+        yield _SWEEP[name]
+    finally:
+        if old is None:
+            _SWEEP.pop(name, None)
+        else:
+            _SWEEP[name] = old
+
+
 def profile_names() -> tuple[str, ...]:
     return tuple(load_profiles())
 
 
 def get_profile(name: str) -> EngineProfile:
+    if name in _SWEEP:
+        return _SWEEP[name]
     profiles = load_profiles()
     if name not in profiles:
         raise SpecError("profile", f"unknown engine profile {name!r} (known: {', '.join(profiles)})")

@@ -40,6 +40,7 @@ from agents.costmodel import CostModel
 from agents.engine import Layout, ModelledCost, NewRequest
 from agents.protocol import (AgentConfig, ProtocolError, decode_request, encode_error, encode_ok, load_agent_config,
                              pack_array)
+from emulation.orchestration import EngineSettings
 from emulation.registry import process_alive
 from emulation.validation import SpecError
 
@@ -97,13 +98,7 @@ class Agent:
         self.started = time.monotonic()
         self.ctx = zmq.Context()
         self.stopping = threading.Event()
-        cm = CostModel.for_engine(cfg.model, cfg.gpu, cfg.engine)
-        cost = ModelledCost(cm, cfg.gpus, cfg.engine.switch_reinit_s)
-        if cfg.real_compute is not None:
-            from agents.node.realmodel import RealStepCost
-
-            cost = RealStepCost(cfg.real_compute, cm, cfg.gpus, reinit_s=cfg.engine.switch_reinit_s)
-        self.runner = EngineRunner(cfg, self.ctx, cost, self.stopping)
+        self.runner = EngineRunner(cfg, self.ctx, self._cost(cfg.engine), self.stopping, cost_for=self._cost)
         from agents.node.comm import Comm
 
         self.comm = Comm(cfg.index)
@@ -112,11 +107,22 @@ class Agent:
             from agents.node.collector import Collector
 
             self.collector = Collector(self.ctx, cfg.fabric_ip, cfg.collector_port, self.runner.now)
-        self.migrations = Migrations(cfg, self.ctx, self.runner, self.comm, cm)
+        self.migrations = Migrations(cfg, self.ctx, self.runner, self.comm, CostModel.for_names(cfg.model, cfg.gpu))
         self.comm_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="comm")
         self.work_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="work")
         self.owner_checks = 0  # periodic checks of the starter made so far (ping says: a test polls on it)
         self.replies = WorkerReplies(self.ctx)
+
+    def _cost(self, settings: EngineSettings):
+        """The step cost of an engine with ``settings``: the cost model bound to its profile and knobs (its KV
+        sizing and CUDA-graph cap follow max_num_seqs), or the real decoder's measured steps."""
+        cfg = self.cfg
+        cm = CostModel.for_engine(cfg.model, cfg.gpu, settings)
+        if cfg.real_compute is not None:
+            from agents.node.realmodel import RealStepCost
+
+            return RealStepCost(cfg.real_compute, cm, cfg.gpus, reinit_s=settings.switch_reinit_s)
+        return ModelledCost(cm, cfg.gpus, settings.switch_reinit_s)
 
     def stop(self) -> None:
         self.stopping.set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 import zmq
@@ -37,9 +38,11 @@ def _tight_timer_slack() -> None:
 class EngineRunner:
     """One agent's engine, paced by the wall clock, its fidelity record and its token streams."""
 
-    def __init__(self, cfg: AgentConfig, ctx: zmq.Context, cost: StepCost, stopping: threading.Event):
+    def __init__(self, cfg: AgentConfig, ctx: zmq.Context, cost: StepCost, stopping: threading.Event,
+                 cost_for: Callable[[EngineSettings], StepCost] | None = None):
         self.cfg = cfg
         self.tdf = cfg.time_dilation
+        self.cost_for = cost_for  # the step cost of other engine settings (reset), None: this one's always
         self.engine = Engine(cost, cfg.gpus, Layout.parse(cfg.layout, cfg.gpus, "config.layout"), cfg.engine)
         self.lock = threading.Lock()  # the engine, the fidelity record, the detach waiters
         self.detach_cv = threading.Condition(self.lock)
@@ -175,7 +178,10 @@ class EngineRunner:
         with self.lock:
             dropped = len(self.engine.held)
             settings = settings if settings is not None else self.engine.settings
-            self.engine = Engine(self.engine.cost, self.cfg.gpus, self.engine.layout, settings)
+            cost = self.engine.cost
+            if self.cost_for is not None and settings != self.engine.settings:
+                cost = self.cost_for(settings)  # the cost model follows the settings (KV sizing, graph cap)
+            self.engine = Engine(cost, self.cfg.gpus, self.engine.layout, settings)
             self.fidelity.clear()
             self.pending = []
         self.wake.set()

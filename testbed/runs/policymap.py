@@ -36,9 +36,11 @@ KNOBS = {
     "prompt_sigma": ("workload.prompt_sigma", (0.0, 0.3, 0.6)),
     "max_num_seqs": ("orchestrator.engine.max_num_seqs", (256, 1024)),
     "switch_reinit_s": ("orchestrator.engine.switch_reinit_s", (0.1, 1.0, 5.0)),
+    # the serving engine's per-step terms (emulation/data/engines.yaml): its CPU time decides which layout wins
+    "engine": ("orchestrator.engine.profile", ("kernels", "vllm-v1", "vllm-v0", "sglang")),
 }
 DEFAULT_PANELS = (("median", "requests_per_gpu"), ("sigma", "cap_fraction"), ("model", "max_num_seqs"),
-                  ("prompt_sigma", "switch_reinit_s"))
+                  ("prompt_sigma", "switch_reinit_s"), ("engine", "requests_per_gpu"))
 QUANTITIES = ("oracle_both", "orchestrrl", "oracle_switch", "planner", "oracle_placement", "balancer")
 
 

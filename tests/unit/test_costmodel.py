@@ -156,7 +156,7 @@ def test_unknown_names():
         get_gpu("nope")
     with pytest.raises(SpecError):
         Efficiency(train_mfu=1.5)
-    assert len(load_models()) == 6
+    assert {"Qwen2.5-7B", "Qwen3-30B-A3B", "Qwen3-8B", "Llama-3.1-8B", "QwQ-32B"} <= set(load_models())
 
 
 @pytest.mark.parametrize("name", ["Qwen2.5-32B", "Qwen3-30B-A3B"])
