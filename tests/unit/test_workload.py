@@ -15,7 +15,7 @@ def test_defaults_are_valid_and_round_trip():
 
 @pytest.mark.parametrize("data, field", [
     ({"model": "GPT-5"}, "model"),
-    ({"gpu": "A100"}, "gpu"),
+    ({"gpu": "TPU-v5"}, "gpu"),
     ({"prompts_per_step": 0}, "prompts_per_step"),
     ({"response_sigma": -0.1}, "response_sigma"),
     ({"cap_fraction": 1.5}, "cap_fraction"),
