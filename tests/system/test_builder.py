@@ -121,22 +121,25 @@ def test_build_check_forward_and_stop(orl_state_dir, no_capacity_file, orl_lefto
         for up in SPEC.uplinks():
             assert vsctl("get", "interface", f"{SPEC.tor_name(up.tor)}-eth{up.tor_port}", "ofport") == str(up.tor_port)
             assert vsctl("get", "interface", f"{SPEC.ocs_name(up.ocs)}-eth{up.ocs_port}", "ofport") == str(up.ocs_port)
-        # htb on both ends of every link, at the link's rate (read through netlink, and by tc independently)
+        # htb on both ends of every link, at the link's payload rate (read through netlink, and by tc
+        # independently: tc shows the frame rate, shaping.WIRE_PER_PAYLOAD above it)
+        wire = shaping.WIRE_PER_PAYLOAD
         for link in fab.plan.links:
-            assert shaping.read_rate_mbps(link.intf2) == pytest.approx(link.rate_mbps)
-            assert tc_rate_mbps(link.intf2) == pytest.approx(link.rate_mbps)
+            assert shaping.read_rate_mbps(link.intf2) == pytest.approx(link.rate_mbps, rel=1e-4)
+            assert tc_rate_mbps(link.intf2) == pytest.approx(link.rate_mbps * wire, rel=1e-4)
             if link.kind == "uplink":
-                assert shaping.read_rate_mbps(link.intf1) == pytest.approx(2500.0)
+                assert shaping.read_rate_mbps(link.intf1) == pytest.approx(2500.0, rel=1e-4)
             else:
                 pid = fab.host(int(link.node1[len("orlh"):])).pid
-                assert shaping.read_rate_mbps(link.intf1, netns_pid=pid) == pytest.approx(400.0)
-                assert tc_rate_mbps(link.intf1, pid) == pytest.approx(400.0)
+                assert shaping.read_rate_mbps(link.intf1, netns_pid=pid) == pytest.approx(400.0, rel=1e-4)
+                assert tc_rate_mbps(link.intf1, pid) == pytest.approx(400.0 * wire, rel=1e-4)
         # live rate change, in the root namespace and in a host's
         shaping.change_rate("orlt0-eth3", 1500.0)
-        assert shaping.read_rate_mbps("orlt0-eth3") == pytest.approx(1500.0) == tc_rate_mbps("orlt0-eth3")
+        assert shaping.read_rate_mbps("orlt0-eth3") == pytest.approx(1500.0, rel=1e-4)
+        assert tc_rate_mbps("orlt0-eth3") == pytest.approx(1500.0 * wire, rel=1e-4)
         with shaping.Shaper(fab.host(0).pid) as sh:
             sh.change_rate(fab.intf_of(0), 123.0)
-        assert tc_rate_mbps(fab.intf_of(0), fab.host(0).pid) == pytest.approx(123.0)
+        assert tc_rate_mbps(fab.intf_of(0), fab.host(0).pid) == pytest.approx(123.0 * wire, rel=1e-4)
         with pytest.raises(NoSuchLink):
             shaping.change_rate("orlt0-eth99", 100.0)
         # management network: root namespace reaches every host's mgmt IP; never on OVS

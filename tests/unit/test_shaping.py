@@ -9,10 +9,12 @@ from emulation.validation import SpecError
 
 
 def test_class_params_keep_scaled_rates_and_the_burst():
+    """A payload rate is shaped at its frame rate (1,514-byte frames carry 1,448 bytes of TCP payload)."""
     p = shaping.class_params(0.4)
-    assert p == {"rate": "400kbit", "ceil": "400kbit", "burst": shaping.BURST_BYTES, "cburst": shaping.BURST_BYTES,
+    assert p == {"rate": "418kbit", "ceil": "418kbit", "burst": shaping.BURST_BYTES, "cburst": shaping.BURST_BYTES,
                  "quantum": shaping.QUANTUM_BYTES}
-    assert shaping.class_params(40000.0)["rate"] == "40000000kbit"  # above 32 bits of bytes/s: pyroute2's rate64
+    assert shaping.class_params(40000.0)["rate"] == "41823204kbit"  # above 32 bits of bytes/s: pyroute2's rate64
+    assert shaping.WIRE_PER_PAYLOAD == pytest.approx(1.0456, abs=1e-4)
 
 
 def test_small_packets_have_a_class_of_their_own_inside_the_link_rate():
@@ -22,7 +24,7 @@ def test_small_packets_have_a_class_of_their_own_inside_the_link_rate():
     (small, p_small), (bulk, p_bulk) = kids[SMALL_HANDLE], kids[BULK_HANDLE]
     assert list(kids) == [SMALL_HANDLE, BULK_HANDLE]  # the first takes the filter, the last is the default
     assert (p_small, p_bulk) == (0, 1)  # the small ones go first
-    assert small["rate"] == "400kbit"  # 2% guaranteed
+    assert small["rate"] == "418kbit"  # 2% guaranteed
     assert bulk == shaping.class_params(20.0)  # the bulk at the link's rate: it never borrows
     assert small["ceil"] == shaping.class_params(20.0)["ceil"]  # the small ones may borrow up to the link's rate
     assert shaping.SMALL_BYTES & (shaping.SMALL_BYTES - 1) == 0  # the u32 mask needs a power of two
