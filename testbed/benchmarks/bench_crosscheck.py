@@ -40,12 +40,19 @@ def run_demo(scenario: Path, out: Path, timeout_s: float) -> tuple[int, str, str
                 registry.clean()
 
 
-def simulated_compare(scenario: Path, policies: list[str], out: Path) -> dict:
-    """The simulated backend's report.json of ``policies`` on ``scenario``."""
+def simulated_compare(scenario: Path, policies: list[str], out: Path, fit: dict | None = None) -> dict:
+    """The simulated backend's report.json of ``policies`` on ``scenario``, at the scale the emulated run was
+    fitted to (``fit``: its report's; the agents' migration rule counts scaled bytes, so the simulated backend
+    mirrors the scale)."""
+    import dataclasses
+
     from emulation.scenario import load_scenario
     from testbed.runs.experiment import Experiment
 
     scn = load_scenario(scenario)
+    if fit and fit.get("changed"):
+        scn = dataclasses.replace(scn, fabric=dataclasses.replace(scn.fabric, scale=fit["fitted_scale"],
+                                                                 time_dilation=fit["fitted_time_dilation"]))
     exp = Experiment(scn, "simulated")
     with exp:
         rep, _ = exp.compare([exp.policy(n) for n in policies], scn.workload.steps, out)
@@ -62,9 +69,9 @@ def bench_crosscheck(scenario: Path, out: Path, timeout_s: float = 1800.0) -> di
         return {"scenario": str(scenario), "demo_exit": rc, "demo_s": round(demo_s, 1), "stderr": stderr[-3000:]}
     emu = json.loads((out / "emulated" / "report.json").read_text())
     t1 = time.monotonic()
-    sim = simulated_compare(scenario, list(emu["policies"]), out / "simulated")
+    sim = simulated_compare(scenario, list(emu["policies"]), out / "simulated", emu.get("fit"))
     figures, problems = crosscheck(emu, sim, out / "emulated")
     return {"scenario": str(scenario), "demo_exit": rc, "demo_s": round(demo_s, 1),
             "simulated_s": round(time.monotonic() - t1, 1), "first_line": stdout.splitlines()[0] if stdout else "",
-            "fidelity_flagged_runs": emu["fidelity_flagged_runs"], "tolerance": TOLERANCE,
+            "fidelity_flagged_runs": emu["fidelity_flagged_runs"], "fit": emu.get("fit"), "tolerance": TOLERANCE,
             "figures": figures, "problems": problems}
