@@ -250,10 +250,14 @@ class EmulatedBackend(Backend):
         # not always failed by Gloo, and the agent's next collective waits behind it until this deadline
         timeout = max(SYNC_TIMEOUT_MIN_S, SYNC_TIMEOUT_FACTOR * self.model.sync_s(self._installed_phase())[0]) * self.tdf
         before = self._port_bytes()
+        # the chains follow the circuits installed for the phase (a REST read of the controller, a few ms of wall
+        # time, 4x that at a dilation of 0.25): planned before the phase's clock starts, as the switch was
+        plan, n_chains = self._sync_plan()
         t0 = self.now()
         retries = 0
         while True:
-            plan, n_chains = self._sync_plan()
+            if retries:
+                plan, n_chains = self._sync_plan()
             self._tag = (self._tag + 1) % 4096
             try:
                 res = self.pool.call_all(list(plan), "broadcast",
