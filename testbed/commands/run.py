@@ -40,11 +40,18 @@ def register(sub) -> None:
     r = sub.add_parser("run", help="run a scenario's RL steps under one policy (planner/balancer in the loop)")
     _common(r)
     r.add_argument("--policy", default="orchestrrl", help=f"one of {', '.join(POLICIES)}, static-tuned, "
-                                                          f"static-TP<t>x<r> or static-TP<t>x<r>@<max_num_seqs>")
+                                                          f"static-TP<t>x<r>, static-TP<t>x<r>@<max_num_seqs>, a policy "
+                                                          f"of the scenario's orchestrator.policies, or a definition "
+                                                          f"NAME[planner=pkg.mod:Class,planner.PARAM=VALUE,...] "
+                                                          f"(docs/plugins.md)")
     r.set_defaults(func=_run)
     c = sub.add_parser("compare", help="run every policy and every static layout on the same seed; report + plots")
     _common(c)
-    c.add_argument("--policies", default=None, help=f"comma-separated (default: every static layout and {', '.join(POLICIES[2:])})")
+    c.add_argument("--policies", default=None, help=f"comma-separated names or definitions "
+                                                    f"NAME[dispatch=REF,planner=REF,balancer=REF,ROLE.PARAM=VALUE] "
+                                                    f"(REF: a registered name or pkg.mod:Class; docs/plugins.md) "
+                                                    f"(default: the tuned static layout, static-low/high, "
+                                                    f"{', '.join(POLICIES[2:])} and the scenario's orchestrator.policies)")
     c.set_defaults(func=_compare)
     _fabric_options(r, several=False)
     _fabric_options(c, several=True)
@@ -160,14 +167,25 @@ def _tune(args, exp) -> None:
         bar.update(bar.total - bar.n)
 
 
+def _policy_args(exp, items: list[str]) -> list:
+    """``--policy``/``--policies`` items: names, or definitions ``NAME[role=ref,...]``; each resolved now, its
+    plug-ins imported and checked (SpecError: exit 2 before anything starts)."""
+    from testbed.orchestrator.policies import make_policy, parse_policy_arg
+
+    out = [parse_policy_arg(x) for x in items]
+    for n in out:
+        make_policy(n, exp.layouts, exp.gpus, tuned=make_policy("static-low", exp.layouts, exp.gpus), defined=exp.defined)
+    return out
+
+
 def _run(args) -> int:
     exp, steps = _prepare(args)
-    from testbed.orchestrator.policies import make_policy
+    from testbed.orchestrator.policies import needs_tuning
 
-    make_policy(args.policy, exp.layouts, exp.gpus, tuned=make_policy("static-low", exp.layouts, exp.gpus))  # exit 2 now
-    if args.policy in ("static-tuned", "balancer"):
+    name, = _policy_args(exp, [args.policy])
+    if needs_tuning(name, exp.defined):
         _tune(args, exp)
-    policy = exp.policy(args.policy)
+    policy = exp.policy(name)
     out = Path(args.out or f"runs/run-{policy.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     with _metrics(exp), _bar(args, steps, policy.name) as bar, exp:
         res, files = exp.run(policy, steps, out, progress=lambda msg, frac: (bar.set_postfix_str(msg), bar.update(
@@ -190,11 +208,9 @@ def _compare(args) -> int:
     if len([k for k in (getattr(args, "fabric", None) or "").split(",") if k.strip()]) > 1:  # several fabrics: testbed/runs/fabric_compare.py
         return _compare_fabrics(args)
     exp, steps = _prepare(args)
-    from testbed.orchestrator.policies import make_policy
+    from testbed.orchestrator.policies import split_policies
 
-    names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else None
-    for n in names or ():  # bad names: exit 2 before the tuning runs
-        make_policy(n, exp.layouts, exp.gpus, tuned=make_policy("static-low", exp.layouts, exp.gpus))
+    names = _policy_args(exp, split_policies(args.policies)) if args.policies else None  # exit 2 before the tuning
     _tune(args, exp)
     policies = list({p.name: p for p in (exp.policy(n) for n in (names or exp.default_policies()))}.values())
     if steps == exp.steps:  # the oracle bounds (testbed/runs/oracle.py; cached like the grid)
@@ -280,7 +296,9 @@ def _compare_fabrics(args) -> int:
     from testbed.runs.fabric_compare import compare_fabrics, format_fabrics
 
     exp, steps = _prepare(args)
-    names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else exp.default_policies()
+    from testbed.orchestrator.policies import split_policies
+
+    names = _policy_args(exp, split_policies(args.policies)) if args.policies else exp.default_policies()
     for n in names:
         exp.policy(n)  # SpecError (exit 2) before anything starts
     out = Path(args.out or f"runs/fabrics-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -22,7 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from agents.costmodel import CostModel
-from testbed.orchestrator.policies import Policy, feasible_layouts, make_policy
+from emulation.orchestration import PolicySpec
+from testbed.orchestrator.policies import (Policy, check_plugins, defined_policies, feasible_layouts, make_policy,
+                                           needs_tuning)
 from testbed.runs.report import plot_makespans, write_json, write_run
 from testbed.runs.tuning import GRID, GridPoint, best, cache_key, cached, static_name, tune
 
@@ -44,6 +46,8 @@ class Experiment:
         self.layouts = feasible_layouts(self.cm, self.gpus, self.settings.engine, w.prompt_tokens,
                                         w.max_response_tokens)
         self.steps = steps if steps is not None else w.steps
+        check_plugins(self.settings)  # every plug-in the scenario names resolves (SpecError) before anything starts
+        self.defined = defined_policies(self.settings)  # the composed policies: built-in and the scenario's
         self.use_cache = use_cache
         self.grid_values = grid
         self._grid: list[GridPoint] | None = None
@@ -86,11 +90,13 @@ class Experiment:
             return res, any(e.seq_bound for e in b.engines.values())
 
     # ---- policies ----
-    def policy(self, name: str) -> Policy:
+    def policy(self, name: str | PolicySpec) -> Policy:
+        """The policy ``name`` names (a static configuration, a composed policy: built-in, the scenario's, or a
+        :class:`PolicySpec` from the command line); one without a planner runs on the tuned configuration."""
         tuned = None
-        if name in ("static-tuned", "balancer"):
+        if needs_tuning(name, self.defined):
             tuned = make_policy(best(self.tuning_grid()).name, self.layouts, self.gpus)
-        pol = make_policy(name, self.layouts, self.gpus, tuned)
+        pol = make_policy(name, self.layouts, self.gpus, tuned, self.defined)
         if pol.static:  # one name per configuration: static-low is static-TP1x8@<the scenario's max_num_seqs>
             mns = pol.max_num_seqs or self.settings.engine.max_num_seqs
             pol = dataclasses.replace(pol, name=static_name(pol.layout.name(self.gpus), mns), max_num_seqs=mns)
@@ -100,9 +106,10 @@ class Experiment:
         return {a: self.policy(a).name for a in ("static-tuned", "static-low", "static-high")}
 
     def default_policies(self) -> list[str]:
-        """The tuned static configuration, static-low and static-high (each once), and the adaptive policies."""
+        """The tuned static configuration, static-low and static-high (each once), the adaptive policies and the
+        scenario's own (``orchestrator.policies``)."""
         names = list(dict.fromkeys(self.aliases().values()))
-        return names + list(ADAPTIVE)
+        return names + list(ADAPTIVE) + [p.name for p in self.settings.policies]
 
     def _settings(self, policy: Policy):
         return dataclasses.replace(self.settings, engine=policy.engine(self.settings.engine))
@@ -128,7 +135,7 @@ class Experiment:
         if self.backend_name == "simulated":
             from testbed.backends.simulated import SimulatedBackend
 
-            return SimulatedBackend(self.scn, layouts, engine, counterfactual=policy.balancer)
+            return SimulatedBackend(self.scn, layouts, engine, counterfactual=bool(policy.balancer))
         from testbed.backends.emulated import EmulatedBackend
 
         b = EmulatedBackend(self.scn, layouts, engine, self.settings.sync_bucket_mb, cluster=self.cluster)
@@ -187,13 +194,14 @@ class Experiment:
                 **{k: r[k] for k in ("tokens_target", "tokens_unique", "tokens_duplicate", "exactly_once",
                                      "tokens_by_agent", "ticks")}}
         report["aliases"] = self.aliases()
+        kinds = {p.name: p.oracle_kind for p in policies}
+        for n, p in report["policies"].items():
+            p["oracle_kind"] = kinds.get(n)
         if orc is not None:
-            from testbed.runs.oracle import KIND_OF_POLICY
-
             report["oracle"] = {k: v for k, v in orc.items() if k != "kinds"}
             report["oracle"]["kinds"] = {k: {"speedup": v["speedup"], "gen_s": v["gen_s"]} for k, v in orc["kinds"].items()}
             for n, p in report["policies"].items():
-                kind = KIND_OF_POLICY.get(n)
+                kind = p["oracle_kind"]
                 p["oracle_fraction"] = (p["speedup_vs_best_static"] / orc["kinds"][kind]["speedup"]) if kind else None
             write_json(out / "oracle.json", orc)
             files["oracle"] = str(out / "oracle.json")
