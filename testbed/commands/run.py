@@ -17,13 +17,10 @@ from tqdm import tqdm
 
 from testbed.commands.common import UsageError
 
-BACKENDS = ("emulated", "simulated")
-
-
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", help="scenario YAML")
-    p.add_argument("--backend", choices=BACKENDS, default="emulated", help="emulated (real agents and fabric; root) "
-                                                                           "or simulated (virtual time)")
+    p.add_argument("--backend", default="emulated", help="emulated (real agents and fabric; root), simulated "
+                                                         "(virtual time), or a plug-in (pkg.mod:Class; docs/plugins.md)")
     p.add_argument("--steps", type=int, default=None, help="RL steps (default: the scenario's)")
     p.add_argument("--out", default=None, help="output folder (default runs/<command>-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -108,6 +105,7 @@ def _with_fabric_options(args, scn):
 
 def _prepare(args):
     from emulation.scenario import load_scenario
+    from testbed.backends.registry import backend_kind
     from testbed.runs.experiment import Experiment
 
     from rlsim.limits import check_simulatable
@@ -119,14 +117,15 @@ def _prepare(args):
     steps = args.steps if args.steps is not None else scn.workload.steps
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
-    if args.backend == "emulated":
-        scn.fabric.check_emulatable()  # in 0.3 s, before anything starts
+    kind = backend_kind(args.backend, "--backend")
+    scn = kind.prepare(scn)  # its own checks, in 0.3 s, before anything starts
     check_simulatable(scn)  # the response-length arrays and the flow model of train/sync must fit
-    if args.backend == "emulated":
+    if kind.needs_root:
         import os
 
         if os.geteuid() != 0:
-            raise UsageError("--backend emulated builds a fabric and needs root (or use --backend simulated)")
+            raise UsageError(f"--backend {args.backend} builds a fabric and needs root (or use --backend simulated)")
+    if kind.has_controller:
         from testbed.runs.metrics import pin_controller_port
 
         scn = pin_controller_port(scn)  # the URL is printed before the cluster starts; a taken port: exit 2
@@ -143,7 +142,7 @@ def _metrics(exp) -> Iterator[None]:
     ms = exp.scn.metrics
     with DriverMetrics().serve(ms.host, ms.driver_port) as dm:
         exp.metrics = dm
-        ctl = ms.controller_port if exp.backend_name == "emulated" else 0  # pinned by _prepare
+        ctl = ms.controller_port if exp.kind.has_controller else 0  # pinned by _prepare
         urls = [f"orchestrator and engines {dm.url}" if dm.url else None,
                 f"controller {url(ms.host, ctl)}" if ctl else None]
         urls = [u for u in urls if u]

@@ -23,6 +23,7 @@ import numpy as np
 
 from agents.costmodel import CostModel
 from emulation.orchestration import PolicySpec
+from testbed.backends.registry import backend_kind
 from testbed.orchestrator.policies import (Policy, check_plugins, defined_policies, feasible_layouts, make_policy,
                                            needs_tuning)
 from testbed.runs.report import plot_makespans, write_json, write_run
@@ -38,6 +39,7 @@ class Experiment:
                  grid: tuple[int, ...] = GRID, metrics=None):
         self.scn = scenario
         self.backend_name = backend
+        self.kind = backend_kind(backend)  # testbed.backends.registry: SpecError naming ``backend`` when unknown
         self.metrics = metrics  # testbed.runs.metrics.DriverMetrics: every run's timeline feeds it (or None)
         self.settings = scenario.orchestrator
         w = scenario.workload
@@ -116,12 +118,8 @@ class Experiment:
 
     # ---- life cycle ----
     def __enter__(self) -> "Experiment":
-        if self.backend_name == "emulated":
-            from testbed.cluster.agent_pool import running_cluster
-
-            start = {s: self.layouts[0] for s in self.scn.layout.gen_servers(self.scn.fabric)}
-            self.cluster = self._stack.enter_context(running_cluster(
-                self.scn, layouts=start, engine=self.settings.engine))
+        start = {s: self.layouts[0] for s in self.scn.layout.gen_servers(self.scn.fabric)}
+        self.cluster = self._stack.enter_context(self.kind.cluster(self.scn, start, self.settings.engine))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -132,15 +130,7 @@ class Experiment:
         start = policy.layout or self.layouts[0]
         layouts = {s: start for s in gen}
         engine = policy.engine(self.settings.engine)
-        if self.backend_name == "simulated":
-            from testbed.backends.simulated import SimulatedBackend
-
-            return SimulatedBackend(self.scn, layouts, engine, counterfactual=bool(policy.balancer))
-        from testbed.backends.emulated import EmulatedBackend
-
-        b = EmulatedBackend(self.scn, layouts, engine, self.settings.sync_bucket_mb, cluster=self.cluster)
-        b.prepare(layouts)
-        return b
+        return self.kind.backend(self.scn, layouts, engine, self.settings, self.cluster, bool(policy.balancer))
 
     # ---- runs ----
     def run(self, policy: Policy, steps: int, out: Path, progress=None) -> tuple[dict, dict]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from emulation.spec import EMULATED_FABRICS, FABRICS
+from emulation.spec import FABRICS
 from emulation.validation import require
 from testbed.runs.report import write_json
 
@@ -32,8 +32,10 @@ def with_kind(scn, kind: str):
 
 
 def check_kinds(kinds: list[str], backend: str) -> None:
+    from testbed.backends.registry import backend_kind
+
     require(bool(kinds), "fabric", "give at least one fabric")
-    allowed = EMULATED_FABRICS if backend == "emulated" else FABRICS
+    allowed = backend_kind(backend).fabrics
     for k in kinds:
         require(k in allowed, "fabric", f"the {backend} backend runs {', '.join(allowed)}, got {k!r}")
 
@@ -93,8 +95,8 @@ def compare_fabrics(scn, kinds: list[str], backend: str, policies: list | None, 
         files.update({f"{kind}_{k}": v for k, v in f.items()})
         names = [p.name for p in pols]
         entry = {"report": f["report"], "best_static": rep["best_static"], "policies": summarise(rep, _runs(out / kind, names))}
-        if backend == "emulated":  # the cross-check: RLSim on the same fabric, seed and policies
-            sim = Experiment(sk, "simulated", steps=steps)
+        if exp.kind.reference:  # the cross-check: RLSim on the same fabric, seed and policies
+            sim = Experiment(sk, exp.kind.reference, steps=steps)
             with sim:
                 srep, _ = sim.compare([sim.policy(n) for n in given], steps, out / kind / "simulated")
             simd = summarise(srep, _runs(out / kind / "simulated", names))
