@@ -51,10 +51,10 @@ class PlanningTick:
         self.ctx = policy_context(scenario, backend, settings, est)
         self.planner = policy.planner.create(self.ctx) if policy.planner else None
         self.balancer = policy.balancer.create(self.ctx) if policy.balancer else None
-        self.dispatcher = (policy.dispatch or scenario_dispatch(settings)).create(self.ctx)
+        dispatch = policy.dispatch or scenario_dispatch(settings)
+        self.dispatcher = dispatch.create(self.ctx)
         self.who = {role: f"policy {policy.name!r}: {role} {c.ref!r}" for role, c in
-                    (("planner", policy.planner), ("balancer", policy.balancer),
-                     ("dispatch", policy.dispatch or scenario_dispatch(settings))) if c}
+                    (("planner", policy.planner), ("balancer", policy.balancer), ("dispatch", dispatch)) if c}
         self.pool = np.zeros(0, np.int64)  # the step's requests the dispatcher holds back
         self._placed = np.zeros(0, np.int64)  # the step's requests dealt to servers so far
         if isinstance(self.balancer, Balancer) and settings.balancer.pay_judge == "truth":

@@ -341,8 +341,8 @@ def format_table(report: dict) -> str:
     if orc:
         rows.append("oracle bounds (every length known; testbed/runs/oracle.py): " + ", ".join(
             f"{k} {v['speedup']:.3f}x" for k, v in orc["kinds"].items()) + f", floor {orc['floor_speedup']:.3f}x; "
-            "the 'oracle' column is each policy's speedup as a share of its kind's (planner: switch, balancer: "
-            "placement, orchestrrl: both)")
+            "the 'oracle' column is each policy's speedup as a share of its kind's (report.json oracle_kind: a planner "
+            "alone switch, a balancer or dispatcher alone placement, a planner with either both)")
     al = report.get("aliases") or {}
     if al:
         rows.append("aliases: " + ", ".join(f"{a} = {n}" for a, n in al.items()))

@@ -1,15 +1,17 @@
-"""A plug-in planner defined in this file runs on the emulated cluster for one step of the small default, beside
-the built-in planner: same agents, same execution path (its switches carried out by the agents), and
-report.json carries both with their speedups and oracle fractions (docs/plugins.md)."""
+"""A plug-in planner defined in this file runs on the emulated cluster for one step of the small default
+(scenarios/default-small.yaml), beside the built-in planner: same agents, same execution path (its switches
+carried out by the agents), and report.json carries both with their speedups and oracle fractions
+(docs/plugins.md)."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from emulation.orchestration import PolicySpec
-from small_scenario import small_scenario
+from emulation.scenario import load_scenario
 from testbed.orchestrator.interfaces import LayoutPlanner
 from testbed.orchestrator.planner import Decision
 from testbed.runs.experiment import Experiment
@@ -43,8 +45,8 @@ class TailPlanner(LayoutPlanner):
 
 
 def test_a_plugin_planner_runs_beside_the_builtin_on_the_emulated_cluster(tmp_path):
-    scn = small_scenario("plugins-live", steps=1)
-    mine = PolicySpec("tail", planner=f"{__name__}:TailPlanner", params={"planner": {"tail": 12}})
+    scn = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "default-small.yaml")
+    mine = PolicySpec("tail", planner=f"{__name__}:TailPlanner", params={"planner": {"tail": 16}})
     exp = Experiment(scn, "emulated", steps=1)
     with exp:
         report, files = exp.compare([exp.policy("planner"), exp.policy(mine)], 1, tmp_path)
