@@ -25,7 +25,6 @@ common neighbours, or the shortest path when there is neither. A bundle of ``c``
 """
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Sequence

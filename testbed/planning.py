@@ -22,13 +22,14 @@ from emulation.orchestration import OrchestratorSettings
 from emulation.plugins import DecisionError
 from emulation.validation import SpecError
 from testbed.backends.base import Backend, StepRequests
+from testbed.decision_checks import (check_decision, check_whole_deal, checked_deal, checked_decisions, checked_moves,
+                                     indices)
 from testbed.decision_priority import raised_priority
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator, ServerLoad
 from testbed.orchestrator.forecast import LengthForecast, prompt_share, prompt_shifts
 from testbed.orchestrator.interfaces import Batch, Deal, Pool, PolicyContext
-from agents.engine import Layout
-from testbed.orchestrator.planner import Decision, ServerView, loads_from_snapshot, request_levels
+from testbed.orchestrator.planner import ServerView, loads_from_snapshot, request_levels
 from testbed.orchestrator.policies import Policy, feasible_layouts, scenario_dispatch
 from testbed.recovery import Recovery
 from testbed.ticks import IntervalBudget, tick_deadline_s
@@ -36,8 +37,8 @@ from testbed.ticks import IntervalBudget, tick_deadline_s
 
 class PlanningTick:
     """The policy's plug-ins of a run (its dispatcher; its planner and its balancer, either may be off) and
-    what they need between ticks: each server's last switch end, the phase's migration budget and per-tick deadline, the
-    finished steps' prompt groups; for the run's result ``decision_ms``, ``realised`` (every migration's
+    what they need between ticks: each server's last switch end, the phase's migration budget and per-tick
+    deadline, the dispatcher's pool, the finished steps' prompt groups; for the run's result ``decision_ms``, ``realised`` (every migration's
     predicted gain and its realised one, where the backend tells: against the tick without it) and
     ``tick_realised`` (per tick that moved, its moves and their realised gain together)."""
 
@@ -98,15 +99,12 @@ class PlanningTick:
         for every live server; chunked per replica). What it holds back waits in :attr:`pool`."""
         d = self.dispatcher.deal(Batch(req.step, req.n, req.prompt_id, req.prompt, tuple(servers),
                                        self.backend.layouts(), forecast, rng))
+        who = self.who["dispatch"]
         if not isinstance(d, Deal):
-            raise DecisionError(self.who["dispatch"], f"deal() must return a Deal, got {type(d).__name__}")
-        placed = self._checked_deal(d.placed, set(servers), np.arange(req.n), "deal()")
-        held = self._indices(d.held, "deal(): held")
-        got = np.concatenate([held, *placed.values()]) if placed else held
-        if len(got) != req.n or len(np.unique(got)) != req.n:
-            raise DecisionError(self.who["dispatch"], f"deal() must place or hold each of the step's {req.n} "
-                                                      f"requests exactly once, got {len(got)} "
-                                                      f"({len(got) - len(np.unique(got))} twice)")
+            raise DecisionError(who, f"deal() must return a Deal, got {type(d).__name__}")
+        placed = checked_deal(who, d.placed, set(servers), np.arange(req.n), "deal()")
+        held = indices(who, d.held, "deal(): held")
+        check_whole_deal(who, placed, held, req.n)
         self.pool = np.sort(held)
         self._placed = np.ones(req.n, bool)
         self._placed[held] = False
@@ -114,40 +112,14 @@ class PlanningTick:
             self.timeline.event(self.backend.now(), "dispatch_held", step=req.step, held=int(len(held)))
         return {s: placed.get(s, np.zeros(0, np.int64)) for s in servers}, bool(d.chunked)
 
-    def _indices(self, idx, what: str) -> np.ndarray:
-        try:
-            a = np.asarray(idx, dtype=np.int64).reshape(-1)
-        except (TypeError, ValueError):
-            raise DecisionError(self.who["dispatch"], f"{what}: request indices must be integers") from None
-        return a
-
-    def _checked_deal(self, placed, servers: set, allowed: np.ndarray, what: str) -> dict[int, np.ndarray]:
-        """``placed`` (server -> indices) checked: live servers, indices among ``allowed``, none twice."""
-        if not isinstance(placed, dict):
-            raise DecisionError(self.who["dispatch"], f"{what} must map servers to request indices")
-        out = {}
-        for srv, idx in placed.items():
-            if srv not in servers:
-                raise DecisionError(self.who["dispatch"], f"{what}: server {srv!r} is not a live generator "
-                                                          f"(live: {sorted(servers)})")
-            a = self._indices(idx, f"{what}: server {srv}")
-            bad = a[~np.isin(a, allowed)]
-            if len(bad):
-                raise DecisionError(self.who["dispatch"], f"{what}: server {srv}: request {int(bad[0])} is not "
-                                                          "one it may deal now (not of this step, or dealt already)")
-            out[int(srv)] = a
-        every = np.concatenate(list(out.values())) if out else np.zeros(0, np.int64)
-        if len(np.unique(every)) != len(every):
-            raise DecisionError(self.who["dispatch"], f"{what}: a request is dealt twice")
-        return out
-
     def release(self, now: float, states: dict, req: StepRequests) -> int:
         """A tick with requests in the pool: the dispatcher's release, checked and queued (each server's share
         in the order given, on its least loaded replicas). Returns how many went out."""
         finished = self._done(states, req)
         pool = Pool(now, req.step, self.pool.copy(), req.prompt_id, req.prompt,
                     dict(zip(finished.tolist(), req.target[finished].tolist())), states)
-        out = self._checked_deal(self.dispatcher.release(pool) or {}, set(states), self.pool, "release()")
+        out = checked_deal(self.who["dispatch"], self.dispatcher.release(pool) or {}, set(states), self.pool,
+                           "release()")
         n = 0
         for srv, idx in out.items():
             if not len(idx):
@@ -180,48 +152,6 @@ class PlanningTick:
         if self.planner is not None:
             self.planner.step_end(step, states)
 
-    # ---- checks of the plug-ins' decisions ----
-    def _check_decision(self, s: int, d, servers) -> None:
-        who = self.who["planner"]
-        if not isinstance(d, Decision):
-            raise DecisionError(who, f"server {s}: a decision must be a testbed.orchestrator.planner.Decision, "
-                                     f"got {type(d).__name__}")
-        if s not in servers:
-            raise DecisionError(who, f"decided for server {s!r}, which it was not asked about")
-        if (d.switch or d.best != d.current) and d.best not in self.ctx.layouts:
-            name = d.best.name(self.gpus) if isinstance(d.best, Layout) and self.gpus % d.best.tp == 0 else repr(d.best)
-            raise DecisionError(who, f"server {s}: layout {name} is not one the server can hold (it holds "
-                                     f"{', '.join(x.name(self.gpus) for x in self.ctx.layouts)}: the model and a "
-                                     f"longest response)")
-
-    def _checked(self, decisions, views: dict) -> dict:
-        if not isinstance(decisions, dict):
-            raise DecisionError(self.who["planner"], f"evaluate_all() must return server -> Decision, got "
-                                                     f"{type(decisions).__name__}")
-        for s, d in decisions.items():
-            self._check_decision(s, d, views)
-        return decisions
-
-    def _checked_moves(self, moves, views: dict, rids: dict) -> list:
-        who = self.who["balancer"]
-        seen = set()
-        for m in moves:
-            if not all(hasattr(m, a) for a in ("rid", "src", "dst")):
-                raise DecisionError(who, f"a move must be a testbed.orchestrator.balancer.Move, got {type(m).__name__}")
-            if m.src not in views or m.dst not in views:
-                raise DecisionError(who, f"move of request {m.rid}: server {m.src if m.src not in views else m.dst!r} "
-                                         f"is not among the servers it was given ({sorted(views)})")
-            if m.rid in seen or not np.any(np.asarray(rids[m.src]) == m.rid):
-                raise DecisionError(who, f"move of request {m.rid} from server {m.src}: "
-                                         + ("moved twice in one tick" if m.rid in seen else "the server does not hold it"))
-            seen.add(m.rid)
-            reps = views[m.dst].layout.replicas(self.gpus)
-            if m.dst_replica is not None and not (isinstance(m.dst_replica, (int, np.integer))
-                                                  and 0 <= m.dst_replica < reps):
-                raise DecisionError(who, f"move of request {m.rid}: server {m.dst} has replicas 0..{reps - 1}, "
-                                         f"got dst_replica {m.dst_replica!r}")
-        return list(moves)
-
     # ---- the step's start ----
     def initial_layouts(self, placed: dict[int, np.ndarray], req: StepRequests, fc: LengthForecast,
                         first: bool) -> int:
@@ -242,7 +172,7 @@ class PlanningTick:
                 load = ServerLoad(np.full(n, float(self.w.prompt_tokens)), np.full(n, fc.mean()), np.zeros(n, bool),
                                   np.full(n, -1), np.zeros(n), request_levels(req.rid[idx]))
                 d = self.planner.initial(ServerView(s, cur[s], load), charged=not first)
-                self._check_decision(s, d, {s})
+                check_decision(self.who["planner"], s, d, {s}, self.ctx.layouts, self.gpus)
                 want = d.best
             if want != cur[s]:
                 sw = b.set_layout(s, want, free=first)
@@ -289,7 +219,8 @@ class PlanningTick:
         switches = migrations = 0
         near: set[int] = set()
         if self.planner is not None:
-            decisions = self._checked(self.planner.evaluate_all(views, now, self.settings.planning_interval_s), views)
+            decisions = checked_decisions(self.who["planner"], self.planner.evaluate_all(
+                views, now, self.settings.planning_interval_s), views, self.ctx.layouts, self.gpus)
             near = {s for s, d in decisions.items() if d.near_switch}
             self.timeline.event(now, "plan", step=req.step, gain_s={s: round(d.gain_s, 3) for s, d in decisions.items()},
                                 switch=[s for s, d in decisions.items() if d.switch])
@@ -299,15 +230,15 @@ class PlanningTick:
         if self.balancer is not None:
             steady = {s: v for s, v in views.items() if v.busy_until <= now and s not in near}
             rids = {s: states[s].snapshot["rid"] for s in steady}
-            moves = self._checked_moves(self.balancer.moves(steady, rids, now), steady, rids)
+            moves = checked_moves(self.who["balancer"], self.balancer.moves(steady, rids, now), steady, rids, self.gpus)
             self._thinking += time.perf_counter() - t0
             moved = self._migrate(now, req, moves)
             migrations += len(moved)
             if self.planner is not None and moved:
                 t0 = time.perf_counter()
                 after = _after_moves(views, rids, moved)
-                decisions = self._checked(self.planner.evaluate_all(after, now, self.settings.planning_interval_s),
-                                          after)
+                decisions = checked_decisions(self.who["planner"], self.planner.evaluate_all(
+                    after, now, self.settings.planning_interval_s), after, self.ctx.layouts, self.gpus)
                 self._thinking += time.perf_counter() - t0
                 switches += self._switch(now, req, decisions)
         else:
