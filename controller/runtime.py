@@ -225,8 +225,7 @@ class FabricController:
                  on_stale: Callable[[list[int]], None] | None = None, traffic: Any = None,
                  metrics: Any = None, rule: FabricRule = BUILTIN):
         layout.check(spec)
-        self.spec = spec
-        self.layout = layout
+        self.spec, self.layout = spec, layout
         self.rule = rule  # the fabric's phase rule: the phases' circuits and every switch decision (fabric_rules)
         self.traffic = traffic  # controller.traffic.PhaseTraffic: what the phase topologies are built from
         self.driver = driver
