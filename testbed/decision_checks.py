@@ -71,19 +71,22 @@ def checked_decisions(who: str, decisions, views: dict, layouts: tuple, gpus: in
 
 
 def checked_moves(who: str, moves, views: dict, rids: dict, gpus: int) -> list:
-    """A balancer's moves: between servers it was given, of a request its source holds (once a tick), to a
-    replica the destination has."""
-    seen = set()
+    """A balancer's moves, in order: between servers it was given, of a request its source holds (where the
+    tick's snapshot has it, or where an earlier move of the tick put it: the built-in may move a request between
+    a server's replicas and then to another server), to a replica the destination has."""
+    moved: dict = {}  # request -> the server this tick's earlier moves put it on
     for m in moves:
         if not all(hasattr(m, a) for a in ("rid", "src", "dst")):
             raise DecisionError(who, f"a move must be a testbed.orchestrator.balancer.Move, got {type(m).__name__}")
         if m.src not in views or m.dst not in views:
             raise DecisionError(who, f"move of request {m.rid}: server {m.src if m.src not in views else m.dst!r} is "
                                      f"not among the servers it was given ({sorted(views)})")
-        if m.rid in seen or not np.any(np.asarray(rids[m.src]) == m.rid):
-            raise DecisionError(who, f"move of request {m.rid} from server {m.src}: "
-                                     + ("moved twice in one tick" if m.rid in seen else "the server does not hold it"))
-        seen.add(m.rid)
+        here = moved[m.rid] == m.src if m.rid in moved else bool(np.any(np.asarray(rids[m.src]) == m.rid))
+        if not here:
+            raise DecisionError(who, f"move of request {m.rid} from server {m.src}: the server does not hold it"
+                                     + (f" (an earlier move of this tick put it on server {moved[m.rid]})"
+                                        if m.rid in moved else ""))
+        moved[m.rid] = m.dst
         reps = views[m.dst].layout.replicas(gpus)
         if m.dst_replica is not None and not (isinstance(m.dst_replica, (int, np.integer)) and 0 <= m.dst_replica < reps):
             raise DecisionError(who, f"move of request {m.rid}: server {m.dst} has replicas 0..{reps - 1}, got "

@@ -276,3 +276,22 @@ def test_rollpacker_doubles_on_rising_preemptions_and_halves_after_calm_steps():
     assert step(2, 11) == 4  # 11 > 10.5: doubles
     assert [step(k, 0) for k in range(3, 7)] == [4, 4, 4, 2]  # the 4th step without a preemption halves
     assert [step(k, n) for k, n in ((7, 50), (8, 100), (9, 200))] == [4, 8, 8]  # up to the server's 8 GPUs
+
+
+def test_a_request_may_move_on_within_a_tick_but_only_from_where_it_is():
+    """The built-in balancer moves a request between a server's replicas and then to another server in one tick
+    (MoE): a chain is carried out; a move from a server the request already left is refused."""
+    from types import SimpleNamespace
+
+    from agents.engine import Layout
+    from testbed.decision_checks import checked_moves
+    from testbed.orchestrator.balancer import Move
+
+    views = {s: SimpleNamespace(layout=Layout(1)) for s in (4, 5, 6)}
+    rids = {4: np.array([10, 11]), 5: np.array([20]), 6: np.array([], np.int64)}
+    chain = [Move(10, 4, 4, 3), Move(10, 4, 5, 0), Move(10, 5, 6, 7)]
+    assert checked_moves("b", chain, views, rids, 8) == chain
+    with pytest.raises(DecisionError, match="an earlier move of this tick put it on server 5"):
+        checked_moves("b", [Move(11, 4, 5), Move(11, 4, 6)], views, rids, 8)
+    with pytest.raises(DecisionError, match="has replicas 0..7"):
+        checked_moves("b", [Move(20, 5, 6, 8)], views, rids, 8)
