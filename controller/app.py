@@ -40,6 +40,7 @@ with warnings.catch_warnings():  # eventlet 0.41 (imported by os-ken) warns that
 
 from .config import ControllerConfig
 from .datapath import FlowCache, FlowCacheError, open_flow_cache
+from .fabric_rules import fabric_rule
 from .ocs import COOKIE_MASK, OCS_COOKIE, OCS_PRIORITY, TOR_COOKIE, FlowSpec
 from .reconfig.clock import PreciseClock
 from .rest import RestApp, make_server
@@ -86,7 +87,7 @@ class OrlControllerApp(app_manager.OSKenApp):
                                      threading.Lock(), initial_phase=cfg.initial_phase,
                                      delay_ms=cfg.delay_ms, state_path=cfg.state_file,
                                      on_stale=self._resync_later, traffic=traffic,
-                                     metrics=_METRICS)
+                                     metrics=_METRICS, rule=fabric_rule(cfg.rule, cfg.rule_params, "rule"))
 
     # ---- connection life cycle -----------------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)

@@ -14,7 +14,7 @@ import json
 import os
 import secrets
 import typing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
@@ -24,6 +24,7 @@ from emulation.validation import SpecError, from_dict, require
 from emulation.workload import WorkloadSpec
 
 from .datapath import check_flush_mode, open_flow_cache
+from .fabric_rules import fabric_rule
 from .runtime import load_state
 
 PROG = "python -m controller"
@@ -148,6 +149,8 @@ class SpecJson:
     fabric: FabricSpec = FabricSpec()
     layout: JobLayout = JobLayout()
     workload: Optional[WorkloadSpec] = None
+    rule: str = "benefit-aware"  # the fabric's phase rule (controller.fabric_rules)
+    rule_params: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,8 @@ class ControllerConfig:
     workload: WorkloadSpec | None = None  # what the phase topologies are planned for (None: unknown)
     metrics_port: int = 0  # 0: no Prometheus endpoint
     metrics_host: str = "127.0.0.1"
+    rule: str = "benefit-aware"  # the fabric's phase rule (controller.fabric_rules), resolved at start
+    rule_params: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.owner_pid is not None:
@@ -235,6 +240,7 @@ def check_config(opts: ControllerOptions) -> ControllerConfig:
 
         sc = load_scenario(opts.scenario)
         spec, layout, workload = sc.fabric, sc.layout, sc.workload
+        rule, rule_params = sc.controller.rule, sc.controller.rule_params
         initial_phase = initial_phase or sc.controller.initial_phase
         wall_delay_ms = sc.wall_delay_ms
     else:
@@ -244,9 +250,11 @@ def check_config(opts: ControllerOptions) -> ControllerConfig:
             raise SpecError("spec_json", f"not valid JSON: {e}") from None
         sj = from_dict(SpecJson, data, "spec_json")
         spec, layout, workload = sj.fabric, sj.layout, sj.workload
+        rule, rule_params = sj.rule, sj.rule_params
         wall_delay_ms = spec.wall_ms(spec.reconfig_delay_ms)
     delay_ms = wall_delay_ms if delay_ms is None else delay_ms  # resolved here, once
     layout.check(spec)
+    fabric_rule(rule, rule_params, "rule")  # a rule that does not resolve stops the start (exit 2)
     initial_phase = check_phase(initial_phase or "train", "initial_phase")
     if opts.state_file:
         load_state(Path(opts.state_file), spec)  # a broken state file stops the start (exit 2), not later
@@ -259,7 +267,8 @@ def check_config(opts: ControllerOptions) -> ControllerConfig:
                            token_file=token_file, state_file=opts.state_file,
                            initial_phase=initial_phase, delay_ms=delay_ms, datapath_flush=opts.datapath_flush,
                            owner_pid=opts.owner_pid, owner_start=opts.owner_start,
-                           workload=workload, metrics_port=opts.metrics_port, metrics_host=opts.metrics_host)
+                           workload=workload, metrics_port=opts.metrics_port, metrics_host=opts.metrics_host,
+                           rule=rule, rule_params=dict(rule_params))
     if cfg.datapath_flush == "on":
         open_flow_cache("on")  # no ovs-vswitchd to flush: stop here (exit 2), not at the first reconfiguration
     return cfg

@@ -50,8 +50,10 @@ class ControllerProcess:
                  start_timeout_s: float = 30.0, stop_timeout_s: float = 5.0, verbose: bool = False,
                  workdir: str | os.PathLike | None = None, datapath_flush: str = "auto",
                  workload: WorkloadSpec | None = None,
-                 metrics_port: int = 0, metrics_host: str = "127.0.0.1"):
+                 metrics_port: int = 0, metrics_host: str = "127.0.0.1",
+                 rule: str = "benefit-aware", rule_params: dict | None = None):
         self.spec = spec
+        self.rule, self.rule_params = rule, dict(rule_params or {})  # the fabric's phase rule (fabric_rules)
         self.layout = layout
         self.workload = workload  # what the train topology is built from (None: the uniform mesh)
         self.of_port = of_port or free_port()
@@ -105,6 +107,7 @@ class ControllerProcess:
         doc = {"fabric": to_dict(self.spec), "layout": to_dict(self.layout)}
         if self.workload is not None:
             doc["workload"] = to_dict(self.workload)
+        doc.update(rule=self.rule, rule_params=self.rule_params)
         spec_json = json.dumps(doc)
         return ControllerOptions(spec_json=spec_json, of_port=self.of_port, rest_port=self.rest_port,
                                  token_file=str(self.token_file), state_file=str(self.state_file),

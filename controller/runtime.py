@@ -20,6 +20,7 @@ from emulation.files import write_json_atomic
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError, require, to_dict
 
+from .fabric_rules import BUILTIN, FabricRule
 from .ocs import Matching
 from .phases import TRAIN_PARTS, topology_name
 from .reconfig.clock import Clock
@@ -28,7 +29,6 @@ from .reconfig.plan import ReconfigPlan, plan_reconfig
 from .reconfig.request import ReconfigRequest, circuits_request, phase_request
 from .rest import Unavailable
 from .switches import SwitchSet
-from .switching import decide_switch
 
 log = logging.getLogger(__name__)
 
@@ -152,19 +152,18 @@ def load_state(path: Path, spec: FabricSpec) -> tuple[dict[int, Matching], str |
 # ---- the controller core -------------------------------------------------------------------------------
 def initial_target(spec: FabricSpec, layout: JobLayout,
                    stored: tuple[dict[int, Matching], str | None, str | None] | None,
-                   current: Mapping[int, Matching], initial_phase: str, traffic: Any = None
-                   ) -> tuple[dict[int, Matching], str | None, str | None, str]:
+                   current: Mapping[int, Matching], initial_phase: str, traffic: Any = None,
+                   rule: FabricRule = BUILTIN) -> tuple[dict[int, Matching], str | None, str | None, str]:
     """What the controller installs once every switch was read back: (target, phase, part, source). The
-    state file's intent (``reconcile``); else the circuits the OCSes hold (``adopt``); else ``initial_phase``."""
-    from . import phases
-
+    state file's intent (``reconcile``); else the circuits the OCSes hold (``adopt``); else ``initial_phase``'s
+    (by the fabric's ``rule``)."""
     if stored is not None:
         target, phase, part = stored
         return target, phase, part, "reconcile"
     if any(len(m) for m in current.values()):
         log.info("no state file: adopting the circuits the OCSes hold")
         return dict(current), None, None, "adopt"
-    return dict(phases.phase_matchings(spec, layout, initial_phase, traffic)), initial_phase, None, "initial"
+    return dict(rule.matchings(spec, layout, initial_phase, traffic)), initial_phase, None, "initial"
 
 
 class _History:
@@ -224,10 +223,10 @@ class FabricController:
                  delay_ms: float, initial_phase: str = "train", state_path: str | Path | None = None,
                  wall: Callable[[], float] = time.time,
                  on_stale: Callable[[list[int]], None] | None = None, traffic: Any = None,
-                 metrics: Any = None):
+                 metrics: Any = None, rule: FabricRule = BUILTIN):
         layout.check(spec)
-        self.spec = spec
-        self.layout = layout
+        self.spec, self.layout = spec, layout
+        self.rule = rule  # the fabric's phase rule: the phases' circuits and every switch decision (fabric_rules)
         self.traffic = traffic  # controller.traffic.PhaseTraffic: what the phase topologies are built from
         self.driver = driver
         self.clock = clock
@@ -285,7 +284,7 @@ class FabricController:
 
     def request_phase(self, data: Any) -> dict:
         """Validate and run a ``POST /phase`` body. SpecError -> rejected (nothing sent)."""
-        return self._request("phase", lambda: phase_request(self.spec, self.layout, data, self.traffic))
+        return self._request("phase", lambda: phase_request(self.spec, self.layout, data, self.traffic, self.rule))
 
     def _request(self, kind: str, parse: Callable[[], ReconfigRequest]) -> dict:
         received = self.clock.now()
@@ -371,7 +370,7 @@ class FabricController:
         current = {o: self.switches.ocs_readback[o].matching for o in range(self.spec.ocs_count)}
         stray = {o: self.switches.ocs_readback[o].stray for o in range(self.spec.ocs_count)}
         target, phase, part, source = initial_target(self.spec, self.layout, self._stored, current,
-                                                     self.initial_phase, self.traffic)
+                                                     self.initial_phase, self.traffic, self.rule)
         plan = plan_reconfig(self.spec, current, None, target, stray=stray)
         req = ReconfigRequest(target=target, phase=phase, part=part, delay_ms=self._dark_delay_ms(plan),
                               source=source)
@@ -405,7 +404,7 @@ class FabricController:
                      **({"part": req.part} if req.part is not None else {}), "delay_ms": delay,
                      "window_ms": req.window_ms, "gain_ms": req.gain_ms, "received_at": received_at,
                      "received_mono": received}
-        decision = decide_switch(req.window_ms, delay, req.gain_ms)
+        decision = self.rule.decide(req.window_ms, delay, req.gain_ms)
         rec.update(decision=decision.action, stall_ms=decision.stall_ms, reason=decision.reason)
         if decision.action == "deferred":
             rec.update(status="deferred")

@@ -9,18 +9,23 @@ is a SpecError naming its path, ``orchestrator.planner.min_gain_s: must be ...``
 * :class:`ForecastSettings` (``orchestrator.forecast``): the length forecaster (testbed.orchestrator.forecast);
 * :class:`PlannerSettings` (``orchestrator.planner``) and :class:`BalancerSettings` (``orchestrator.balancer``):
   the proactive planner's and the reactive balancer's rules (testbed.orchestrator.planner, .balancer);
+* :class:`PolicySpec` (``orchestrator.policies``): policies a user composes of plug-ins (a dispatcher, a planner,
+  a balancer, each a registered name or a path ``package.module:Class``; docs/plugins.md);
 * :class:`OrchestratorSettings`: the section itself.
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from .validation import from_dict, require
+from .plugins import check_ref
+from .validation import SpecError, from_dict, require
 
 STEP_MODES = ("sync", "async")
-DISPATCH = ("contiguous", "random")  # how a step's batch is dealt to the servers (backends.base.deal)
+POLICY_ROLES = ("dispatch", "planner", "balancer")  # the parts a policy is composed of (testbed.orchestrator.interfaces)
+POLICY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 MIGRATION_MODES = ("stop_copy", "multi_stage")  # how a request's KV moves (agents.migration_plan)
 PAY_JUDGES = ("forecast", "truth")  # what the balancer's test that a move pays draws lengths from
 
@@ -218,14 +223,52 @@ class BalancerSettings:
 
 
 @dataclass(frozen=True)
+class PolicySpec:
+    """A policy composed of plug-ins (``orchestrator.policies`` in a scenario, or ``compare --policies``):
+    ``name`` (how the report names it), ``dispatch`` (None: the scenario's ``orchestrator.dispatch``),
+    ``planner`` and ``balancer`` (``none``: off), each a registered name, a path ``package.module:Class`` or an
+    entry point; ``params``: per part, its parameters (``{planner: {threshold: 1.05}}``), validated against the
+    plug-in's own ``Params`` when the testbed resolves it (testbed.orchestrator.policies), before anything
+    starts. Without a planner the servers keep one layout (the tuned static one in a comparison)."""
+
+    name: str
+    dispatch: str | None = None
+    planner: str = "none"
+    balancer: str = "none"
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.name, str) and bool(POLICY_NAME_RE.match(self.name)), "name",
+                f"must be a name of letters, digits and -_.+ (no commas or brackets), got {self.name!r}")
+        require(not self.name.startswith("static-"), "name", "static-* names the static configurations")
+        for role in POLICY_ROLES:
+            ref = getattr(self, role)
+            if ref is not None:
+                check_ref(ref, role)
+        for role in self.params:
+            require(role in POLICY_ROLES, f"params.{role}", f"unknown part (known: {', '.join(POLICY_ROLES)})")
+            if getattr(self, role) in (None, "none"):
+                raise SpecError(f"params.{role}", f"the policy has no {role} to take parameters")
+
+
+def _check_policies(specs: tuple[PolicySpec, ...]) -> None:
+    seen = set()
+    for i, p in enumerate(specs):
+        require(p.name not in seen, f"policies[{i}].name", f"{p.name!r} is defined twice")
+        seen.add(p.name)
+
+
+@dataclass(frozen=True)
 class OrchestratorSettings:
     """planning_interval_s: how often the planner and the balancer look (backend seconds).
     step_mode: ``sync`` (generate -> train -> sync weights, one after the other: on-policy) or ``async``
       (one step off policy: generation of step k+1 overlaps training of step k; the weights of step k go
       out when its training ends, and step k+2's generation waits for them).
     engine: the generation engines' vLLM-style knobs (max_num_seqs, max_num_batched_tokens, ...).
-    dispatch: ``contiguous`` (veRL: equal consecutive chunks of the batch, whole prompt groups per server)
-      or ``random``.
+    dispatch: the dispatcher every policy deals a step's batch with unless it names its own: ``contiguous``
+      (veRL: equal consecutive chunks of the batch, whole prompt groups per server), ``random``, or a plug-in
+      (testbed.orchestrator.interfaces.DISPATCHERS).
+    policies: policies composed of plug-ins (:class:`PolicySpec`), compared beside the built-in ones.
     """
 
     planning_interval_s: float = 1.0
@@ -235,13 +278,16 @@ class OrchestratorSettings:
     balancer: BalancerSettings = field(default_factory=BalancerSettings)
     forecast: ForecastSettings = field(default_factory=ForecastSettings)
     sync_bucket_mb: float = 512.0  # veRL's update_weights_bucket_megabytes (real MB; scaled on the fabric)
-    dispatch: Literal[DISPATCH] = "contiguous"  # how a step's batch is dealt to the servers
+    dispatch: str = "contiguous"  # how a step's batch is dealt to the servers (a dispatcher's name or path)
+    policies: tuple[PolicySpec, ...] = ()
 
     def __post_init__(self) -> None:
         require(math.isfinite(self.planning_interval_s) and 0.01 <= self.planning_interval_s <= 600,
                 "planning_interval_s", f"must be in [0.01, 600], got {self.planning_interval_s}")
         require(math.isfinite(self.sync_bucket_mb) and 0 < self.sync_bucket_mb <= 65536, "sync_bucket_mb",
                 f"must be in (0, 65536], got {self.sync_bucket_mb}")
+        check_ref(self.dispatch, "dispatch")
+        _check_policies(self.policies)
 
 
 def orchestrator_settings(data: Mapping[str, Any] | None) -> OrchestratorSettings:

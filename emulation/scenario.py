@@ -18,6 +18,7 @@ import numpy as np
 import yaml
 
 from .orchestration import OrchestratorSettings
+from .plugins import check_ref
 from .spec import MAX_DELAY_MS, PHASES, FabricSpec, JobLayout, check_delay_ms
 from .validation import SpecError, from_dict, require
 from .workload import WorkloadSpec, resolve_trace
@@ -37,9 +38,15 @@ class ControllerSettings:
     # weighs that switch with no idle window). Taken when RLSim's model of the iteration is faster so than on
     # one train topology; off: one train topology for every stage. RLSim reads it too (SimSettings.train_rewire).
     train_rewire: bool = False
+    # The fabric's phase rule (its phase topologies and switch decision; controller.fabric_rules), read alike by
+    # the emulated controller and RLSim: a registered name (benefit-aware, the built-in) or a plug-in path
+    # package.module:Class; rule_params: its parameters (validated by the rule when the testbed starts).
+    rule: str = "benefit-aware"
+    rule_params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_delay_ms(self.reconfig_delay_ms, "reconfig_delay_ms")
+        check_ref(self.rule, "rule")
         require(isinstance(self.train_rewire, bool), "train_rewire", f"must be true or false, got {self.train_rewire!r}")
 
 

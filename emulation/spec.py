@@ -35,7 +35,8 @@ MIN_TIME_DILATION = 0.05
 MAX_DELAY_MS = 60000.0  # longest OCS switching delay anything accepts (scenario, controller, REST)
 FIT_MODES = ("off", "auto")  # FabricSpec.fit
 PHASES = ("train", "gen", "sync")  # the phase topologies (controller/phases.py builds them)
-# Fabric kinds: one name set for the emulator (``FabricSpec.kind``) and RLSim (rlsim/fabrics.py models them all)
+# Fabric kinds: one name set for the emulator (``FabricSpec.kind``) and RLSim (rlsim/fabric_models.py registers a
+# model of each, and takes plug-ins beside them)
 FABRICS = ("fat-tree", "fat-tree-2to1", "fat-tree-4to1", "fat-tree-8to1", "fat-tree-16to1", "rail", "topoopt",
            "mixnet", "rfabric")
 # the Fat-Trees' oversubscription at the ToR: 2:1 .. 16:1 are the tapers of RFabric's swept configurations

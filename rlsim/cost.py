@@ -28,7 +28,9 @@ import yaml
 from emulation.spec import FabricSpec
 from emulation.validation import SpecError
 
-from .fabrics import FABRICS, OVERSUB, TIER_METHODS, FabricOptions, mixnet_split
+from .fabric_models import fabric_model
+from .fabrics import (FabricOptions, fat_tree_tiers_above_tor,  # noqa: F401 - re-exported
+                      radix_tiers)
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "prices.yaml")
 
@@ -63,86 +65,22 @@ def load_prices(path: str = DATA) -> Prices:
         raise SpecError("prices", f"{path}: missing or bad entry {e}") from None
 
 
-def _structural_tiers_above_tor(spec: FabricSpec) -> int:
-    if spec.n_tors == 1:
-        return 0
-    if spec.pods == 1 or spec.tors_per_pod == 1:
-        return 1
-    return 2
-
-
-def radix_tiers(n_endpoints: int, radix: int, oversub: float = 1.0) -> int:
-    """Fewest switch tiers of a folded Clos of ``radix``-port switches that cover ``n_endpoints`` NIC ports:
-    a leaf has ``d = radix * o / (1 + o)`` ports down; 1 tier covers ``radix``, 2 tiers ``radix * d`` (a spine
-    of radix ports reaches radix leaves), each further tier multiplies by ``radix / 2``."""
-    if radix < 2:
-        raise SpecError("prices.switch_radix", f"must be >= 2, got {radix}")
-    if n_endpoints <= radix:
-        return 1
-    d = max(1, int(radix * oversub / (1 + oversub)))
-    cover, tiers = radix * d, 2
-    while cover < n_endpoints:
-        cover *= radix // 2
-        tiers += 1
-    return tiers
-
-
-def fat_tree_tiers_above_tor(spec: FabricSpec, n_nic: int, oversub: float, opts: FabricOptions,
-                             prices: "Prices") -> int:
-    """Packet tiers above the ToR: "auto" (from the radix, the default), "2" (one spine tier), "3" (the MixNet
-    calculator's method: ToR, pod aggregation and core whenever there are several pods of several ToRs)."""
-    if opts.fat_tree_tiers == "3":
-        return _structural_tiers_above_tor(spec)
-    if opts.fat_tree_tiers == "2":
-        return min(1, _structural_tiers_above_tor(spec))
-    radix = opts.switch_radix or prices.switch_radix
-    return radix_tiers(n_nic, radix, oversub) - 1 if spec.n_tors > 1 else 0
-
-
 def port_counts(fabric: str, spec: FabricSpec, nic_gbps: float, opts: FabricOptions = FabricOptions(),
                 prices: "Prices | None" = None) -> dict:
-    """Counts of NICs, EPS ports by speed, OCS ports and fibres of ``fabric`` built on ``spec``."""
+    """Counts of NICs, EPS ports by speed, OCS ports and fibres of ``fabric`` (a registered fabric kind or a
+    plug-in: rlsim.fabric_models) built on ``spec``."""
     prices = prices or load_prices()
-    if fabric not in FABRICS:
-        raise SpecError("fabric", f"must be one of {', '.join(FABRICS)}, got {fabric!r}")
+    model = fabric_model(fabric)
     nics_per_server = math.ceil(spec.server_gbps / nic_gbps - 1e-9)
     n_nic = spec.n_servers * nics_per_server
-    up = spec.uplink_gbps
     eps = {nic_gbps: n_nic}  # ToR (or rail leaf) ports facing the NICs
-    ocs = 0
-    links = n_nic  # NIC - ToR
-
-    def add(speed: float, n: int) -> None:
+    above = model.ports(spec, n_nic, opts, prices)
+    for speed, n in above["eps"].items():
         eps[speed] = eps.get(speed, 0) + n
-
-    if fabric in OVERSUB or fabric == "rail":
-        o = OVERSUB.get(fabric, 1.0)
-        tor_up = spec.n_tors * math.ceil(spec.servers_per_tor * spec.server_gbps / o / up - 1e-9)
-        tiers = fat_tree_tiers_above_tor(spec, n_nic, o, opts, prices)
-        if fabric == "rail":  # rail leaves span a pod; a non-blocking spine joins the pods
-            tiers = 1 if spec.pods > 1 else 0
-        add(up, 2 * tor_up * tiers)  # per tier above the ToR: the tier below's up ports + its own down ports
-        links += tor_up * tiers
-    elif fabric in ("topoopt", "rfabric"):
-        ports = spec.n_tors * spec.uplinks_per_tor
-        add(up, ports)
-        ocs = spec.ocs_count * spec.ports_per_ocs if fabric == "rfabric" else ports
-        links += ports
-    else:  # mixnet
-        n_ocs, n_eps = mixnet_split(spec, opts)
-        add(up, spec.n_tors * (n_ocs + n_eps))
-        ocs = spec.n_tors * n_ocs
-        links += spec.n_tors * (n_ocs + n_eps)
-        eps_up = spec.n_tors * n_eps
-        tiers = fat_tree_tiers_above_tor(spec, n_nic, spec.uplinks_per_tor / n_eps if n_eps else 1.0, opts, prices)
-        if tiers >= 1:  # the ToRs' packet uplinks are counted above; the first tier's down ports here
-            add(up, eps_up + 2 * eps_up * (tiers - 1))
-            links += eps_up * (tiers - 1)
-    packet = fabric not in ("topoopt", "rfabric")
+    packet = above["tiers"] is not None
     return {"nics": n_nic, "nic_gbps": nic_gbps, "eps_ports": {str(k): v for k, v in eps.items()},
-            "ocs_ports": ocs, "fibres": links, "packet_tiers": (tiers + 1) if packet else 1,
-            "tier_method": (TIER_METHODS[opts.fat_tree_tiers] if fabric != "rail" else "rail leaves + spine")
-            if packet else None,
+            "ocs_ports": above["ocs"], "fibres": n_nic + above["links"],
+            "packet_tiers": (above["tiers"] + 1) if packet else 1, "tier_method": above["tier_method"],
             "switch_radix": (opts.switch_radix or prices.switch_radix) if packet else None}
 
 

@@ -31,7 +31,8 @@ from typing import Sequence
 
 import numpy as np
 
-from controller.phases import circuit_graph, phase_matchings, split_topology, train_part_matchings
+from controller.fabric_rules import BUILTIN
+from controller.phases import circuit_graph, split_topology
 from emulation.spec import FABRICS, OVERSUB, FabricSpec, JobLayout  # noqa: F401 - FABRICS, OVERSUB: re-exported
 from emulation.validation import SpecError
 
@@ -304,23 +305,24 @@ def mixnet_counts(spec: FabricSpec, ocs_uplinks: int) -> np.ndarray:
     return c
 
 
-def rfabric_counts(spec: FabricSpec, layout: JobLayout, phase: str, traffic=None) -> tuple[np.ndarray, dict]:
-    """Circuit counts of RFabric in ``phase``, from the controller's phase topologies (``traffic``:
-    ``controller.traffic.phase_traffic`` of the workload, what the train topology is built from), and the
-    matchings."""
-    matchings = phase_matchings(spec, layout, phase, traffic)
+def rfabric_counts(spec: FabricSpec, layout: JobLayout, phase: str, traffic=None, rule=None) -> tuple[np.ndarray, dict]:
+    """Circuit counts of RFabric in ``phase``, from the fabric rule's phase topologies (``traffic``:
+    ``controller.traffic.phase_traffic`` of the workload, what the train topology is built from; ``rule``:
+    controller.fabric_rules, None: the built-in), and the matchings."""
+    matchings = (rule or BUILTIN).matchings(spec, layout, phase, traffic)
     return circuit_counts(spec, matchings), matchings
 
 
-def rfabric_network(spec: FabricSpec, layout: JobLayout, topology: str, traffic, max_two_hop: int
-                    ) -> tuple[CircuitNetwork, dict]:
-    """RFabric on the controller's topology named ``topology`` (``controller.phases.topology_name``: a phase's,
-    or ``train:mp`` / ``train:dp``, one part of a train step with model-parallel traffic), and its matchings."""
+def rfabric_network(spec: FabricSpec, layout: JobLayout, topology: str, traffic, max_two_hop: int,
+                    rule=None) -> tuple[CircuitNetwork, dict]:
+    """RFabric on the topology named ``topology`` (``controller.phases.topology_name``: a phase's, or
+    ``train:mp`` / ``train:dp``, one part of a train step with model-parallel traffic) by the fabric's phase
+    ``rule`` (controller.fabric_rules; None: the built-in), and its matchings."""
     phase, part = split_topology(topology)
     if part is None:
-        counts, m = rfabric_counts(spec, layout, phase, traffic)
+        counts, m = rfabric_counts(spec, layout, phase, traffic, rule)
     else:
-        m = train_part_matchings(spec, layout, traffic, part)
+        m = (rule or BUILTIN).part_matchings(spec, layout, traffic, part)
         counts = circuit_counts(spec, m)
     return CircuitNetwork("rfabric", spec, counts, max_two_hop, matchings=m), m
 
@@ -342,21 +344,37 @@ def mixnet_split(spec: FabricSpec, opts: FabricOptions) -> tuple[int, int]:
     return ocs, spec.uplinks_per_tor - ocs
 
 
-def build_network(fabric: str, spec: FabricSpec, layout: JobLayout, phase: str = "train",
-                  opts: FabricOptions = FabricOptions(), traffic=None) -> Network:
-    """The network of ``fabric`` (one of FABRICS) during ``phase`` (only RFabric changes with the phase;
-    ``traffic``: what its train topology is built from, see :func:`rfabric_counts`)."""
-    if fabric not in FABRICS:
-        raise SpecError("fabric", f"must be one of {', '.join(FABRICS)}, got {fabric!r}")
-    if fabric in OVERSUB:
-        return TreeNetwork(fabric, spec, OVERSUB[fabric], group_is_pod=False)
-    if fabric == "rail":
-        return TreeNetwork(fabric, spec, 1.0, group_is_pod=True)
-    if fabric == "topoopt":
-        return CircuitNetwork(fabric, spec, topoopt_counts(spec, layout), opts.max_two_hop)
-    if fabric == "mixnet":
-        ocs, eps = mixnet_split(spec, opts)
-        return CircuitNetwork(fabric, spec, mixnet_counts(spec, ocs), opts.max_two_hop,
-                              eps_uplink_gbps=eps * spec.uplink_gbps)
-    counts, matchings = rfabric_counts(spec, layout, phase, traffic)
-    return CircuitNetwork(fabric, spec, counts, opts.max_two_hop, matchings=matchings)
+def _structural_tiers_above_tor(spec: FabricSpec) -> int:
+    if spec.n_tors == 1:
+        return 0
+    if spec.pods == 1 or spec.tors_per_pod == 1:
+        return 1
+    return 2
+
+
+def radix_tiers(n_endpoints: int, radix: int, oversub: float = 1.0) -> int:
+    """Fewest switch tiers of a folded Clos of ``radix``-port switches that cover ``n_endpoints`` NIC ports:
+    a leaf has ``d = radix * o / (1 + o)`` ports down; 1 tier covers ``radix``, 2 tiers ``radix * d`` (a spine
+    of radix ports reaches radix leaves), each further tier multiplies by ``radix / 2``."""
+    if radix < 2:
+        raise SpecError("prices.switch_radix", f"must be >= 2, got {radix}")
+    if n_endpoints <= radix:
+        return 1
+    d = max(1, int(radix * oversub / (1 + oversub)))
+    cover, tiers = radix * d, 2
+    while cover < n_endpoints:
+        cover *= radix // 2
+        tiers += 1
+    return tiers
+
+
+def fat_tree_tiers_above_tor(spec: FabricSpec, n_nic: int, oversub: float, opts: FabricOptions,
+                             prices) -> int:
+    """Packet tiers above the ToR (``prices``: rlsim.cost.Prices, its switch radix): "auto" (from the radix, the
+    default), "2" (one spine tier), "3" (the MixNet calculator's method: ToR, pod aggregation and core whenever there are several pods of several ToRs)."""
+    if opts.fat_tree_tiers == "3":
+        return _structural_tiers_above_tor(spec)
+    if opts.fat_tree_tiers == "2":
+        return min(1, _structural_tiers_above_tor(spec))
+    radix = opts.switch_radix or prices.switch_radix
+    return radix_tiers(n_nic, radix, oversub) - 1 if spec.n_tors > 1 else 0

@@ -53,7 +53,7 @@ import numpy as np
 from agents.costmodel import CostModel
 from controller.ocs import diff
 from controller.phases import TRAIN_PARTS, stripe_plan, sync_chains, topology_name, train_plan
-from controller.switching import decide_switch
+from controller.fabric_rules import BUILTIN, FabricRule, scenario_rule
 from controller.traffic import (Group, TrainLayout, broadcast_tree, merge, phase_traffic, train_bytes, train_layout,
                                 train_traffic)
 from emulation.orchestration import EngineSettings
@@ -63,8 +63,8 @@ from emulation.validation import SpecError, require
 from emulation.workload import LengthSchedule
 
 from .cost import fabric_cost
-from .fabrics import (FABRICS, GBPS, CircuitNetwork, FabricOptions, Network, Unreachable, build_network,
-                      mixnet_split, rfabric_network)
+from .fabric_models import fabric_model
+from .fabrics import GBPS, CircuitNetwork, FabricOptions, Network, Unreachable
 from .flowsim import Transfer, simulate
 from .limits import scale_scenario
 
@@ -234,7 +234,7 @@ def _train_layout(w, spec: FabricSpec, train_servers: list[int]) -> TrainLayout:
 
 def train_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers: list[int],
                 lengths: np.ndarray, settings: SimSettings, dp_net: Network | None = None,
-                delay_s: float = 0.0) -> PhaseRun:
+                delay_s: float = 0.0, rule: FabricRule = BUILTIN) -> PhaseRun:
     """Training: compute ``6 N D`` (plus attention) times the pipeline bubble, then the stages of
     ``controller.traffic.train_traffic`` one after the other (EP all-to-all, PP point-to-point, the DP
     rings). The rings are ordered for the network (:func:`ring_order`); on a direct-connect network they run
@@ -282,7 +282,7 @@ def train_phase(w, cm: CostModel, spec: FabricSpec, net: Network, train_servers:
                     res, mode = None, None
                 res_dp, mode_dp = _rings(dp_net, st.groups, lat)
                 gain = math.inf if res is None else res.makespan - res_dp.makespan
-                d = decide_switch(0.0, delay_s * 1e3, gain * 1e3)
+                d = rule.decide(0.0, delay_s * 1e3, gain * 1e3)
                 rewire = {"action": "kept" if d.action == "deferred" else d.action, "decision": d.action,
                           "gain_ms": gain * 1e3 if math.isfinite(gain) else None, "old_topology_carries": res is not None,
                           "stall_s": d.stall_ms / 1e3, "reason": d.reason,
@@ -505,8 +505,10 @@ UNCHANGED = {"action": "unchanged", "decision": None, "changed_bundles": 0, "win
              "stall_s": 0.0}
 
 
-def decide(prev: PhaseRun, nxt: PhaseRun, old: PhaseRun | None, removed: set, added: set, delay_s: float) -> dict:
-    """One transition, by the controller's rule ``controller.switching.decide_switch``: the window is the
+def decide(prev: PhaseRun, nxt: PhaseRun, old: PhaseRun | None, removed: set, added: set, delay_s: float,
+           rule: FabricRule = BUILTIN) -> dict:
+    """One transition, by the fabric's phase ``rule`` (controller.fabric_rules; the built-in's is
+    ``controller.switching.decide_switch``, the controller's own): the window is the
     changed circuits' idle window, the gain what the next phase saves on the new topology (``nxt``) against
     the old one (``old``; None: the old topology cannot carry that phase, an infinite gain). The report calls
     a deferred transition ``kept`` (the phase runs on the old topology); ``decision`` is the rule's word."""
@@ -514,7 +516,7 @@ def decide(prev: PhaseRun, nxt: PhaseRun, old: PhaseRun | None, removed: set, ad
         return dict(UNCHANGED)
     window = idle_window_s(prev, nxt, removed, added)
     gain = math.inf if old is None else old.duration - nxt.duration
-    d = decide_switch(window * 1e3, delay_s * 1e3, gain * 1e3)
+    d = rule.decide(window * 1e3, delay_s * 1e3, gain * 1e3)
     return {"action": "kept" if d.action == "deferred" else d.action, "decision": d.action,
             "changed_bundles": len(removed | added), "window_ms": window * 1e3,
             "gain_ms": gain * 1e3 if math.isfinite(gain) else None, "old_topology_carries": old is not None,
@@ -523,7 +525,7 @@ def decide(prev: PhaseRun, nxt: PhaseRun, old: PhaseRun | None, removed: set, ad
 
 
 def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec: FabricSpec,
-                   delay_s: float) -> tuple[dict, dict, str]:
+                   delay_s: float, rule: FabricRule = BUILTIN) -> tuple[dict, dict, str]:
     """One steady-state iteration gen -> train -> sync -> (next) gen on RFabric, starting with topology
     ``start`` installed for generation. Returns the phase runs, the decisions, and the topology installed
     at the next generation."""
@@ -547,7 +549,7 @@ def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec:
             continue
         removed, added = changed_bundles(spec, matchings[installed], matchings[ph])
         old = attempt(ph, installed)
-        d = decide(prev, target, old, removed, added, delay_s)
+        d = decide(prev, target, old, removed, added, delay_s, rule)
         d["topology"] = installed if d["action"] == "kept" else ph
         decisions[f"{_prev_name(ph)}->{ph}"] = d
         if d["action"] == "kept":
@@ -561,7 +563,7 @@ def _rfabric_cycle(start: str, runners: dict, nets: dict, matchings: dict, spec:
         end = start
     else:
         removed, added = changed_bundles(spec, matchings[installed], matchings[start])
-        d = decide(prev, gen, attempt("gen", installed), removed, added, delay_s)
+        d = decide(prev, gen, attempt("gen", installed), removed, added, delay_s, rule)
         end = installed if d["action"] == "kept" else start
         d["topology"] = end
     decisions["sync->gen"] = d
@@ -610,8 +612,8 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
                        settings: SimSettings = SimSettings()) -> dict:
     """Simulate one RL iteration of ``scn`` on ``fabric`` at ``gpus`` GPUs; a JSON-able result."""
     t0 = time.perf_counter()
-    if fabric not in FABRICS:
-        raise SpecError("fabric", f"must be one of {', '.join(FABRICS)}, got {fabric!r}")
+    model = fabric_model(fabric)  # rlsim.fabric_models: SpecError naming ``fabric`` for an unknown one
+    rule = scenario_rule(scn)  # the fabric's phase rule (controller.fabric_rules), the controller's own
     scn = scale_scenario(scn, gpus)
     settings = resolved(settings, scn)
     spec, layout, w = scn.fabric, scn.layout, scn.workload
@@ -624,19 +626,19 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
 
     nets: dict = {}
     matchings: dict = {}
-    traffic = phase_traffic(spec, layout, w) if fabric == "rfabric" else None
+    traffic = phase_traffic(spec, layout, w) if model.reconfigures else None
     for ph in ("gen", "train", "sync"):
-        if fabric == "rfabric":
-            nets[ph], matchings[ph] = rfabric_network(spec, layout, ph, traffic, settings.fabric.max_two_hop)
+        if model.reconfigures:
+            nets[ph], matchings[ph] = model.topology(spec, layout, ph, settings.fabric, traffic, rule)
         else:
-            nets[ph] = nets.get("gen") or build_network(fabric, spec, layout, ph, settings.fabric)
+            nets[ph] = nets.get("gen") or model.network(spec, layout, ph, settings.fabric)
     gc = gen_compute(w, cm, spec, gen_servers, lengths, rng, settings)
     parts: dict = {}
-    if fabric == "rfabric" and settings.train_rewire and traffic.n_stages > 1:
+    if model.reconfigures and settings.train_rewire and traffic.n_stages > 1:
         # the train phase may start on the model-parallel stages' own topology and re-wire to the rings' own
         # (train_phase); taken when the iteration is faster so, its stalls included, than on one train topology
         for part in TRAIN_PARTS:
-            net, m = rfabric_network(spec, layout, topology_name("train", part), traffic, settings.fabric.max_two_hop)
+            net, m = model.topology(spec, layout, topology_name("train", part), settings.fabric, traffic, rule)
             parts[part] = (m, net)
 
     def runners_for(ns: dict, rewired: bool) -> dict:
@@ -644,7 +646,7 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
             "gen": lambda net: gen_phase(w, gc, net, gen_servers, train_servers, lengths, settings),
             "train": lambda net: train_phase(w, cm, spec, net, train_servers, lengths, settings,
                                              dp_net=ns["train:dp"] if rewired and net is ns["train"] else None,
-                                             delay_s=delay_s),
+                                             delay_s=delay_s, rule=rule),
             "sync": lambda net: sync_phase(w, cm, spec, layout, net, train_servers, gen_servers, settings),
         }
 
@@ -655,16 +657,16 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
         if rewired:
             (ms["train"], ns["train"]), (ms["train:dp"], ns["train:dp"]) = parts["mp"], parts["dp"]
         runners = runners_for(ns, rewired)
-        runs, reconfig, end = _rfabric_cycle("gen", runners, ns, ms, spec, delay_s)
+        runs, reconfig, end = _rfabric_cycle("gen", runners, ns, ms, spec, delay_s, rule)
         start = "gen"
         if end != "gen":
             start = end
-            runs, reconfig, end = _rfabric_cycle(start, runners, ns, ms, spec, delay_s)
+            runs, reconfig, end = _rfabric_cycle(start, runners, ns, ms, spec, delay_s, rule)
         return runs, reconfig, start
 
     reconfig: dict = {}
     steady_start = rewire_plan = None
-    if fabric == "rfabric":
+    if model.reconfigures:
         runs, reconfig, steady_start = cycle(False)
         if parts:
             alt = cycle(True)
@@ -691,6 +693,6 @@ def simulate_iteration(scn: Scenario, fabric: str, gpus: int | None = None,
                    "train_plan": train_plan(spec, traffic.train).summary() if traffic is not None else None,
                    "cost": cost, "model": w.model, "gpu": w.gpu,
                    "train_servers": len(train_servers), "gen_servers": len(gen_servers),
-                   "mixnet_split": list(mixnet_split(spec, settings.fabric)) if fabric == "mixnet" else None},
+                   "mixnet_split": None, **model.detail(spec, settings.fabric)},
         "peak_rss_mib": peak_rss_mib(),
     }

@@ -27,7 +27,8 @@ from emulation.files import write_json_atomic
 from emulation.scenario import Scenario
 from emulation.validation import SpecError, to_dict
 
-from .fabrics import FABRICS, OVERSUB
+from .fabric_models import fabric_model, fabric_names
+from .fabrics import OVERSUB
 from .limits import scale_scenario
 from .sim import TRAIN_REWIRE, SimSettings, simulate_iteration
 
@@ -36,9 +37,21 @@ log = logging.getLogger(__name__)
 # 1 us .. 10 s: CALIENT-class bulk reconfiguration takes up to 200 ms; beyond a few seconds the switching time
 # exceeds the slack windows of this workload and decisions turn from switched to stalled to kept
 DEFAULT_RECONFIG_DELAYS_MS = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0)
-RECONFIGURING = ("rfabric",)  # MixNet is modelled static for the job (docs/rlsim.md)
-CONFIGURABLE = ("rfabric",)  # fabrics swept over uplinks per ToR and OCS count
-RADIX_FABRICS = tuple(OVERSUB) + ("mixnet",)  # fabrics whose cost depends on the packet switch radix
+
+
+def reconfigures(fabric: str) -> bool:
+    """Re-wired during the job (rlsim.fabric_models; MixNet is modelled static for the job, docs/rlsim.md)."""
+    return fabric_model(fabric).reconfigures
+
+
+def configurable(fabric: str) -> bool:
+    """Swept over uplinks per ToR and OCS count."""
+    return fabric_model(fabric).configurable
+
+
+def radix_priced(fabric: str) -> bool:
+    """Its cost depends on the packet switch radix."""
+    return fabric_model(fabric).radix_priced
 SLOWDOWN_GOAL = 0.05  # "within 5% of the non-blocking Fat-Tree": the summary's best configuration
 MAX_UPLINKS = 1024  # per ToR (and OCSes): far beyond any switch, small enough to size-check before work
 
@@ -77,8 +90,7 @@ def plan(scn: Scenario, fabrics: Sequence[str], scales: Sequence[int], reconfig_
     the uplinks (every ToR needs the same ports on every OCS) are left out; SpecError (naming the field)
     for a bad value or when no combination is left."""
     for f in fabrics:
-        if f not in FABRICS:
-            raise SpecError("fabrics", f"must be in {', '.join(FABRICS)}, got {f!r}")
+        fabric_model(f, "fabrics")  # SpecError naming the field for an unknown fabric
     for n in scales:
         scale_scenario(scn, n)  # validates the scale (exit 2 before any work)
     for t in reconfig_delay_ms:
@@ -101,9 +113,9 @@ def plan(scn: Scenario, fabrics: Sequence[str], scales: Sequence[int], reconfig_
     pts = []
     for n in scales:
         for f in fabrics:
-            for t in (reconfig_delay_ms if f in RECONFIGURING else [default_t]):
-                for u, o in (configs if f in CONFIGURABLE else [(None, None)]):
-                    for r in (radices if f in RADIX_FABRICS else [None]):
+            for t in (reconfig_delay_ms if reconfigures(f) else [default_t]):
+                for u, o in (configs if configurable(f) else [(None, None)]):
+                    for r in (radices if radix_priced(f) else [None]):
                         pts.append(Point(f, n, float(t), u, o, r))
     return pts
 
@@ -196,9 +208,9 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
 def _label(r: dict) -> str:
     """A point's name in plots and summaries: the fabric, plus its configuration where it was swept."""
     out = r["fabric"]
-    if r["fabric"] in CONFIGURABLE:
+    if configurable(r["fabric"]):
         out += f" u{r['uplinks_per_tor']}/o{r['ocs_count']}"
-    if r["fabric"] in RADIX_FABRICS and r.get("switch_radix"):
+    if radix_priced(r["fabric"]) and r.get("switch_radix"):
         out += f" r{r['switch_radix']}"
     return out
 
@@ -220,7 +232,7 @@ def summarise(results: Sequence[dict], ceilings: dict | None = None) -> dict:
         rows = []
         for b in bases:
             for r in ok:
-                if r["gpus"] != n or (r["fabric"] in RADIX_FABRICS and r.get("switch_radix") != b.get("switch_radix")):
+                if r["gpus"] != n or (radix_priced(r["fabric"]) and r.get("switch_radix") != b.get("switch_radix")):
                     continue
                 rows.append({"fabric": r["fabric"], "label": _label(r), "reconfig_delay_ms": r["reconfig_delay_ms"],
                              "uplinks_per_tor": r.get("uplinks_per_tor"), "ocs_count": r.get("ocs_count"),
@@ -245,9 +257,9 @@ def summarise(results: Sequence[dict], ceilings: dict | None = None) -> dict:
             # against the best static fabric (everything that does not re-wire during the job, the
             # non-blocking Fat-Tree included) and the best oversubscribed Fat-Tree, both within the goal
             ok_rows = [row for row in rows if row["fat_tree_radix"] == rad and row["slowdown_vs_fat_tree"] <= SLOWDOWN_GOAL]
-            static = [row for row in ok_rows if row["fabric"] not in RECONFIGURING]
+            static = [row for row in ok_rows if not reconfigures(row["fabric"])]
             over = [row for row in ok_rows if row["fabric"] in OVERSUB and row["fabric"] != "fat-tree"]
-            rf = [row for row in near.values() if row["fabric"] in RECONFIGURING
+            rf = [row for row in near.values() if reconfigures(row["fabric"])
                   and row["slowdown_vs_fat_tree"] <= SLOWDOWN_GOAL]
             entry: dict = {}
             for key, cand in (("best_static", static), ("best_oversubscribed_fat_tree", over),
@@ -310,9 +322,10 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
                           for r in results if not r.get("iteration_s")]}
     write_json_atomic(os.path.join(out_dir, "sweep.json"), doc, indent=1, fsync=False, default=to_dict)
     files = {"json": os.path.join(out_dir, "sweep.json")}
-    fabrics = [f for f in FABRICS if any(r["fabric"] == f for r in ok)]
+    fabrics = list(dict.fromkeys([f for f in fabric_names() if any(r["fabric"] == f for r in ok)]
+                                 + [r["fabric"] for r in ok]))  # the built-ins in their order, then plug-ins
     scales = sorted({r["gpus"] for r in ok})
-    colors = {f: plt.cm.tab10(i) for i, f in enumerate(FABRICS)}
+    colors = {f: plt.cm.tab10(i % 10) for i, f in enumerate(list(fabric_names()) + fabrics)}
     if not scales:
         return files
 
@@ -335,7 +348,7 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
                 x, y = r["cost_usd"] / 1e6, 3600.0 / r["iteration_s"]
                 ax.scatter(x, y, color=colors[f], s=46, edgecolors="k", linewidths=0.5, label=f if first else None)
                 first = False
-                if (f in CONFIGURABLE and r.get("swept_config")) or (f in RADIX_FABRICS and r.get("switch_radix")):
+                if (configurable(f) and r.get("swept_config")) or (radix_priced(f) and r.get("switch_radix")):
                     ax.annotate(_label(r).split(" ", 1)[1], (x, y), fontsize=6, textcoords="offset points",
                                 xytext=(3, 3))
                 pts.append((x, y))
@@ -402,7 +415,7 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
     #    transition's decision (bottom: switched / stalled / kept), per scale and configuration
     series = {}
     for r in ok:
-        if r["fabric"] in RECONFIGURING:
+        if reconfigures(r["fabric"]):
             series.setdefault((r["gpus"], r["fabric"], r.get("uplinks_per_tor"), r.get("ocs_count")), []).append(r)
     series = {k: sorted(v, key=lambda r: r["reconfig_delay_ms"]) for k, v in sorted(series.items()) if len(v) >= 2}
     transitions = ("gen->train", TRAIN_REWIRE, "train->sync", "sync->gen")

@@ -1,8 +1,9 @@
 """`orchestrrl` command line: one entry point, one module per command group.
 
 It only dispatches: each module in COMMAND_MODULES exposes ``register(subparsers)`` which adds its parser(s) and sets
-``func`` (``func(args) -> int``, the exit code). Exit codes: 0 ok, 1 failure/not ready, 2 bad input
-(``testbed.commands.common.UsageError`` or ``SpecError``). What the commands share lives in
+``func`` (``func(args) -> int``, the exit code). Exit codes: 0 ok, 1 failure/not ready (a plug-in's
+impossible decision: ``emulation.plugins.DecisionError``), 2 bad input (``testbed.commands.common.UsageError`` or
+``SpecError``). What the commands share lives in
 ``testbed.commands.common``, never here: a command never imports this module.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy here does small vect
 import logging
 import sys
 
+from emulation.plugins import DecisionError
 from emulation.registry import NameInUse
 from emulation.signals import exit_code, teardown_on_signals
 from emulation.validation import SpecError
@@ -44,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, UsageError) as e:
         print(f"orchestrrl {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except DecisionError as e:  # a plug-in's decision could not be carried out: the run stopped
+        print(f"orchestrrl {args.command}: error: a plug-in decided what cannot be carried out: {e}; the run was "
+              "stopped (everything it started was stopped)", file=sys.stderr)
+        return 1
     except NameInUse as e:  # another fabric holds the names: not bad input, nothing was touched
         print(f"orchestrrl {args.command}: error: {e}", file=sys.stderr)
         return 1

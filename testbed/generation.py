@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from emulation.orchestration import OrchestratorSettings
-from testbed.backends.base import Backend, StepRequests, deal, step_requests
+from testbed.backends.base import Backend, StepRequests, step_requests
 from testbed.orchestrator.balancer import freeness
 from testbed.orchestrator.estimate import Estimator
 from testbed.orchestrator.forecast import LengthForecast
@@ -53,12 +53,12 @@ class GenerationPhase:
         """Step ``step``'s generation (``first``: the run's first step, whose layouts are chosen free);
         ``on_tick(now)`` is called at every poll (the asynchronous mode runs training and weight sync beside
         it) and ``wake_hint()`` says when it next needs a poll (a job's known end; inf: none)."""
-        req, placed, t_start = self._deal(step, lengths, prompt_ids)
+        req, placed, chunked, t_start = self._deal(step, lengths, prompt_ids, forecast)
         switches = self.planning.initial_layouts(placed, req, forecast, first)
         self.enter_gen(self.first_step_s)
         t_gen = self.backend.now()
         for s, idx in placed.items():
-            self.recovery.place(s, req.specs(idx), chunked=self.settings.dispatch == "contiguous")
+            self.recovery.place(s, req.specs(idx), chunked=chunked)
         self.timeline.event(t_gen, "phase_start", phase="gen", step=step)
         failed_before = set(self.recovery.failed)
         ticks = TickClock(t_gen, self.settings.planning_interval_s)  # on the clock: a late tick is never made up for
@@ -68,19 +68,20 @@ class GenerationPhase:
                             {"step": step, "req": req, "lengths": lengths, "start": t_start, "gen_start": t_gen,
                              "switches": switches + sw, "migrations": migrations})
 
-    def _deal(self, step: int, lengths: np.ndarray, prompt_ids: np.ndarray) -> tuple[StepRequests, dict, float]:
-        """The step's requests dealt to the live generators (one that died between steps gets no share), each
-        generator streaming to one trainer's collector (RLSim's pairing): (requests, server -> indices, start)."""
+    def _deal(self, step: int, lengths: np.ndarray, prompt_ids: np.ndarray,
+              forecast: LengthForecast) -> tuple[StepRequests, dict, bool, float]:
+        """The step's requests dealt to the live generators by the policy's dispatcher (one that died between
+        steps gets no share; what it holds back waits in its pool), each generator streaming to one trainer's
+        collector (RLSim's pairing): (requests, server -> indices, chunked per replica, start)."""
         b = self.backend
         self.recovery.check(None)
-        placed = deal(len(lengths), self.recovery.live(), self.rng_deal, self.settings.dispatch)
-        dest = np.zeros(len(lengths), np.int64)
+        req = step_requests(step, lengths, prompt_ids, self.prompt_tokens, np.zeros(len(lengths), np.int64))
+        placed, chunked = self.planning.deal(req, self.recovery.live(), forecast, self.rng_deal)
         for s, idx in placed.items():
-            dest[idx] = b.gen_servers.index(s) % len(b.train_servers)
-        req = step_requests(step, lengths, prompt_ids, self.prompt_tokens, dest)
+            req.dest[idx] = b.gen_servers.index(s) % len(b.train_servers)
         t_start = b.now()
         self.timeline.event(t_start, "step", step=step, requests=req.n, tokens=int(lengths.sum()))
-        return req, placed, t_start
+        return req, placed, chunked, t_start
 
     def _loop(self, req: StepRequests, forecast: LengthForecast, ticks: TickClock, failed_before: set,
               on_tick, wake_hint) -> tuple[LengthForecast, int, int]:
@@ -130,8 +131,10 @@ class GenerationPhase:
         """The step's end: the engines' final counters, what was delivered, the hand-overs, the accounting."""
         b, recovery = self.backend, self.recovery
         interval = self.settings.planning_interval_s
-        self.sample(b.now(), {s: st for s, st in b.states(self.planning.deadline, tick_fail_after_s(interval)).items()
-                              if s not in recovery.failed}, fc)
+        last = {s: st for s, st in b.states(self.planning.deadline, tick_fail_after_s(interval)).items()
+                if s not in recovery.failed}
+        self.sample(b.now(), last, fc)
+        self.planning.step_end(req.step, last)
         out = b.end_generation(req)
         t_gen_end = out["ended_at"]  # the last token, not the tick that noticed it
         for m in b.take_handovers():  # simulated hand-overs: their downtime once they happened

@@ -1,5 +1,9 @@
-"""The planning tick: what the planner and the balancer decide at a tick of a generation phase, carried out
-through the Backend interface (layout switches, migrations), and the layouts chosen at a step's start.
+"""The planning tick: what the policy's plug-ins decide (testbed.orchestrator.interfaces: the dispatcher, the
+planner, the balancer, built-in or a user's, made from one PolicyContext), carried out through the Backend
+interface (the deal of a step's batch and the release of its pool, layout switches, migrations), and the layouts
+chosen at a step's start. Every decision is checked before it is carried out: one that cannot be (a layout the
+servers cannot hold, a migration of a request its source does not hold, a request dealt twice) is an
+emulation.plugins.DecisionError naming the plug-in, and the run stops.
 
 The estimator's forecast is the tick's: the step's forecast updated online with what the step has shown
 (``forecast.online_update``), and every request's offset from its prompt's other samples
@@ -15,22 +19,26 @@ import time
 import numpy as np
 
 from emulation.orchestration import OrchestratorSettings
+from emulation.plugins import DecisionError
 from emulation.validation import SpecError
 from testbed.backends.base import Backend, StepRequests
+from testbed.decision_checks import (check_decision, check_whole_deal, checked_deal, checked_decisions, checked_moves,
+                                     indices)
 from testbed.decision_priority import raised_priority
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator, ServerLoad
 from testbed.orchestrator.forecast import LengthForecast, prompt_share, prompt_shifts
-from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshot, request_levels
-from testbed.orchestrator.policies import Policy, feasible_layouts
+from testbed.orchestrator.interfaces import Batch, Deal, Pool, PolicyContext
+from testbed.orchestrator.planner import ServerView, loads_from_snapshot, request_levels
+from testbed.orchestrator.policies import Policy, feasible_layouts, scenario_dispatch
 from testbed.recovery import Recovery
 from testbed.ticks import IntervalBudget, tick_deadline_s
 
 
 class PlanningTick:
-    """The planner and the balancer of a run (either may be off, as the policy says) and what they need
-    between ticks: each server's last switch end, the phase's migration budget and per-tick deadline, the
-    finished steps' prompt groups; for the run's result ``decision_ms``, ``realised`` (every migration's
+    """The policy's plug-ins of a run (its dispatcher; its planner and its balancer, either may be off) and
+    what they need between ticks: each server's last switch end, the phase's migration budget and per-tick
+    deadline, the dispatcher's pool, the finished steps' prompt groups; for the run's result ``decision_ms``, ``realised`` (every migration's
     predicted gain and its realised one, where the backend tells: against the tick without it) and
     ``tick_realised`` (per tick that moved, its moves and their realised gain together)."""
 
@@ -41,12 +49,16 @@ class PlanningTick:
         self.timeline, self.recovery = timeline, recovery
         self.w = w
         self.gpus = est.gpus
-        cm = est.cm
-        feasible = feasible_layouts(cm, self.gpus, settings.engine, w.prompt_tokens, w.max_response_tokens)
-        self.planner = Planner(est, backend_cost(cm, self.gpus, settings.engine), settings.planner, cm.model.is_moe,
-                               tuple(feasible)) if policy.planner else None
-        self.balancer = Balancer(est, settings.balancer) if policy.balancer else None
-        if self.balancer is not None and settings.balancer.pay_judge == "truth":
+        self.ctx = policy_context(scenario, backend, settings, est)
+        self.planner = policy.planner.create(self.ctx) if policy.planner else None
+        self.balancer = policy.balancer.create(self.ctx) if policy.balancer else None
+        dispatch = policy.dispatch or scenario_dispatch(settings)
+        self.dispatcher = dispatch.create(self.ctx)
+        self.who = {role: f"policy {policy.name!r}: {role} {c.ref!r}" for role, c in
+                    (("planner", policy.planner), ("balancer", policy.balancer), ("dispatch", dispatch)) if c}
+        self.pool = np.zeros(0, np.int64)  # the step's requests the dispatcher holds back
+        self._placed = np.zeros(0, np.int64)  # the step's requests dealt to servers so far
+        if isinstance(self.balancer, Balancer) and settings.balancer.pay_judge == "truth":
             if backend.true_remaining is None:
                 raise SpecError("orchestrator.balancer.pay_judge",
                                 f"'truth' reads the true lengths, which only the simulated backend has ({backend.name})")
@@ -66,8 +78,9 @@ class PlanningTick:
 
     @property
     def active(self) -> bool:
-        """Whether anything is decided at a tick (the policy has a planner or a balancer)."""
-        return self.planner is not None or self.balancer is not None
+        """Whether anything is decided at a tick (the policy has a planner or a balancer, or requests wait in
+        the dispatcher's pool)."""
+        return self.planner is not None or self.balancer is not None or len(self.pool) > 0
 
     def begin_phase(self, t_gen: float) -> None:
         """A generation phase starts at ``t_gen``: its migration budget and per-tick deadline."""
@@ -78,6 +91,66 @@ class PlanningTick:
     def observe_step(self, lengths: np.ndarray, prompt_ids: np.ndarray) -> None:
         """A finished step's lengths by prompt: the data of the prompt share (forecast.prompt_share)."""
         self._prompt_steps.append((np.asarray(lengths), prompt_ids))
+
+    # ---- the step's deal and its pool ----
+    def deal(self, req: StepRequests, servers: list[int], forecast: LengthForecast,
+             rng: np.random.Generator) -> tuple[dict[int, np.ndarray], bool]:
+        """The dispatcher's deal of the step's batch to the live ``servers``: (server -> indices in queue order,
+        for every live server; chunked per replica). What it holds back waits in :attr:`pool`."""
+        d = self.dispatcher.deal(Batch(req.step, req.n, req.prompt_id, req.prompt, tuple(servers),
+                                       self.backend.layouts(), forecast, rng))
+        who = self.who["dispatch"]
+        if not isinstance(d, Deal):
+            raise DecisionError(who, f"deal() must return a Deal, got {type(d).__name__}")
+        placed = checked_deal(who, d.placed, set(servers), np.arange(req.n), "deal()")
+        held = indices(who, d.held, "deal(): held")
+        check_whole_deal(who, placed, held, req.n)
+        self.pool = np.sort(held)
+        self._placed = np.ones(req.n, bool)
+        self._placed[held] = False
+        if len(held):
+            self.timeline.event(self.backend.now(), "dispatch_held", step=req.step, held=int(len(held)))
+        return {s: placed.get(s, np.zeros(0, np.int64)) for s in servers}, bool(d.chunked)
+
+    def release(self, now: float, states: dict, req: StepRequests) -> int:
+        """A tick with requests in the pool: the dispatcher's release, checked and queued (each server's share
+        in the order given, on its least loaded replicas). Returns how many went out."""
+        finished = self._done(states, req)
+        pool = Pool(now, req.step, self.pool.copy(), req.prompt_id, req.prompt,
+                    dict(zip(finished.tolist(), req.target[finished].tolist())), states)
+        out = checked_deal(self.who["dispatch"], self.dispatcher.release(pool) or {}, set(states), self.pool,
+                           "release()")
+        n = 0
+        for srv, idx in out.items():
+            if not len(idx):
+                continue
+            req.dest[idx] = self.backend.gen_servers.index(srv) % len(self.backend.train_servers)
+            self.recovery.place(srv, req.specs(idx))
+            self._placed[idx] = True
+            n += len(idx)
+        if n:
+            self.pool = self.pool[~self._placed[self.pool]]
+            self.timeline.event(now, "release", step=req.step, released={s: int(len(i)) for s, i in out.items()
+                                                                         if len(i)}, held=int(len(self.pool)))
+        elif len(self.pool) and all(not len(st.snapshot["rid"]) for st in states.values()) and not self.backend.in_flight():
+            raise DecisionError(self.who["dispatch"], f"holds {len(self.pool)} requests while every server is "
+                                                      "idle: release() must deal them")
+        return n
+
+    def _done(self, states: dict, req: StepRequests) -> np.ndarray:
+        """Indices of the step's requests that finished: dealt, on no server, as many as the backends report
+        finished (``finished_count``, asked at the tick's start)."""
+        held = np.concatenate([st.snapshot["rid"] for st in states.values()]) if states else np.zeros(0, np.int64)
+        done = np.nonzero(self._dealt(req) & ~np.isin(req.rid, held))[0]
+        return done[:max(self._finished, 0)]
+
+    def _dealt(self, req: StepRequests) -> np.ndarray:
+        return self._placed if len(self._placed) == req.n else np.ones(req.n, bool)
+
+    def step_end(self, step: int, states: dict) -> None:
+        """The step's generation ended (``states``: the live servers' last): the planner is told."""
+        if self.planner is not None:
+            self.planner.step_end(step, states)
 
     # ---- the step's start ----
     def initial_layouts(self, placed: dict[int, np.ndarray], req: StepRequests, fc: LengthForecast,
@@ -99,6 +172,7 @@ class PlanningTick:
                 load = ServerLoad(np.full(n, float(self.w.prompt_tokens)), np.full(n, fc.mean()), np.zeros(n, bool),
                                   np.full(n, -1), np.zeros(n), request_levels(req.rid[idx]))
                 d = self.planner.initial(ServerView(s, cur[s], load), charged=not first)
+                check_decision(self.who["planner"], s, d, {s}, self.ctx.layouts, self.gpus)
                 want = d.best
             if want != cur[s]:
                 sw = b.set_layout(s, want, free=first)
@@ -124,7 +198,10 @@ class PlanningTick:
             if not late:  # a late server's requests are unknown this tick: the forecast waits for them
                 fc = self._online(forecast, states, req)
             self._thinking = time.perf_counter() - t_dec
-            sw, mg = self._decide(now, states, fc, req, late)
+            sw, mg = (self._decide(now, states, fc, req, late) if self.planner is not None or self.balancer is not None
+                      else (0, 0))
+            if len(self.pool) and not late:  # after the decisions: the states do not hold what is released now
+                self.release(now, states, req)
         self.decision_ms.append(self._thinking * 1e3)
         return fc, sw, mg
 
@@ -138,11 +215,12 @@ class PlanningTick:
         self.est.use_forecast(fc)
         shifts = self._prompt_shifts(fc, states, req, late)
         views = {s: ServerView(s, st.layout, loads_from_snapshot(st.snapshot, fc, shifts.get(s)), st.busy_until,
-                               self.last_switch_end.get(s, -math.inf)) for s, st in states.items()}
+                               self.last_switch_end.get(s, -math.inf), st.stats) for s, st in states.items()}
         switches = migrations = 0
         near: set[int] = set()
         if self.planner is not None:
-            decisions = self.planner.evaluate_all(views, now, self.settings.planning_interval_s)
+            decisions = checked_decisions(self.who["planner"], self.planner.evaluate_all(
+                views, now, self.settings.planning_interval_s), views, self.ctx.layouts, self.gpus)
             near = {s for s, d in decisions.items() if d.near_switch}
             self.timeline.event(now, "plan", step=req.step, gain_s={s: round(d.gain_s, 3) for s, d in decisions.items()},
                                 switch=[s for s, d in decisions.items() if d.switch])
@@ -152,14 +230,15 @@ class PlanningTick:
         if self.balancer is not None:
             steady = {s: v for s, v in views.items() if v.busy_until <= now and s not in near}
             rids = {s: states[s].snapshot["rid"] for s in steady}
-            moves, _ = self.balancer.decide(steady, rids, now)
+            moves = checked_moves(self.who["balancer"], self.balancer.moves(steady, rids, now), steady, rids, self.gpus)
             self._thinking += time.perf_counter() - t0
             moved = self._migrate(now, req, moves)
             migrations += len(moved)
             if self.planner is not None and moved:
                 t0 = time.perf_counter()
                 after = _after_moves(views, rids, moved)
-                decisions = self.planner.evaluate_all(after, now, self.settings.planning_interval_s)
+                decisions = checked_decisions(self.who["planner"], self.planner.evaluate_all(
+                    after, now, self.settings.planning_interval_s), after, self.ctx.layouts, self.gpus)
                 self._thinking += time.perf_counter() - t0
                 switches += self._switch(now, req, decisions)
         else:
@@ -245,12 +324,9 @@ class PlanningTick:
         if not self.settings.forecast.online_update:
             return forecast
         running = np.concatenate([st.snapshot["generated"] for st in states.values()]) if states else np.zeros(0)
-        held = set(np.concatenate([st.snapshot["rid"] for st in states.values()]).tolist()) if states else set()
-        done = [int(n) for r, n in zip(req.rid.tolist(), req.target.tolist()) if r not in held]
-        # requests not on any server finished (or are moving): their length is known once finished; count only
-        # those the backends report finished
-        k = self._finished
-        done = done[:k] if len(done) > k else done
+        # requests dealt and on no server finished (or are moving): their length is known once finished; count
+        # only as many as the backends report finished
+        done = req.target[self._done(states, req)]
         try:
             return forecast.updated(np.asarray(done, dtype=float), running.astype(float), self.settings.forecast)
         except ValueError:
@@ -264,10 +340,7 @@ class PlanningTick:
         share = prompt_share(self._prompt_steps, self._prompt_prior)
         if share <= 0:
             return {}
-        held = np.concatenate([st.snapshot["rid"] for st in states.values()])
-        done = ~np.isin(req.rid, held)
-        k = self._finished
-        di = np.nonzero(done)[0][:max(k, 0)]  # as _online: only as many as the backends report finished
+        di = self._done(states, req)  # as _online: only as many as the backends report finished
         run_idx = np.concatenate([st.snapshot["rid"] for st in states.values()]) - req.rid[0]
         run_gen = np.concatenate([st.snapshot["generated"] for st in states.values()])
         post = prompt_shifts(fc, share, req.prompt_id[di], req.target[di], req.prompt_id[run_idx], run_gen)
@@ -296,7 +369,7 @@ def _after_moves(views: dict, rids: dict, moves: list) -> dict:
         else:
             cur[m.dst] = (ld.plus_from(ls, i, rep), np.r_[rd, rs[i]])
             cur[m.src] = (ls.without(i), np.delete(rs, i))
-    return {s: ServerView(s, views[s].layout, ld, views[s].busy_until, views[s].last_switch_end)
+    return {s: ServerView(s, views[s].layout, ld, views[s].busy_until, views[s].last_switch_end, views[s].stats)
             for s, (ld, _) in cur.items()}
 
 
@@ -304,3 +377,12 @@ def backend_cost(cm, gpus: int, engine):
     from agents.engine import ModelledCost
 
     return ModelledCost(cm, gpus, engine.switch_reinit_s)
+
+
+def policy_context(scenario, backend: Backend, settings: OrchestratorSettings, est: Estimator) -> PolicyContext:
+    """What a run's plug-ins see (interfaces.PolicyContext): never the true lengths."""
+    w, cm = scenario.workload, est.cm
+    feasible = feasible_layouts(cm, est.gpus, settings.engine, w.prompt_tokens, w.max_response_tokens)
+    return PolicyContext(est, backend_cost(cm, est.gpus, settings.engine), cm, est.gpus, tuple(feasible),
+                         cm.model.is_moe, settings, tuple(backend.gen_servers), w.prompt_tokens,
+                         w.max_response_tokens, backend.now, np.random.default_rng([scenario.seed, 3]))

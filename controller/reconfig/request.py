@@ -9,7 +9,7 @@ from typing import Any, Mapping, Optional
 from emulation.spec import FabricSpec, JobLayout, check_delay_ms, check_phase
 from emulation.validation import BRIEF_CHARS, SpecError, brief, finite_float, from_dict, require
 
-from .. import phases
+from ..fabric_rules import BUILTIN
 from ..ocs import Matching
 
 MAX_WINDOW_MS = 3600_000.0
@@ -113,18 +113,21 @@ def circuits_request(spec: FabricSpec, data: Any) -> ReconfigRequest:
     return ReconfigRequest(target=target, delay_ms=body.delay_ms, window_ms=body.window_ms, gain_ms=body.gain_ms)
 
 
-def phase_request(spec: FabricSpec, layout: JobLayout, data: Any, traffic: Any = None) -> ReconfigRequest:
+def phase_request(spec: FabricSpec, layout: JobLayout, data: Any, traffic: Any = None,
+                  rule: Any = None) -> ReconfigRequest:
     """Validate a ``POST /phase`` JSON body into a request with the phase's matchings on every OCS
-    (``traffic``: ``controller.traffic.PhaseTraffic``, what the train topology is built from)."""
+    (``traffic``: ``controller.traffic.PhaseTraffic``, what the train topology is built from; ``rule``: the
+    fabric's phase rule, controller.fabric_rules, None: the built-in)."""
+    rule = rule or BUILTIN
     body = from_dict(PhaseBody, data)
     check_phase(body.phase)
     if body.part is None:
-        target = phases.phase_matchings(spec, layout, body.phase, traffic)
+        target = rule.matchings(spec, layout, body.phase, traffic)
     else:
         require(body.phase == "train", "part", f"only the train phase has parts, got phase {body.phase!r}")
         require(traffic is not None, "part", "the controller was told no workload, so it has no train step to split "
                 "(start it with the scenario's workload)")
-        target = phases.train_part_matchings(spec, layout, traffic, body.part)
+        target = rule.part_matchings(spec, layout, traffic, body.part)
         require(target is not None, "part", f"the workload's train step sends nothing in part {body.part!r} "
                 "(a dense model has no model-parallel part)")
     return ReconfigRequest(target=dict(target), phase=body.phase, part=body.part, delay_ms=body.delay_ms,

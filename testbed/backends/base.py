@@ -49,20 +49,6 @@ def step_requests(step: int, lengths: np.ndarray, prompt_ids: np.ndarray, prompt
                         np.asarray(lengths, np.int64), np.asarray(prompt_ids, np.int64), np.asarray(dest, np.int64))
 
 
-def deal(n: int, servers: list[int], rng: np.random.Generator, mode: str = "contiguous") -> dict[int, np.ndarray]:
-    """A step's requests dealt to the generator servers, evenly: server -> request indices (``mode``: one of
-    ``emulation.orchestration.DISPATCH``).
-
-    ``contiguous``: veRL's dispatch: the batch (prompt by prompt, each prompt's samples together) is cut in
-    equal consecutive chunks, one per worker, so a worker gets whole prompt groups; ``random``: every request
-    to a random server (balanced counts)."""
-    if mode == "contiguous":
-        bounds = np.linspace(0, n, len(servers) + 1).round().astype(int)
-        return {s: np.arange(bounds[k], bounds[k + 1]) for k, s in enumerate(servers)}
-    order = rng.permutation(n)
-    return {s: np.sort(order[k::len(servers)]) for k, s in enumerate(servers)}
-
-
 @dataclass
 class ServerState:
     """A generator server at a planning tick, as every backend reports it."""

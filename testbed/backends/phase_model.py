@@ -18,11 +18,12 @@ import math
 import numpy as np
 
 from agents.costmodel import CostModel
+from controller.fabric_rules import scenario_rule
 from controller.phases import TRAIN_PARTS, topology_name
-from controller.switching import decide_switch
 from controller.traffic import phase_traffic
 from emulation.spec import PHASES
-from rlsim.fabrics import Unreachable, build_network, rfabric_network
+from rlsim.fabric_models import fabric_model
+from rlsim.fabrics import Unreachable
 from rlsim.sim import SimSettings, resolved, simulate_iteration, sync_phase, train_phase
 
 from .base import PhaseDecision
@@ -37,13 +38,15 @@ class PhaseModel:
         self.delay_ms = scenario.reconfig_delay_ms  # real time: the model's clock
         self.nets = {}
         self.traffic = phase_traffic(self.spec, self.layout, self.w)  # what the controller builds them from
-        self.static = self.spec.is_static
+        self.rule = scenario_rule(scenario)  # the fabric's phase rule (controller.fabric_rules), the controller's
+        model = fabric_model(self.spec.kind, "fabric.kind")
+        self.static = not model.reconfigures
         for ph in PHASES:
             if self.static:  # a packet tree: one network, whatever the phase
-                self.nets[ph] = self.nets.get("train") or build_network(self.spec.kind, self.spec, self.layout,
-                                                                       opts=settings.fabric)
+                self.nets[ph] = self.nets.get("train") or model.network(self.spec, self.layout, "train",
+                                                                        settings.fabric)
                 continue
-            self.nets[ph] = rfabric_network(self.spec, self.layout, ph, self.traffic, settings.fabric.max_two_hop)[0]
+            self.nets[ph] = model.topology(self.spec, self.layout, ph, settings.fabric, self.traffic, self.rule)[0]
         # re-wiring inside the train phase: the parts' topologies are modelled whenever the step has them (the
         # controller installs one on request); rewire_plan: whether RLSim's iteration takes re-wiring (its
         # detail.train_rewire; None where the scenario does not ask for it or there is nothing to re-wire)
@@ -51,10 +54,10 @@ class PhaseModel:
         if not self.static and self.traffic.n_stages > 1:
             for part in TRAIN_PARTS:
                 name = topology_name("train", part)
-                self.nets[name] = rfabric_network(self.spec, self.layout, name, self.traffic,
-                                                  settings.fabric.max_two_hop)[0]
+                self.nets[name] = model.topology(self.spec, self.layout, name, settings.fabric, self.traffic,
+                                                 self.rule)[0]
             if self.settings.train_rewire:
-                self.rewire_plan = simulate_iteration(scenario, "rfabric",
+                self.rewire_plan = simulate_iteration(scenario, self.spec.kind,
                                                       settings=self.settings)["detail"]["train_rewire"]
         self.train_servers = self.layout.train_servers(self.spec)
         self.train_layout = self.traffic.train.layout  # training's placement (controller.traffic)
@@ -86,7 +89,8 @@ class PhaseModel:
         dp_net = self.nets.get("train:dp") if topology == "train:mp" else None
         try:
             run = train_phase(self.w, self.cm, self.spec, self._net(topology), self.train_servers,
-                              np.asarray(lengths), self.settings, dp_net=dp_net, delay_s=self.delay_ms / 1e3)
+                              np.asarray(lengths), self.settings, dp_net=dp_net, delay_s=self.delay_ms / 1e3,
+                              rule=self.rule)
         except Unreachable as e:
             return math.inf, {"unreachable": str(e)}
         end = run.detail.get("end_topology")
@@ -141,5 +145,5 @@ class PhaseModel:
             return PhaseDecision("static", 0.0, window_ms, gain_ms, f"a static {self.spec.kind} fabric: nothing to re-wire")
         if installed == topology:
             return PhaseDecision("unchanged", 0.0, window_ms, gain_ms, "the phase's circuits are installed")
-        d = decide_switch(window_ms, self.delay_ms, gain_ms)  # +-inf: the old / the new topology cannot carry it
+        d = self.rule.decide(window_ms, self.delay_ms, gain_ms)  # +-inf: the old / the new topology cannot carry it
         return PhaseDecision(d.action, d.stall_ms, window_ms, gain_ms, d.reason, self.delay_ms)

@@ -5,13 +5,17 @@ baseline and its own oracle bounds.
     .venv/bin/python testbed/benchmarks/bench_policies.py [--cases a,b] [--seeds 1,2,3] [--steps 2] [--out DIR]
         [--set planner.gain_margin=0.1 ...]   (orchestrator settings to change, YAML values)
         [--reinit 0.1,1,5]                    (the layout switch's fixed part, engine.switch_reinit_s, seconds)
+        [--extra 'seer[dispatch=contrib.seer:SeerDispatch]' ...]   (plug-in policies run beside the built-ins)
 
 For every case, seed and re-initialisation time: `orchestrrl compare` on the simulated backend (the tuning
 grid of every layout x max_num_seqs, the tuned static configuration, static-low/high, planner, balancer,
 orchestrrl, and the oracle bounds) of the case's scenario. Prints one JSON document: per run the tuned static
 configuration, every adaptive policy's ``speedup_vs_best_static``, its ``oracle_fraction``, switches,
 migrations and the share of migrations that paid (the simulated backend's counterfactual); per case the
-median and minimum over seeds; and ``checks``: the issue's robustness properties, each true or false. Cases
+median and minimum over seeds; and ``checks``: the issue's robustness properties, each true or false.
+``--extra`` adds policies composed of plug-ins (``compare --policies``' definitions, docs/plugins.md), each
+reported like the built-ins plus ``oracle_kind`` and ``fraction_of_both`` (its speedup over the both-oracle's,
+the lane plan's); the checks stay the built-ins'. Cases
 (scenarios/default.yaml unless said):
 
 * ``default``: the scenario as shipped (Qwen2.5-14B, 128 x 8, median 1,500, cap 16k, 5% at the cap);
@@ -46,6 +50,7 @@ from emulation.orchestration import OrchestratorSettings, orchestrator_settings 
 from emulation.scenario import load_scenario  # noqa: E402
 from emulation.validation import to_dict  # noqa: E402
 from emulation.workload import LengthComponent  # noqa: E402
+from testbed.orchestrator.policies import compose, parse_policy_arg  # noqa: E402
 from testbed.runs.experiment import ADAPTIVE, Experiment  # noqa: E402
 
 # case -> (scenario file, workload changes, orchestrator settings changed)
@@ -88,13 +93,21 @@ def case_scenario(case: str, seed: int, sets: list[str] = (), reinit: float | No
                                orchestrator=with_settings(scn.orchestrator, extra))
 
 
-def run_case(case: str, seed: int, steps: int, out: Path, sets: list[str] = (), reinit: float | None = None) -> dict:
+def run_case(case: str, seed: int, steps: int, out: Path, sets: list[str] = (), reinit: float | None = None,
+             extra: list = ()) -> dict:
     scn = case_scenario(case, seed, sets, reinit)
     exp = Experiment(scn, "simulated", steps=steps)
     with exp:
-        rep, _ = exp.compare([exp.policy(n) for n in exp.default_policies()], steps, out / scn.name)
+        rep, _ = exp.compare([exp.policy(n) for n in [*exp.default_policies(), *extra]], steps, out / scn.name)
     pol = rep["policies"]
-    return {"best_static": rep["best_static"],
+    both = rep["oracle"]["kinds"]["both"]["speedup"]
+    plugins = {p.name: {"speedup_vs_best_static": round(pol[p.name]["speedup_vs_best_static"], 4),
+                        "oracle_kind": pol[p.name]["oracle_kind"],
+                        "oracle_fraction": round(pol[p.name]["oracle_fraction"], 4),
+                        "fraction_of_both": round(pol[p.name]["speedup_vs_best_static"] / both, 4),
+                        "layout_switches": pol[p.name]["layout_switches"], "migrations": pol[p.name]["migrations"],
+                        "lost_requests": pol[p.name]["lost_requests"]} for p in extra}
+    return {**({"plugins": plugins} if extra else {}), "best_static": rep["best_static"],
             "best_static_makespan_s": [round(x, 3) for x in pol[rep["best_static"]]["step_makespan_s"]],
             "oracle": {k: round(v["speedup"], 4) for k, v in rep["oracle"]["kinds"].items()},
             "floor": round(rep["oracle"]["floor_speedup"], 4),
@@ -135,16 +148,23 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="keep the per-run reports here (default: a temporary folder)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an orchestrator setting to change, e.g. planner.gain_margin=0.1 (repeatable)")
+    ap.add_argument("--extra", action="append", default=[], metavar="NAME[ROLE=REF,...]",
+                    help="a plug-in policy to run beside the built-ins (compare --policies' definitions; repeatable)")
     a = ap.parse_args(argv)
     cases = [c for c in a.cases.split(",") if c]
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         ap.error(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
     seeds = [int(s) for s in a.seeds.split(",") if s]
+    extra = [parse_policy_arg(x) for x in a.extra]
+    for p in extra:  # every plug-in resolves and its parameters are valid before anything runs
+        if isinstance(p, str):
+            ap.error(f"--extra {p!r}: a definition NAME[role=ref,...] (docs/plugins.md)")
+        compose(p, "--extra")
     reinits = [float(x) for x in a.reinit.split(",")] if a.reinit else [None]
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="bench-policies-"))
     doc = {"backend": "simulated", "steps": a.steps, "seeds": seeds, "settings_changed": a.set,
-           "reinit_s": reinits, "cases": {}}
+           "reinit_s": reinits, **({"extra": a.extra} if a.extra else {}), "cases": {}}
     with tqdm(total=len(cases) * len(seeds) * len(reinits), file=sys.stderr, desc="compare") as bar:
         for c in cases:
             runs = {}
@@ -152,7 +172,7 @@ def main(argv=None) -> int:
                 for ri in reinits:
                     key = f"seed{s}" + (f"-reinit{ri:g}" if ri is not None else "")
                     bar.set_postfix_str(f"{c} {key}")
-                    runs[key] = run_case(c, s, a.steps, out, a.set, ri)
+                    runs[key] = run_case(c, s, a.steps, out, a.set, ri, extra)
                     bar.update(1)
             fname, wl, own = CASES[c]
             doc["cases"][c] = {"scenario": f"scenarios/{fname}",

@@ -69,7 +69,7 @@ def transitions(r: dict) -> dict:
 def own_topology_sync(scn, n: int) -> dict:
     """Weight sync on the sync phase's own topology (whatever the switching rule chose), against its bound."""
     from agents.costmodel import CostModel
-    from rlsim.fabrics import build_network
+    from rlsim.fabric_models import build_network
 
     s = scale_scenario(scn, n)
     net = build_network("rfabric", s.fabric, s.layout, "sync")

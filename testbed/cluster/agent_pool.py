@@ -531,7 +531,8 @@ def running_cluster(scn: Scenario, *, layouts: dict[int, Layout] | None = None,
     mport = bind_port(ms.host, ms.controller_port, DEFAULT_CONTROLLER_METRICS_PORT, "metrics.controller_port")
     with running_testbed(spec, scn.layout, initial_phase=initial_phase or scn.controller.initial_phase,
                          delay_ms=scn.wall_delay_ms, workload=scn.workload,
-                         metrics_port=mport, metrics_host=ms.host) as tb:
+                         metrics_port=mport, metrics_host=ms.host, rule=scn.controller.rule,
+                         rule_params=scn.controller.rule_params) as tb:
         pool = AgentPool(tb.fabric, scn, layouts=layouts or {}, engine=engine or EngineSettings(),
                          real_compute=real_compute)
         with pool:

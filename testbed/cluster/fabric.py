@@ -40,12 +40,13 @@ class Testbed:
 def running_testbed(spec: FabricSpec, layout: JobLayout, *, initial_phase: str = "train",
                     delay_ms: float | None = None, state_file: Path | None = None,
                     connect_timeout_s: float = 30.0, datapath_flush: str = "auto",
-                    workload=None, metrics_port: int = 0, metrics_host: str = "127.0.0.1") -> Iterator[Testbed]:
+                    workload=None, metrics_port: int = 0, metrics_host: str = "127.0.0.1",
+                    rule: str = "benefit-aware", rule_params: dict | None = None) -> Iterator[Testbed]:
     """Start controller + fabric, wait until every switch is connected and the initial phase installed.
     ``delay_ms``: the OCS switching delay the controller programs, in wall time (a scenario's
     ``Scenario.wall_delay_ms``; None: the fabric's ``reconfig_delay_ms`` in wall time, which the controller resolves).
     ``workload``: what the controller's train topology is built from (None: the uniform mesh); ``metrics_port``: the controller's Prometheus endpoint (0: none;
-    emulation.metrics.bind_port picks one)."""
+    emulation.metrics.bind_port picks one); ``rule``/``rule_params``: the fabric's phase rule (controller.fabric_rules)."""
     spec.check_emulatable()
     layout.check(spec)
     if spec.is_static:  # spine bridges with their fixed rule (emulation.builder.static_flows): no controller
@@ -56,7 +57,8 @@ def running_testbed(spec: FabricSpec, layout: JobLayout, *, initial_phase: str =
         return
     with ControllerProcess(spec, layout, initial_phase=initial_phase, delay_ms=delay_ms,
                            state_file=state_file, datapath_flush=datapath_flush, workload=workload,
-                           metrics_port=metrics_port, metrics_host=metrics_host) as ctl:
+                           metrics_port=metrics_port, metrics_host=metrics_host, rule=rule,
+                           rule_params=rule_params) as ctl:
         def wait_connected(dpids: set[int], timeout_s: float) -> None:
             ctl.client.wait_switches(dpids, timeout_s)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 PROVISION = "sudo scripts/provision.sh"
-PROJECT_PACKAGES = ("emulation", "controller", "agents", "rlsim", "testbed")
+PROJECT_PACKAGES = ("emulation", "controller", "agents", "rlsim", "testbed", "contrib")
 SEPARATE = ("mininet",)  # Debian's, checked on its own (and linked into .venv by provision.sh)
 # compared against by a benchmark (bench_costmodel.py llm-analysis), loaded from the folder its
 # --llm-analysis-path names: no dependency of the testbed, so neither declared nor checked

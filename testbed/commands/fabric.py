@@ -47,7 +47,8 @@ def _up(args: argparse.Namespace) -> int:
     try:
         with running_testbed(spec, layout, initial_phase=scn.controller.initial_phase,
                              delay_ms=scn.wall_delay_ms, workload=scn.workload,
-                             metrics_port=scn.metrics.controller_port, metrics_host=scn.metrics.host) as tb:
+                             metrics_port=scn.metrics.controller_port, metrics_host=scn.metrics.host,
+                             rule=scn.controller.rule, rule_params=scn.controller.rule_params) as tb:
             ctl = tb.controller  # None: a static tree (spines with the builder's fixed rule, no controller)
             info = {
                 "scenario": scn.name, "kind": spec.kind,

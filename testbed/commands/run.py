@@ -17,13 +17,10 @@ from tqdm import tqdm
 
 from testbed.commands.common import UsageError
 
-BACKENDS = ("emulated", "simulated")
-
-
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", help="scenario YAML")
-    p.add_argument("--backend", choices=BACKENDS, default="emulated", help="emulated (real agents and fabric; root) "
-                                                                           "or simulated (virtual time)")
+    p.add_argument("--backend", default="emulated", help="emulated (real agents and fabric; root), simulated "
+                                                         "(virtual time), or a plug-in (pkg.mod:Class; docs/plugins.md)")
     p.add_argument("--steps", type=int, default=None, help="RL steps (default: the scenario's)")
     p.add_argument("--out", default=None, help="output folder (default runs/<command>-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -40,11 +37,18 @@ def register(sub) -> None:
     r = sub.add_parser("run", help="run a scenario's RL steps under one policy (planner/balancer in the loop)")
     _common(r)
     r.add_argument("--policy", default="orchestrrl", help=f"one of {', '.join(POLICIES)}, static-tuned, "
-                                                          f"static-TP<t>x<r> or static-TP<t>x<r>@<max_num_seqs>")
+                                                          f"static-TP<t>x<r>, static-TP<t>x<r>@<max_num_seqs>, a policy "
+                                                          f"of the scenario's orchestrator.policies, or a definition "
+                                                          f"NAME[planner=pkg.mod:Class,planner.PARAM=VALUE,...] "
+                                                          f"(docs/plugins.md)")
     r.set_defaults(func=_run)
     c = sub.add_parser("compare", help="run every policy and every static layout on the same seed; report + plots")
     _common(c)
-    c.add_argument("--policies", default=None, help=f"comma-separated (default: every static layout and {', '.join(POLICIES[2:])})")
+    c.add_argument("--policies", default=None, help=f"comma-separated names or definitions "
+                                                    f"NAME[dispatch=REF,planner=REF,balancer=REF,ROLE.PARAM=VALUE] "
+                                                    f"(REF: a registered name or pkg.mod:Class; docs/plugins.md) "
+                                                    f"(default: the tuned static layout, static-low/high, "
+                                                    f"{', '.join(POLICIES[2:])} and the scenario's orchestrator.policies)")
     c.set_defaults(func=_compare)
     _fabric_options(r, several=False)
     _fabric_options(c, several=True)
@@ -141,6 +145,7 @@ def _with_fabric_options(args, scn):
 
 def _prepare(args):
     from emulation.scenario import load_scenario
+    from testbed.backends.registry import backend_kind
     from testbed.runs.experiment import Experiment
 
     from rlsim.limits import check_simulatable
@@ -153,14 +158,15 @@ def _prepare(args):
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
     fit = None
-    if args.backend == "emulated":
-        scn.fabric.check_emulatable()  # in 0.3 s, before anything starts
+    kind = backend_kind(args.backend, "--backend")
+    scn = kind.prepare(scn)  # its own checks, in 0.3 s, before anything starts
     check_simulatable(scn)  # the response-length arrays and the flow model of train/sync must fit
-    if args.backend == "emulated":
+    if kind.needs_root:
         import os
 
         if os.geteuid() != 0:
-            raise UsageError("--backend emulated builds a fabric and needs root (or use --backend simulated)")
+            raise UsageError(f"--backend {args.backend} builds a fabric and needs root (or use --backend simulated)")
+    if kind.has_controller:
         from testbed.runs.metrics import pin_controller_port
 
         scn = pin_controller_port(scn)  # the URL is printed before the cluster starts; a taken port: exit 2
@@ -180,7 +186,7 @@ def _metrics(exp) -> Iterator[None]:
     ms = exp.scn.metrics
     with DriverMetrics().serve(ms.host, ms.driver_port) as dm:
         exp.metrics = dm
-        ctl = ms.controller_port if exp.backend_name == "emulated" else 0  # pinned by _prepare
+        ctl = ms.controller_port if exp.kind.has_controller else 0  # pinned by _prepare
         urls = [f"orchestrator and engines {dm.url}" if dm.url else None,
                 f"controller {url(ms.host, ctl)}" if ctl else None]
         urls = [u for u in urls if u]
@@ -204,14 +210,25 @@ def _tune(args, exp) -> None:
         bar.update(bar.total - bar.n)
 
 
+def _policy_args(exp, items: list[str]) -> list:
+    """``--policy``/``--policies`` items: names, or definitions ``NAME[role=ref,...]``; each resolved now, its
+    plug-ins imported and checked (SpecError: exit 2 before anything starts)."""
+    from testbed.orchestrator.policies import make_policy, parse_policy_arg
+
+    out = [parse_policy_arg(x) for x in items]
+    for n in out:
+        make_policy(n, exp.layouts, exp.gpus, tuned=make_policy("static-low", exp.layouts, exp.gpus), defined=exp.defined)
+    return out
+
+
 def _run(args) -> int:
     exp, steps = _prepare(args)
-    from testbed.orchestrator.policies import make_policy
+    from testbed.orchestrator.policies import needs_tuning
 
-    make_policy(args.policy, exp.layouts, exp.gpus, tuned=make_policy("static-low", exp.layouts, exp.gpus))  # exit 2 now
-    if args.policy in ("static-tuned", "balancer"):
+    name, = _policy_args(exp, [args.policy])
+    if needs_tuning(name, exp.defined):
         _tune(args, exp)
-    policy = exp.policy(args.policy)
+    policy = exp.policy(name)
     out = Path(args.out or f"runs/run-{policy.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     with _metrics(exp), _bar(args, steps, policy.name) as bar, exp:
         res, files = exp.run(policy, steps, out, progress=lambda msg, frac: (bar.set_postfix_str(msg), bar.update(
@@ -236,11 +253,9 @@ def _compare(args) -> int:
     if len([k for k in (getattr(args, "fabric", None) or "").split(",") if k.strip()]) > 1:  # several fabrics: testbed/runs/fabric_compare.py
         return _compare_fabrics(args)
     exp, steps = _prepare(args)
-    from testbed.orchestrator.policies import make_policy
+    from testbed.orchestrator.policies import split_policies
 
-    names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else None
-    for n in names or ():  # bad names: exit 2 before the tuning runs
-        make_policy(n, exp.layouts, exp.gpus, tuned=make_policy("static-low", exp.layouts, exp.gpus))
+    names = _policy_args(exp, split_policies(args.policies)) if args.policies else None  # exit 2 before the tuning
     _tune(args, exp)
     policies = list({p.name: p for p in (exp.policy(n) for n in (names or exp.default_policies()))}.values())
     if steps == exp.steps:  # the oracle bounds (testbed/runs/oracle.py; cached like the grid)
@@ -326,7 +341,9 @@ def _compare_fabrics(args) -> int:
     from testbed.runs.fabric_compare import compare_fabrics, format_fabrics
 
     exp, steps = _prepare(args)
-    names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else exp.default_policies()
+    from testbed.orchestrator.policies import split_policies
+
+    names = _policy_args(exp, split_policies(args.policies)) if args.policies else exp.default_policies()
     for n in names:
         exp.policy(n)  # SpecError (exit 2) before anything starts
     out = Path(args.out or f"runs/fabrics-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -370,8 +387,8 @@ def format_table(report: dict) -> str:
     if orc:
         rows.append("oracle bounds (every length known; testbed/runs/oracle.py): " + ", ".join(
             f"{k} {v['speedup']:.3f}x" for k, v in orc["kinds"].items()) + f", floor {orc['floor_speedup']:.3f}x; "
-            "the 'oracle' column is each policy's speedup as a share of its kind's (planner: switch, balancer: "
-            "placement, orchestrrl: both)")
+            "the 'oracle' column is each policy's speedup as a share of its kind's (report.json oracle_kind: a planner "
+            "alone switch, a balancer or dispatcher alone placement, a planner with either both)")
     al = report.get("aliases") or {}
     if al:
         rows.append("aliases: " + ", ".join(f"{a} = {n}" for a, n in al.items()))

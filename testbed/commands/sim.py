@@ -34,14 +34,16 @@ def _names(text: str) -> list[str]:
 
 
 def register(subparsers) -> None:
-    from rlsim.fabrics import FABRICS, FAT_TREE_TIERS
+    from rlsim.fabric_models import fabric_names
+    from rlsim.fabrics import FAT_TREE_TIERS
 
     p = subparsers.add_parser("sim", help="simulate RL iterations at scale (RLSim)",
                               description="Simulate one RL iteration (or a sweep) on a fabric with RLSim. "
                                           "`orchestrrl sim sweep SCENARIO --out DIR` runs a sweep.")
     p.add_argument("target", metavar="SCENARIO", help="scenario YAML, or 'sweep' followed by the scenario")
     p.add_argument("scenario", nargs="?", metavar="SWEEP_SCENARIO", help=argparse.SUPPRESS)
-    p.add_argument("--fabric", choices=FABRICS, default="rfabric", help="fabric (default rfabric)")
+    p.add_argument("--fabric", default="rfabric", help=f"fabric: {', '.join(fabric_names())}, or a plug-in "
+                                                         f"pkg.mod:Class (rlsim/fabric_models.py; default rfabric)")
     p.add_argument("--gpus", type=int, default=None, help="re-size the scenario to N GPUs (whole pods)")
     p.add_argument("--reconfig-delay-ms", "--t-ocs-ms", dest="reconfig_delay_ms", type=float, default=None,
                    help="OCS switching time, ms (the reference's T_ocs; default: the scenario's reconfig_delay_ms)")
@@ -117,11 +119,11 @@ def run(args) -> int:
 
 
 def _sweep(args) -> int:
-    from rlsim.fabrics import FABRICS
+    from rlsim.fabric_models import fabric_names
     from rlsim.sweep import DEFAULT_RECONFIG_DELAYS_MS, plan, ray_available, run_sweep, write_outputs
 
     scn = load_scenario(args.scenario)
-    fabrics = args.fabrics or list(FABRICS)
+    fabrics = args.fabrics or list(fabric_names())
     from rlsim.limits import pod_gpus
 
     from rlsim.limits import check_simulatable

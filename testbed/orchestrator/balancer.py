@@ -36,6 +36,7 @@ import numpy as np
 from emulation.orchestration import BalancerSettings
 
 from .estimate import Estimator, ServerLoad
+from .interfaces import MigrationBalancer, PolicyContext
 from .planner import ServerView
 
 PAID_S = 1e-3  # a move pays when the two servers it touches finish at least this much sooner with it
@@ -46,9 +47,9 @@ class Move:
     rid: int
     src: int
     dst: int
-    dst_replica: int | None  # the destination replica (the least loaded one of ``dst``)
-    before: tuple[float, float]  # (L_src, L_dst); a move inside one server: its two replicas' times
-    after: tuple[float, float]
+    dst_replica: int | None = None  # the destination replica (the least loaded one of ``dst``; None: the engine's)
+    before: tuple[float, float] = (0.0, 0.0)  # (L_src, L_dst); a move inside one server: its two replicas' times
+    after: tuple[float, float] = (0.0, 0.0)
     gain_s: float = 0.0  # predicted: the larger of the two servers' load indices before the move minus after it
     pays: float | None = None  # the share of the forecast's draws in which it shortens the pair's makespan
 
@@ -67,13 +68,22 @@ class _Agent:
 
 
 @dataclass
-class Balancer:
+class Balancer(MigrationBalancer):
     estimator: Estimator
     settings: BalancerSettings = field(default_factory=BalancerSettings)
     views_after: dict = field(default_factory=dict, repr=False)  # decide(): each agent's view after its moves
     # settings.pay_judge "truth": request ids -> their true remaining tokens (the simulated backend's), judged on
     # in place of the forecast's draws: an oracle of which moves pay, not a policy
     truth: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
+
+    @classmethod
+    def create(cls, ctx: PolicyContext, params=None) -> "Balancer":
+        """The built-in balancer of a run: its settings are the scenario's ``orchestrator.balancer``."""
+        return cls(ctx.estimator, ctx.settings.balancer)
+
+    def moves(self, views: dict[int, ServerView], rids: dict[int, np.ndarray], now: float) -> list[Move]:
+        """The interface's answer (interfaces.MigrationBalancer): :meth:`decide`'s moves."""
+        return self.decide(views, rids, now)[0]
 
     def frozen(self, load: ServerLoad) -> ServerLoad:
         """``load`` with every request's remaining tokens fixed at the estimator's stratified value for it now

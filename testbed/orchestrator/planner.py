@@ -25,6 +25,7 @@ from emulation.orchestration import PlannerSettings
 from emulation.validation import SpecError
 
 from .estimate import Estimator, ServerLoad
+from .interfaces import LayoutPlanner, PolicyContext
 
 
 def request_levels(rids: np.ndarray) -> np.ndarray:
@@ -54,6 +55,7 @@ class ServerView:
     load: ServerLoad
     busy_until: float = 0.0  # a layout switch in progress ends then (engine time)
     last_switch_end: float = -math.inf
+    stats: dict | None = None  # the engine's counters at the tick (agents.engine.Engine.stats; None: not asked)
 
 
 @dataclass
@@ -68,14 +70,31 @@ class Decision:
     reason: str
     near_switch: bool = False  # a switch in progress, cooling down, or worth making but held by the lookahead
 
+    @classmethod
+    def stay(cls, view: ServerView, reason: str) -> "Decision":
+        """Keep ``view``'s server in its layout (a plug-in planner's answer)."""
+        return cls(view.server, view.layout, view.layout, {}, False, 0.0, 0.0, reason)
+
+    @classmethod
+    def to(cls, view: ServerView, layout: Layout, reason: str, gain_s: float = 0.0, cost_s: float = 0.0) -> "Decision":
+        """Switch ``view``'s server to ``layout`` now (a plug-in planner's answer; ``gain_s`` and ``cost_s``:
+        what it predicted, for the timeline)."""
+        return cls(view.server, view.layout, layout, {}, layout != view.layout, gain_s, cost_s, reason,
+                   layout != view.layout)
+
 
 @dataclass
-class Planner:
+class Planner(LayoutPlanner):
     estimator: Estimator
     switch_cost: object  # agents.engine.StepCost (its switch_s)
     settings: PlannerSettings = field(default_factory=PlannerSettings)
     moe: bool = False
     allowed: tuple = ()  # layouts that hold the model and a longest request (settings.feasible_layouts); () = all
+
+    @classmethod
+    def create(cls, ctx: PolicyContext, params=None) -> "Planner":
+        """The built-in planner of a run: its settings are the scenario's ``orchestrator.planner``."""
+        return cls(ctx.estimator, ctx.cost, ctx.settings.planner, ctx.moe, tuple(ctx.layouts))
 
     def __post_init__(self) -> None:
         self._ticks = 0

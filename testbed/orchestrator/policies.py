@@ -1,30 +1,48 @@
-"""The policies a run compares (pure): static layouts, the planner, the balancer and both, and the layouts
-a server may take. Their settings are the scenario's ``orchestrator:`` section, typed and validated when the
-scenario loads (emulation.orchestration).
+"""The policies a run compares (pure): static layouts, and policies composed of plug-ins (a dispatcher, a
+planner, a balancer: testbed.orchestrator.interfaces), the built-in ones (``planner``, ``balancer``,
+``orchestrrl``) defined by composition exactly as a user's (``orchestrator.policies`` in a scenario, or
+``compare --policies 'mine[planner=pkg.mod:Cls,planner.threshold=1.1]'``); and the layouts a server may take.
+Their settings are the scenario's ``orchestrator:`` section, typed and validated when the scenario loads
+(emulation.orchestration); the plug-ins they name are resolved and their parameters validated here, before
+anything starts.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Mapping
+
+import yaml
 
 from agents.engine import Layout, dense_layouts
-from emulation.orchestration import EngineSettings
-from emulation.validation import SpecError
+from emulation.orchestration import POLICY_ROLES, EngineSettings, PolicySpec
+from emulation.validation import SpecError, from_dict
 
-POLICIES = ("static-low", "static-high", "planner", "balancer", "orchestrrl")
+from .interfaces import OFF, ROLES, Component
+
+# the built-in adaptive policies, composed as a user composes one
+BUILTIN_POLICIES = {
+    "planner": PolicySpec("planner", planner="forecast"),
+    "balancer": PolicySpec("balancer", balancer="load-index"),
+    "orchestrrl": PolicySpec("orchestrrl", planner="forecast", balancer="load-index"),
+}
+POLICIES = ("static-low", "static-high", *BUILTIN_POLICIES)
 
 
 @dataclass(frozen=True)
 class Policy:
-    """``name``; ``layout``: a fixed starting layout (None: the planner picks it); whether the planner and the
-    balancer run; ``max_num_seqs``: the engines' max_num_seqs for this policy (a static configuration of the
-    tuning grid, ``static-TP8x1@1024``; None: the scenario's ``orchestrator.engine.max_num_seqs``)."""
+    """``name``; ``layout``: a fixed starting layout (None: the planner picks it); the ``planner`` and the
+    ``balancer`` (resolved plug-ins: :class:`~testbed.orchestrator.interfaces.Component`; None: off);
+    ``max_num_seqs``: the engines' max_num_seqs for this policy (a static configuration of the tuning grid,
+    ``static-TP8x1@1024``; None: the scenario's ``orchestrator.engine.max_num_seqs``); ``dispatch``: its own
+    dispatcher (None: the scenario's ``orchestrator.dispatch``)."""
 
     name: str
     layout: Layout | None
-    planner: bool
-    balancer: bool
+    planner: Component | None = None
+    balancer: Component | None = None
     max_num_seqs: int | None = None
+    dispatch: Component | None = None
 
     def engine(self, base: EngineSettings) -> EngineSettings:
         """The engine settings this policy runs with."""
@@ -35,7 +53,18 @@ class Policy:
 
     @property
     def static(self) -> bool:
-        return not (self.planner or self.balancer)
+        return not (self.planner or self.balancer or self.dispatch)
+
+    @property
+    def oracle_kind(self) -> str | None:
+        """The oracle bound its speedup is read against (testbed.runs.oracle): ``switch`` for a planner alone,
+        ``placement`` for placement alone (a balancer, a dispatcher), ``both`` for a planner with either;
+        None for a static configuration."""
+        if self.static:
+            return None
+        if self.planner:
+            return "both" if (self.balancer or self.dispatch) else "switch"
+        return "placement"
 
 
 def feasible_layouts(cm, gpus: int, engine: EngineSettings, prompt: int, cap: int) -> list[Layout]:
@@ -51,19 +80,117 @@ def feasible_layouts(cm, gpus: int, engine: EngineSettings, prompt: int, cap: in
 MAX_NUM_SEQS_LIMIT = 65536  # a static configuration's max_num_seqs (engines allocate slots for it)
 
 
-def make_policy(name: str, layouts: list[Layout], gpus: int, tuned: Policy | None = None) -> Policy:
+def resolve_component(role: str, ref: str | None, params: Mapping | None, field: str) -> Component | None:
+    """The plug-in ``ref`` names for ``role`` (dispatch, planner, balancer), its ``params`` validated; None
+    for ``none`` (or no dispatch: the scenario's). SpecError naming ``field`` otherwise."""
+    if ref is None or ref == OFF:
+        return None
+    reg = ROLES[role]
+    cls = reg.resolve(ref, f"{field}.{role}")
+    return Component(ref, cls, reg.params(cls, params, f"{field}.params.{role}"))
+
+
+def compose(spec: PolicySpec, field: str, layout: Layout | None = None, max_num_seqs: int | None = None) -> Policy:
+    """The policy ``spec`` defines, every part resolved (``field``: where it was defined, for errors).
+    ``layout``/``max_num_seqs``: the fixed configuration of a policy without a planner."""
+    parts = {r: resolve_component(r, getattr(spec, r), spec.params.get(r), field) for r in POLICY_ROLES}
+    return Policy(spec.name, None if parts["planner"] else layout, parts["planner"], parts["balancer"],
+                  None if parts["planner"] else max_num_seqs, parts["dispatch"])
+
+
+def scenario_dispatch(settings) -> Component:
+    """The scenario's ``orchestrator.dispatch``, resolved (every policy without its own deals with it)."""
+    return resolve_component("dispatch", settings.dispatch, None, "orchestrator")
+
+
+def defined_policies(settings) -> dict[str, PolicySpec]:
+    """Every composed policy by name: the built-in ones and the scenario's ``orchestrator.policies`` (a name
+    taken by a built-in is a SpecError)."""
+    out = dict(BUILTIN_POLICIES)
+    for i, p in enumerate(getattr(settings, "policies", ()) or ()):
+        if p.name in out:
+            raise SpecError(f"orchestrator.policies[{i}].name", f"{p.name!r} names a built-in policy")
+        out[p.name] = p
+    return out
+
+
+def check_plugins(settings) -> None:
+    """Every plug-in the scenario names resolves and its parameters are valid (SpecError naming the field):
+    what ``run`` and ``compare`` check before anything starts."""
+    scenario_dispatch(settings)
+    for i, p in enumerate(settings.policies):
+        compose(p, f"orchestrator.policies[{i}]")
+
+
+def parse_policy_arg(text: str) -> PolicySpec | str:
+    """One item of ``compare --policies``: a name, or ``NAME[role=ref,role.param=value,...]`` (values as YAML),
+    a policy defined on the command line (SpecError naming ``--policies``)."""
+    name, bracket, rest = text.partition("[")
+    if not bracket:
+        return text
+    if not rest.endswith("]"):
+        raise SpecError("--policies", f"{text!r}: a definition NAME[role=ref,...] must end with ']'")
+    data: dict = {"name": name, "params": {}}
+    for item in _split(rest[:-1]):
+        key, eq, val = item.partition("=")
+        key = key.strip()
+        role, dot, param = key.partition(".")
+        if not eq or role not in POLICY_ROLES:
+            raise SpecError("--policies", f"{text!r}: expected role=ref or role.param=value with a role of "
+                                          f"{', '.join(POLICY_ROLES)}, got {item!r}")
+        if dot:
+            data["params"].setdefault(role, {})[param] = yaml.safe_load(val)
+        else:
+            data[role] = val.strip()
+    return from_dict(PolicySpec, data, f"--policies.{name}")
+
+
+def _split(text: str) -> list[str]:
+    """``text`` split at commas outside brackets and quotes."""
+    out, depth, cur, quote = [], 0, "", None
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    return [x for x in out + [cur] if x.strip()]
+
+
+def split_policies(text: str) -> list[str]:
+    """``compare --policies``'s items (commas inside a definition's brackets do not split)."""
+    return [x.strip() for x in _split(text)]
+
+
+def make_policy(name: str | PolicySpec, layouts: list[Layout], gpus: int, tuned: Policy | None = None,
+                defined: Mapping[str, PolicySpec] | None = None) -> Policy:
     """``static-low`` (the smallest TP that fits: many replicas, veRL's throughput set-up), ``static-high``
     (the largest TP: the latency set-up), ``static-TP<t>x<r>`` (any layout) and ``static-TP<t>x<r>@<n>`` (with
-    ``max_num_seqs`` n), ``static-tuned`` (``tuned``: the best of the tuning grid, testbed.runs.tuning),
-    ``planner``, ``balancer`` (migrations on the tuned static configuration, or static-low's layout when
-    there is none), ``orchestrrl`` (both)."""
+    ``max_num_seqs`` n), ``static-tuned`` (``tuned``: the best of the tuning grid, testbed.runs.tuning), or a
+    composed policy: one of ``defined`` (default: the built-in ones, :data:`BUILTIN_POLICIES`) or a
+    :class:`PolicySpec`. A composed policy without a planner runs on the tuned static configuration (or
+    static-low's layout when there is none): ``balancer`` is migrations on the tuned configuration."""
     if not layouts:
         raise SpecError("workload", "no layout of a server holds the model and one longest response")
     low, high = layouts[0], layouts[-1]
+    defined = BUILTIN_POLICIES if defined is None else defined
+    if isinstance(name, PolicySpec) or name in defined:
+        spec = name if isinstance(name, PolicySpec) else defined[name]
+        field = f"--policies.{spec.name}" if isinstance(name, PolicySpec) else f"policy {spec.name!r}"
+        base = tuned if tuned is not None else Policy("static-low", low)
+        return compose(spec, field, base.layout, base.max_num_seqs)
     if name == "static-low":
-        return Policy(name, low, False, False)
+        return Policy(name, low)
     if name == "static-high":
-        return Policy(name, high, False, False)
+        return Policy(name, high)
     if name == "static-tuned":
         if tuned is None:
             raise SpecError("policy", "static-tuned needs the tuning grid (orchestrrl compare computes it)")
@@ -79,14 +206,17 @@ def make_policy(name: str, layouts: list[Layout], gpus: int, tuned: Policy | Non
                 raise SpecError("policy", f"{name}: max_num_seqs after '@' must be an integer in "
                                           f"1..{MAX_NUM_SEQS_LIMIT}, got {mns!r}")
             n = int(mns)
-        return Policy(name, lay, False, False, n)
-    if name == "planner":
-        return Policy(name, None, True, False)
-    if name == "balancer":
-        if tuned is not None:
-            return Policy(name, tuned.layout, False, True, tuned.max_num_seqs)
-        return Policy(name, low, False, True)
-    if name == "orchestrrl":
-        return Policy(name, None, True, True)
-    raise SpecError("policy", f"unknown policy {name!r} (known: {', '.join(POLICIES)}, static-tuned, "
-                              f"static-TP<t>x<r> or static-TP<t>x<r>@<max_num_seqs>)")
+        return Policy(name, lay, max_num_seqs=n)
+    raise SpecError("policy", f"unknown policy {name!r} (known: {', '.join(['static-low', 'static-high', *defined])}, "
+                              f"static-tuned, static-TP<t>x<r>, static-TP<t>x<r>@<max_num_seqs> or a definition "
+                              f"NAME[planner=pkg.mod:Class,...])")
+
+
+def needs_tuning(name: str | PolicySpec, defined: Mapping[str, PolicySpec] | None = None) -> bool:
+    """Whether the policy runs on the tuned static configuration (static-tuned, or composed without a
+    planner): the tuning grid comes first."""
+    defined = BUILTIN_POLICIES if defined is None else defined
+    if isinstance(name, PolicySpec) or name in defined:
+        spec = name if isinstance(name, PolicySpec) else defined[name]
+        return spec.planner in (None, OFF)
+    return name == "static-tuned"

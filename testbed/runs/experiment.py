@@ -22,7 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from agents.costmodel import CostModel
-from testbed.orchestrator.policies import Policy, feasible_layouts, make_policy
+from emulation.orchestration import PolicySpec
+from testbed.backends.registry import backend_kind
+from testbed.orchestrator.policies import (Policy, check_plugins, defined_policies, feasible_layouts, make_policy,
+                                           needs_tuning)
 from testbed.runs.report import plot_makespans, write_json, write_run
 from testbed.runs.tuning import GRID, GridPoint, best, cache_key, cached, static_name, tune
 
@@ -36,6 +39,7 @@ class Experiment:
                  grid: tuple[int, ...] = GRID, metrics=None):
         self.scn = scenario
         self.backend_name = backend
+        self.kind = backend_kind(backend)  # testbed.backends.registry: SpecError naming ``backend`` when unknown
         self.metrics = metrics  # testbed.runs.metrics.DriverMetrics: every run's timeline feeds it (or None)
         self.settings = scenario.orchestrator
         w = scenario.workload
@@ -44,6 +48,8 @@ class Experiment:
         self.layouts = feasible_layouts(self.cm, self.gpus, self.settings.engine, w.prompt_tokens,
                                         w.max_response_tokens)
         self.steps = steps if steps is not None else w.steps
+        check_plugins(self.settings)  # every plug-in the scenario names resolves (SpecError) before anything starts
+        self.defined = defined_policies(self.settings)  # the composed policies: built-in and the scenario's
         self.use_cache = use_cache
         self.grid_values = grid
         self._grid: list[GridPoint] | None = None
@@ -101,11 +107,13 @@ class Experiment:
                                max((e.kv_peak for e in es), default=0))
 
     # ---- policies ----
-    def policy(self, name: str) -> Policy:
+    def policy(self, name: str | PolicySpec) -> Policy:
+        """The policy ``name`` names (a static configuration, a composed policy: built-in, the scenario's, or a
+        :class:`PolicySpec` from the command line); one without a planner runs on the tuned configuration."""
         tuned = None
-        if name in ("static-tuned", "balancer"):
+        if needs_tuning(name, self.defined):
             tuned = make_policy(best(self.tuning_grid()).name, self.layouts, self.gpus)
-        pol = make_policy(name, self.layouts, self.gpus, tuned)
+        pol = make_policy(name, self.layouts, self.gpus, tuned, self.defined)
         if pol.static:  # one name per configuration: static-low is static-TP1x8@<the scenario's max_num_seqs>
             mns = pol.max_num_seqs or self.settings.engine.max_num_seqs
             pol = dataclasses.replace(pol, name=static_name(pol.layout.name(self.gpus), mns), max_num_seqs=mns)
@@ -122,22 +130,19 @@ class Experiment:
 
     def default_policies(self) -> list[str]:
         """The tuned static configuration, static-low and static-high (each distinct run once: one the grid
-        found identical to another is reported as its alias), and the adaptive policies."""
+        found identical to another is reported as its alias), the adaptive policies and the scenario's own
+        (``orchestrator.policies``)."""
         same = self.same_runs()
         names = list(dict.fromkeys(same.get(n, n) for n in self.aliases().values()))
-        return names + list(ADAPTIVE)
+        return names + list(ADAPTIVE) + [p.name for p in self.settings.policies]
 
     def _settings(self, policy: Policy):
         return dataclasses.replace(self.settings, engine=policy.engine(self.settings.engine))
 
     # ---- life cycle ----
     def __enter__(self) -> "Experiment":
-        if self.backend_name == "emulated":
-            from testbed.cluster.agent_pool import running_cluster
-
-            start = {s: self.layouts[0] for s in self.scn.layout.gen_servers(self.scn.fabric)}
-            self.cluster = self._stack.enter_context(running_cluster(
-                self.scn, layouts=start, engine=self.settings.engine))
+        start = {s: self.layouts[0] for s in self.scn.layout.gen_servers(self.scn.fabric)}
+        self.cluster = self._stack.enter_context(self.kind.cluster(self.scn, start, self.settings.engine))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -148,15 +153,7 @@ class Experiment:
         start = policy.layout or self.layouts[0]
         layouts = {s: start for s in gen}
         engine = policy.engine(self.settings.engine)
-        if self.backend_name == "simulated":
-            from testbed.backends.simulated import SimulatedBackend
-
-            return SimulatedBackend(self.scn, layouts, engine, counterfactual=policy.balancer)
-        from testbed.backends.emulated import EmulatedBackend
-
-        b = EmulatedBackend(self.scn, layouts, engine, self.settings.sync_bucket_mb, cluster=self.cluster)
-        b.prepare(layouts)
-        return b
+        return self.kind.backend(self.scn, layouts, engine, self.settings, self.cluster, bool(policy.balancer))
 
     # ---- runs ----
     def run(self, policy: Policy, steps: int, out: Path, progress=None) -> tuple[dict, dict]:
@@ -217,13 +214,14 @@ class Experiment:
         # a configuration not run because the grid found it another's run, step for step (Experiment.same_runs)
         report["same_runs"] = {a: b for a, b in self.same_runs().items()
                                if a in report["aliases"].values() and a not in results and b in results}
+        kinds = {p.name: p.oracle_kind for p in policies}
+        for n, p in report["policies"].items():
+            p["oracle_kind"] = kinds.get(n)
         if orc is not None:
-            from testbed.runs.oracle import KIND_OF_POLICY
-
             report["oracle"] = {k: v for k, v in orc.items() if k != "kinds"}
             report["oracle"]["kinds"] = {k: {"speedup": v["speedup"], "gen_s": v["gen_s"]} for k, v in orc["kinds"].items()}
             for n, p in report["policies"].items():
-                kind = KIND_OF_POLICY.get(n)
+                kind = p["oracle_kind"]
                 p["oracle_fraction"] = (p["speedup_vs_best_static"] / orc["kinds"][kind]["speedup"]) if kind else None
             write_json(out / "oracle.json", orc)
             files["oracle"] = str(out / "oracle.json")

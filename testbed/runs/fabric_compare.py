@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from emulation import plots
-from emulation.spec import EMULATED_FABRICS, FABRICS
+from emulation.spec import FABRICS
 from emulation.validation import require
 from testbed.runs.report import write_json
 
@@ -33,8 +33,10 @@ def with_kind(scn, kind: str):
 
 
 def check_kinds(kinds: list[str], backend: str) -> None:
+    from testbed.backends.registry import backend_kind
+
     require(bool(kinds), "fabric", "give at least one fabric")
-    allowed = EMULATED_FABRICS if backend == "emulated" else FABRICS
+    allowed = backend_kind(backend).fabrics
     for k in kinds:
         require(k in allowed, "fabric", f"the {backend} backend runs {', '.join(allowed)}, got {k!r}")
 
@@ -74,7 +76,7 @@ def fabric_costs(scn, kinds: list[str]) -> dict:
     return {k: fabric_cost(k, scn.fabric, nic, opts=FabricOptions(fat_tree_tiers="2"))["total_usd"] for k in kinds}
 
 
-def compare_fabrics(scn, kinds: list[str], backend: str, policies: list[str] | None, steps: int, out: Path,
+def compare_fabrics(scn, kinds: list[str], backend: str, policies: list | None, steps: int, out: Path,
                     progress=None, on_policy=None) -> tuple[dict, dict]:
     from testbed.runs.experiment import Experiment
 
@@ -86,17 +88,18 @@ def compare_fabrics(scn, kinds: list[str], backend: str, policies: list[str] | N
     for kind in kinds:
         sk = with_kind(scn, kind)
         exp = Experiment(sk, backend, steps=steps)
-        names = policies or exp.default_policies()
-        pols = [exp.policy(n) for n in names]  # SpecError before anything starts
+        given = policies or exp.default_policies()
+        pols = [exp.policy(n) for n in given]  # SpecError before anything starts
         with exp:
             rep, f = exp.compare(pols, steps, out / kind, progress=progress,
                                  on_policy=(lambda n, k=kind: on_policy(f"{k}: {n}")) if on_policy else None)
         files.update({f"{kind}_{k}": v for k, v in f.items()})
+        names = [p.name for p in pols]
         entry = {"report": f["report"], "best_static": rep["best_static"], "policies": summarise(rep, _runs(out / kind, names))}
-        if backend == "emulated":  # the cross-check: RLSim on the same fabric, seed and policies
-            sim = Experiment(sk, "simulated", steps=steps)
+        if exp.kind.reference:  # the cross-check: RLSim on the same fabric, seed and policies
+            sim = Experiment(sk, exp.kind.reference, steps=steps)
             with sim:
-                srep, _ = sim.compare([sim.policy(n) for n in names], steps, out / kind / "simulated")
+                srep, _ = sim.compare([sim.policy(n) for n in given], steps, out / kind / "simulated")
             simd = summarise(srep, _runs(out / kind / "simulated", names))
             for n, e in entry["policies"].items():
                 s = simd[n]

@@ -42,9 +42,9 @@ from agents.costmodel import CostModel
 from agents.engine import Engine, Layout, ModelledCost, NewRequest
 from emulation.orchestration import EngineSettings
 from emulation.workload import LengthSchedule
-from testbed.backends.base import deal
 from testbed.orchestrator.estimate import Estimator, ServerLoad
-from testbed.orchestrator.policies import feasible_layouts
+from testbed.orchestrator.interfaces import Batch, PolicyContext
+from testbed.orchestrator.policies import feasible_layouts, scenario_dispatch
 from testbed.runs.tuning import GRID
 
 SWITCH_STEP = 0.1
@@ -106,12 +106,27 @@ class Oracle:
         sch = LengthSchedule(self.w)
         rng_lengths = np.random.default_rng([self.scn.seed, 0])
         rng_deal = np.random.default_rng([self.scn.seed, 2])
+        dispatcher = scenario_dispatch(self.settings).create(PolicyContext(
+            Estimator(self.cm, self.gpus, self.settings.engine), self.cost, self.cm, self.gpus, tuple(self.layouts),
+            self.cm.model.is_moe, self.settings, tuple(self.servers), self.w.prompt_tokens, self.w.max_response_tokens,
+            lambda: 0.0, np.random.default_rng([self.scn.seed, 3])))
         out = []
         for k in range(self.steps):
             lengths = sch.lengths_for_step(k, rng_lengths)
-            placed = deal(len(lengths), self.servers, rng_deal, self.settings.dispatch)
-            out.append((k, np.asarray(lengths, np.int64), placed))
+            out.append((k, np.asarray(lengths, np.int64), self._deal(dispatcher, k, len(lengths), rng_deal)))
         return out
+
+    def _deal(self, dispatcher, step: int, n: int, rng: np.random.Generator) -> dict[int, np.ndarray]:
+        """The scenario's dispatcher's deal (what it holds back is dealt round robin: the bounds place every
+        request anyway)."""
+        pid = LengthSchedule(self.w).prompt_ids_for_step(step)
+        d = dispatcher.deal(Batch(step, n, pid, np.full(n, self.w.prompt_tokens, np.int64), tuple(self.servers),
+                                  {s: self.tuned.layout for s in self.servers}, None, rng))
+        placed = {s: np.asarray(d.placed.get(s, ()), np.int64) for s in self.servers}
+        for j, i in enumerate(np.sort(np.asarray(d.held, np.int64))):
+            s = self.servers[j % len(self.servers)]
+            placed[s] = np.append(placed[s], i)
+        return placed
 
     # ---- engine runs ----
     def _settings(self, mns: int) -> EngineSettings:
@@ -384,9 +399,6 @@ class Oracle:
             out["kinds"][kind] = {"gen_s": [s.results[kind]["makespan_s"] for s in steps], "speedup": base / tot,
                                   "plans": [s.results[kind]["plan"] for s in steps]}
         return out
-
-
-KIND_OF_POLICY = {"planner": "switch", "balancer": "placement", "orchestrrl": "both"}
 
 
 def _plan_json(p: ServerPlan, gpus: int) -> dict:

@@ -20,7 +20,6 @@ import pytest
 
 from testbed.benchmarks.bench_crosscheck import run_demo, simulated_compare
 from testbed.runs.crosscheck import crosscheck
-from testbed.runs.oracle import KIND_OF_POLICY
 
 pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,10 +42,11 @@ def test_demo_of_the_small_default_agrees_with_the_simulated_backend(tmp_path, m
     assert emu["best_static"] == best["name"] and best["name"] in emu["policies"]
     assert {g["max_num_seqs"] for g in grid} == {64, 128, 256, 512, 1024}
     assert {"planner", "balancer", "orchestrrl"} <= set(emu["policies"])
-    for name in ("planner", "balancer", "orchestrrl"):
+    for name, kind in (("planner", "switch"), ("balancer", "placement"), ("orchestrrl", "both")):
         p = emu["policies"][name]
+        assert p["oracle_kind"] == kind
         assert p["oracle_fraction"] == pytest.approx(p["speedup_vs_best_static"] /
-                                                     emu["oracle"]["kinds"][KIND_OF_POLICY[name]]["speedup"])
+                                                     emu["oracle"]["kinds"][kind]["speedup"])
 
     sim = simulated_compare(SMALL, list(emu["policies"]), tmp_path / "sim")
     figures, problems = crosscheck(emu, sim, out)

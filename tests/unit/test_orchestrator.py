@@ -202,7 +202,7 @@ def test_balancer_does_nothing_below_the_threshold():
     ({"planner": {"min_gain_s": -1}}, "orchestrator.planner.min_gain_s"),
     ({"balancer": {"mode": "teleport"}}, "orchestrator.balancer.mode"),
     ({"step_mode": "sometimes"}, "orchestrator.step_mode"),
-    ({"dispatch": "round-robin"}, "orchestrator.dispatch"),
+    ({"dispatch": "round robin"}, "orchestrator.dispatch"),
     ({"planning_interval_s": 0}, "orchestrator.planning_interval_s"),
     ({"engine": {"max_num_seqs": 0}}, "orchestrator.engine.max_num_seqs"),
     ({"forecast": {"order": [1, 1]}}, "orchestrator.forecast.order"),

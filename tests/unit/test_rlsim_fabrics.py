@@ -6,7 +6,8 @@ from controller.phases import circuit_graph, phase_matchings
 from emulation.spec import FabricSpec, JobLayout
 from emulation.validation import SpecError
 from rlsim.cost import fabric_cost, load_prices, port_counts, radix_tiers
-from rlsim.fabrics import FABRICS, CircuitNetwork, FabricOptions, build_network, rfabric_counts, ring_counts, topoopt_counts
+from rlsim.fabric_models import build_network
+from rlsim.fabrics import FABRICS, CircuitNetwork, FabricOptions, rfabric_counts, ring_counts, topoopt_counts
 
 SPEC = FabricSpec(pods=4, tors_per_pod=4, servers_per_tor=4, server_gbps=3200, uplink_gbps=400,
                   uplinks_per_tor=32, ocs_count=32)

@@ -4,7 +4,8 @@ import pytest
 
 from emulation.spec import FabricSpec, JobLayout
 from controller import traffic
-from rlsim.fabrics import GBPS, build_network
+from rlsim.fabric_models import build_network
+from rlsim.fabrics import GBPS
 from rlsim.flowsim import Transfer, max_min_rates, simulate
 from rlsim.sim import run_demands
 

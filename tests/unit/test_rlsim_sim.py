@@ -300,9 +300,7 @@ def test_cli_json_and_errors(capsys):
     assert {"iteration_s", "phases", "cost_usd", "wall_s"} <= set(r)
     assert main(["sim", DEFAULT, "--gpus", "100"]) == 2
     assert "gpus" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        main(["sim", DEFAULT, "--fabric", "torus"])
-    assert e.value.code == 2
+    assert main(["sim", DEFAULT, "--fabric", "torus"]) == 2  # a registered fabric or a plug-in path
     assert "rfabric" in capsys.readouterr().err
     assert main(["sim", os.path.join(ROOT, "nope.yaml")]) == 2
     assert main(["sim", "sweep", DEFAULT]) == 2  # --out missing

@@ -62,7 +62,7 @@ def test_empty_mapping_gives_defaults(tmp_path):
     ({"orchestrator": {"planner": {"min_gain_s": -1}}}, "orchestrator.planner.min_gain_s", "must be a finite"),
     ({"orchestrator": {"balancer": {"tresh": 0.1}}}, "orchestrator.balancer.tresh", "unknown key"),
     ({"orchestrator": {"engine": {"max_num_seqs": 0}}}, "orchestrator.engine.max_num_seqs", "must be an integer"),
-    ({"orchestrator": {"dispatch": "round-robin"}}, "orchestrator.dispatch", "must be one of"),
+    ({"orchestrator": {"dispatch": "round robin"}}, "orchestrator.dispatch", "neither a plug-in name"),
 ])
 def test_errors_name_the_dotted_field(tmp_path, data, field, text):
     with pytest.raises(SpecError) as e:

@@ -316,20 +316,23 @@ def test_the_truth_judge_makes_only_moves_that_pay_on_the_true_lengths():
 def test_the_truth_judge_is_refused_without_the_true_lengths():
     from emulation.validation import SpecError
     from testbed.planning import PlanningTick
-    from testbed.orchestrator.policies import Policy
+    from testbed.orchestrator.policies import make_policy
 
     with pytest.raises(SpecError, match="pay_judge"):
         BalancerSettings(pay_judge="oracle")
 
     class NoTruth:  # the emulated backend's interface: no true lengths to read
-        name, true_remaining = "emulated", None
+        name, true_remaining, gen_servers = "emulated", None, [4, 5, 6, 7]
 
-    w, est, *_ = _setup(4096, 64)
+        def now(self):
+            return 0.0
+
+    w, est, feasible, *_ = _setup(4096, 64)
     scn = Scenario(name="t", seed=1, fabric=FabricSpec(pods=2, tors_per_pod=2, servers_per_tor=2),
                    layout=JobLayout((0,), (1,)), workload=w)
     settings = orchestrator_settings({"balancer": {"pay_judge": "truth"}})
     with pytest.raises(SpecError, match="orchestrator.balancer.pay_judge.*simulated backend"):
-        PlanningTick(scn, NoTruth(), Policy("orchestrrl", None, True, True), settings, est, None, None)
+        PlanningTick(scn, NoTruth(), make_policy("orchestrrl", feasible, 8), settings, est, None, None)
 
 
 def test_an_alias_the_grid_found_identical_is_reported_not_run_again(tmp_path, monkeypatch):
