@@ -72,6 +72,13 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
   log "Debian packages present"
 fi
+if [ "$with_lab_vm" = 1 ] && [ -c /dev/kvm ] && [ "$(stat -c %G /dev/kvm)" != kvm ] && getent group kvm >/dev/null; then
+  # Debian's udev gives /dev/kvm to group kvm (libvirt's QEMU user is in it); without udev it stays root's, and
+  # libvirt then finds KVM "no longer available" at every lookup and probes QEMU again: 4-60 s per libvirt
+  # call here, about 110 s of each `vagrant up`. Debian's ownership, applied by hand:
+  log "giving /dev/kvm to group kvm (what Debian's udev does; none runs here)"
+  chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
+fi
 
 # ---- Open vSwitch (no systemd; userspace datapath; userspace TSO) ------------------------------
 ovs_ctl=/usr/share/openvswitch/scripts/ovs-ctl

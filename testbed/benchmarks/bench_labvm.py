@@ -408,7 +408,7 @@ class LabRun:
 
 GUEST_FACTS = ("echo kernel=$(uname -r); echo cpus=$(nproc); echo memory_mib=$(free -m | awk '/^Mem:/{print $2}'); "
                "echo cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); "
-               "echo boot=$(systemd-analyze time 2>&1 | head -1)")
+               "echo boot=$(sudo systemd-analyze time 2>&1 | head -1)")
 
 
 def _guest_facts(text: str) -> dict:

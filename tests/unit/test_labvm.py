@@ -248,3 +248,37 @@ def test_guest_facts():
     text = "kernel=6.1.0-57-amd64\ncpus=2\nmemory_mib=7951\ncpu_model= QEMU TCG CPU version 2.5+\njunk\n"
     assert lab._guest_facts(text) == {"kernel": "6.1.0-57-amd64", "cpus": 2, "memory_mib": 7951,
                                       "cpu_model": "QEMU TCG CPU version 2.5+"}
+
+
+def _rsync_excluded(path: str, pattern: str) -> bool:
+    """rsync's --exclude for one relative path (enough of it for the Vagrantfile's patterns): a leading '/'
+    anchors at the synced folder, a trailing '/' matches folders only, otherwise any path component matches."""
+    import fnmatch
+
+    anchored, folder = pattern.startswith("/"), pattern.endswith("/")
+    pat = pattern.strip("/")
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    for i, prefix in enumerate(prefixes):
+        is_folder = i < len(parts) - 1
+        if folder and not is_folder:
+            continue
+        if anchored and fnmatch.fnmatchcase(prefix, pat):
+            return True
+        if not anchored and "/" not in pat and fnmatch.fnmatchcase(parts[i], pat):
+            return True
+    return False
+
+
+def test_every_tracked_file_reaches_the_vm():
+    vf = (ROOT / "Vagrantfile").read_text()
+    m = re.search(r'synced_folder "\.", "/vagrant".*?rsync__exclude: \[(.*?)\]', vf, re.S)
+    assert m, "the Vagrantfile no longer rsyncs the checkout to /vagrant"
+    patterns = re.findall(r'"([^"]+)"', m.group(1))
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    dropped = sorted(f for f in tracked if any(_rsync_excluded(f, p) for p in patterns))
+    assert not dropped, f"the Vagrantfile's rsync__exclude drops tracked files from the VM: {dropped[:5]}"
+    assert _rsync_excluded("testbed/runs/x.py", "runs/") and not _rsync_excluded("testbed/runs/x.py", "/runs/")
+    assert _rsync_excluded("runs/vm-test/s.json", "/runs/") and _rsync_excluded("a/__pycache__/b.pyc", "__pycache__/")
