@@ -78,25 +78,30 @@ def box_volume_name(box: str, version: str, image_mtime: int) -> str:
     return f"{box.replace('/', '-VAGRANTSLASH-')}_vagrant_box_image_{version}_box.img"
 
 
-def junit_counts(xml_text: str) -> dict:
-    """pytest's JUnit XML -> {total, passed, failed, errors, skipped, failed_tests}."""
+def junit_counts(xml_text: str, slowest: int = 10) -> dict:
+    """pytest's JUnit XML -> {total, passed, failed, errors, skipped, failed_tests, timed_out, slowest}:
+    timed_out names the failures pytest-timeout made (setup.cfg's per-test limit), slowest the longest tests."""
     root = ET.fromstring(xml_text)
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
-    out = {"total": 0, "passed": 0, "failed": 0, "errors": 0, "skipped": 0, "failed_tests": []}
+    out = {"total": 0, "passed": 0, "failed": 0, "errors": 0, "skipped": 0, "failed_tests": [], "timed_out": []}
+    times = []
     for s in suites:
         for case in s.iter("testcase"):
             out["total"] += 1
             name = f"{case.get('classname', '')}::{case.get('name', '')}"
-            if case.find("failure") is not None:
-                out["failed"] += 1
+            times.append((float(case.get("time") or 0.0), name))
+            bad = case.find("failure")
+            bad = bad if bad is not None else case.find("error")
+            if bad is not None:
+                out["failed" if bad.tag == "failure" else "errors"] += 1
                 out["failed_tests"].append(name)
-            elif case.find("error") is not None:
-                out["errors"] += 1
-                out["failed_tests"].append(name)
+                if "Timeout >" in (bad.get("message") or "") + (bad.text or ""):
+                    out["timed_out"].append(name)
             elif case.find("skipped") is not None:
                 out["skipped"] += 1
             else:
                 out["passed"] += 1
+    out["slowest"] = [{"test": n, "s": round(t, 1)} for t, n in sorted(times, key=lambda x: (-x[0], x[1]))[:slowest]]
     return out
 
 

@@ -46,14 +46,20 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 <testcase classname="tests.unit.test_a" name="test_ok2" time="0.1"/>
 <testcase classname="tests.system.test_b" name="test_bad" time="1"><failure message="x">boom</failure></testcase>
 <testcase classname="tests.system.test_c" name="test_err" time="1"><error message="y">setup</error></testcase>
+<testcase classname="tests.system.test_e" name="test_slow" time="300.2"><failure message="Failed: Timeout &gt;300.0s">
+</failure></testcase>
 <testcase classname="tests.gpu.test_d" name="test_gpu" time="0"><skipped message="no CUDA"/></testcase>
 </testsuite></testsuites>"""
 
 
 def test_junit_counts():
-    c = lab.junit_counts(JUNIT)
-    assert (c["total"], c["passed"], c["failed"], c["errors"], c["skipped"]) == (5, 2, 1, 1, 1)
-    assert c["failed_tests"] == ["tests.system.test_b::test_bad", "tests.system.test_c::test_err"]
+    c = lab.junit_counts(JUNIT, slowest=2)
+    assert (c["total"], c["passed"], c["failed"], c["errors"], c["skipped"]) == (6, 2, 2, 1, 1)
+    assert c["failed_tests"] == ["tests.system.test_b::test_bad", "tests.system.test_c::test_err",
+                                 "tests.system.test_e::test_slow"]
+    assert c["timed_out"] == ["tests.system.test_e::test_slow"]
+    assert c["slowest"] == [{"test": "tests.system.test_e::test_slow", "s": 300.2},
+                            {"test": "tests.system.test_b::test_bad", "s": 1.0}]
 
 
 def test_pytest_tally_reads_the_last_summary_line():
@@ -210,13 +216,13 @@ def test_counts_and_times_in_the_summary(tmp_path):
     t = summary["times_s"]
     assert (t["up"], t["boot"], t["provision"], t["test"]) == (60.0, 49.0, 1.0, 600.0)
     tests = summary["tests"]
-    assert (tests["passed"], tests["failed"], tests["errors"], tests["skipped"]) == (2, 1, 1, 1)
+    assert (tests["passed"], tests["failed"], tests["errors"], tests["skipped"]) == (2, 2, 1, 1)
     assert tests["tally"] == {"passed": 250, "skipped": 9} and tests["exit_status"] == 0
     assert summary["ok"] is False  # a failed test is not ok, whatever make's exit status said
     assert summary["vm"]["accel"] == "qemu" and summary["vm"]["cpus"] == 2
     # a network that existed before the run is not this run's: neither recorded nor deleted
     assert host.objects["vm-network"] == [NAMES.network] and registry.list_resources() == []
-    assert json.loads((tmp_path / "out" / "summary.json").read_text())["tests"]["failed"] == 1
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["tests"]["failed"] == 2
 
 
 def test_a_failed_up_still_destroys_and_forgets(tmp_path):
