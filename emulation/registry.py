@@ -11,6 +11,11 @@ leaves only complete records.
 namespaces this registry recorded, and removes the records; other ``orl*`` names (another checkout's
 running fabric) are only reported, and deleted only with ``sweep`` (``orchestrrl clean --all``). It never
 kills by name.
+
+The lab VM (``make vm-test``: scripts/labvm.py) records its libvirt objects the same way: the VM (a libvirt
+domain), its disk volumes and its libvirt network (kinds ``vm``, ``vm-disk``, ``vm-network``), removed through
+libvirt before any recorded process is stopped (libvirtd itself may be one). Shell scripts record and forget
+through ``python3 -m emulation.registry record|forget KIND ARG``.
 """
 from __future__ import annotations
 
@@ -30,8 +35,12 @@ from .validation import SpecError
 
 log = logging.getLogger(__name__)
 
-RESOURCE_KINDS = ("bridge", "interface", "netns")
-_PLURAL = {"bridge": "bridges", "interface": "interfaces", "netns": "netns"}  # CleanReport's field names
+HOST_KINDS = ("bridge", "interface", "netns")  # the emulated fabric's, in the root namespace
+VM_KINDS = ("vm", "vm-disk", "vm-network")  # libvirt's, deleted in this order (a VM before its disk and network)
+RESOURCE_KINDS = HOST_KINDS + VM_KINDS
+_PLURAL = {"bridge": "bridges", "interface": "interfaces", "netns": "netns",  # CleanReport's field names
+           "vm": "vms", "vm-disk": "vm_disks", "vm-network": "vm_networks"}
+VM_NAME_PREFIXES = (NAME_PREFIX, "orchestrrl-")  # a VM's objects; 'orchestrrl-' is the box's cached base volume
 DEFAULT_STATE_DIR = "/run/orchestrrl"
 _PROC_PREFIX = "proc-"
 _RES_PREFIX = "res-"
@@ -108,6 +117,12 @@ class ProcessRecord:
 def _check_name(kind: str, name: str) -> None:
     if kind not in RESOURCE_KINDS:
         raise SpecError("kind", f"must be one of {', '.join(RESOURCE_KINDS)}, got {kind!r}")
+    if kind in VM_KINDS:
+        if (not isinstance(name, str) or not name.startswith(VM_NAME_PREFIXES) or "/" in name
+                or any(c.isspace() for c in name)):
+            raise SpecError("name", f"must start with {' or '.join(map(repr, VM_NAME_PREFIXES))} (and contain no "
+                                    f"'/' or space), got {name!r}")
+        return
     if not isinstance(name, str) or not name.startswith(NAME_PREFIX) or "/" in name:
         raise SpecError("name", f"must start with {NAME_PREFIX!r} (and contain no '/'), got {name!r}")
     if kind == "interface" and len(name) > 15:
@@ -230,8 +245,14 @@ def list_resources() -> list[tuple[str, str]]:
         return out
     for p in sorted(d.glob(f"{_RES_PREFIX}*.json")):
         data = read_json(p)
-        if data and data.get("kind") in RESOURCE_KINDS and str(data.get("name", "")).startswith(NAME_PREFIX):
-            out.append((data["kind"], data["name"]))
+        if not data or data.get("kind") not in RESOURCE_KINDS:
+            continue
+        try:
+            _check_name(data["kind"], data.get("name"))
+        except SpecError:
+            log.warning("ignoring a malformed resource record %s", p)
+            continue
+        out.append((data["kind"], data["name"]))
     return out
 
 
@@ -367,6 +388,37 @@ class System:
 
         netns.remove(name)
 
+    # the lab VM's libvirt objects (emulation/libvirt.py); clean lists them only when one is recorded or on a sweep
+    def vms(self) -> list[str]:
+        from . import libvirt
+
+        return libvirt.domains()
+
+    def vm_disks(self) -> list[str]:
+        from . import libvirt
+
+        return sorted(libvirt.volumes())
+
+    def vm_networks(self) -> list[str]:
+        from . import libvirt
+
+        return libvirt.networks()
+
+    def delete_vm(self, name: str) -> None:
+        from . import libvirt
+
+        libvirt.delete_domain(name)
+
+    def delete_vm_disk(self, name: str) -> None:
+        from . import libvirt
+
+        libvirt.delete_volume(name)
+
+    def delete_vm_network(self, name: str) -> None:
+        from . import libvirt
+
+        libvirt.delete_network(name)
+
 
 # ---- clean --------------------------------------------------------------------------------------
 @dataclass
@@ -377,10 +429,13 @@ class CleanReport:
     bridges: list[str] = field(default_factory=list)
     interfaces: list[str] = field(default_factory=list)
     netns: list[str] = field(default_factory=list)
+    vms: list[str] = field(default_factory=list)  # the lab VM's libvirt domain, its disks and its network
+    vm_disks: list[str] = field(default_factory=list)
+    vm_networks: list[str] = field(default_factory=list)
     tmpdirs: list[str] = field(default_factory=list)  # scratch folders of crashed runs
     records_removed: int = 0
     # orl* names that exist but this registry did not record (another checkout's fabric?): left alone
-    # unless sweep; {"bridges": [...], "interfaces": [...], "netns": [...]}
+    # unless sweep; {"bridges": [...], "interfaces": [...], "netns": [...], "vms": [...], ...}
     not_recorded: dict[str, list[str]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -389,20 +444,56 @@ class CleanReport:
 
     @property
     def nothing_done(self) -> bool:
-        return not (self.processes or self.bridges or self.interfaces or self.netns or self.tmpdirs
-                    or self.records_removed)
+        return not (self.processes or self.bridges or self.interfaces or self.netns or self.vms or self.vm_disks
+                    or self.vm_networks or self.tmpdirs or self.records_removed)
 
 
 _CLEAN_ERRORS = (OSError, RuntimeError, subprocess.SubprocessError)  # NetlinkFailed is a RuntimeError
 
 
-def _listing(fn: Callable[[], list[str]], what: str, errors: list[str]) -> list[str] | None:
-    """``fn()``'s orl* names; None (and an error) when the listing failed."""
+def _listing(fn: Callable[[], list[str]], what: str, errors: list[str] | None,
+             also: set[str] = frozenset()) -> list[str] | None:
+    """``fn()``'s orl* names (and those in ``also``); None (and an error, when ``errors`` is a list) when the
+    listing failed."""
     try:
-        return sorted(n for n in fn() if n.startswith(NAME_PREFIX))
+        return sorted(n for n in fn() if n.startswith(NAME_PREFIX) or n in also)
     except _CLEAN_ERRORS as e:
-        errors.append(f"cannot list {what} ({e})")
+        if errors is not None:
+            errors.append(f"cannot list {what} ({e})")
         return None
+
+
+def _vm_listers(system: System) -> dict[str, tuple[Callable[[], list[str]], str]]:
+    return {"vm": (system.vms, "libvirt domains"), "vm-disk": (system.vm_disks, "libvirt volumes"),
+            "vm-network": (system.vm_networks, "libvirt networks")}
+
+
+def _clean_vms(rep: CleanReport, system: System, recorded: dict[str, set[str]]) -> bool:
+    """The lab VM's libvirt objects: the recorded ones (every orl* one on a sweep), a domain before its disks and
+    its network. Libvirt is asked only when a VM object is recorded or on a sweep; a sweep that finds no
+    libvirt answering (none installed, libvirtd stopped) with nothing recorded is not an error.
+    Returns whether libvirt was asked (so that the records are checked against it afterwards)."""
+    if not rep.sweep and not any(recorded[k] for k in VM_KINDS):
+        return False
+    deleters = {"vm": system.delete_vm, "vm-disk": system.delete_vm_disk, "vm-network": system.delete_vm_network}
+    for kind, (fn, what) in _vm_listers(system).items():
+        have = _listing(fn, what, rep.errors if recorded[kind] else None, also=recorded[kind])
+        if have is None:  # cannot tell what exists: try the recorded ones (deleting a gone one is harmless)
+            have = sorted(recorded[kind])
+        else:
+            others = [n for n in have if n not in recorded[kind]]
+            if others:
+                rep.not_recorded[_PLURAL[kind]] = others
+        # a VM's own (orl*) disks before the box's cached base volume that backs them
+        for name in sorted((n for n in have if n in recorded[kind] or rep.sweep),
+                           key=lambda n: (not n.startswith(NAME_PREFIX), n)):
+            try:
+                if not rep.dry_run:
+                    deleters[kind](name)
+                getattr(rep, _PLURAL[kind]).append(name)
+            except _CLEAN_ERRORS as e:
+                rep.errors.append(f"deleting {kind} {name}: {e}")
+    return True
 
 
 def clean(dry_run: bool = False, sweep: bool = False, process_timeout_s: float = 2.0,
@@ -411,13 +502,17 @@ def clean(dry_run: bool = False, sweep: bool = False, process_timeout_s: float =
     namespaces (those that exist), remove its records.
 
     ``sweep`` (``orchestrrl clean --all``): also delete every other ``orl*`` bridge, root-namespace
-    interface and named network namespace on the machine, whoever made it (another checkout's running
-    fabric too). Without it, such names are only reported (``not_recorded``). Never kills by name.
+    interface, named network namespace and libvirt domain / volume / network on the machine, whoever made it
+    (another checkout's running fabric too). Without it, such names are only reported (``not_recorded``).
+    Never kills by name. The lab VM's libvirt objects go first, while the libvirtd a run started (a recorded
+    process) still answers.
     """
     system = system or System()
     rep = CleanReport(dry_run=dry_run, sweep=sweep)
     procs = list_processes()
     resources = list_resources()
+    recorded = {k: {n for kind, n in resources if kind == k} for k in RESOURCE_KINDS}
+    vms_asked = _clean_vms(rep, system, recorded)
     live = [p for p in procs if process_alive(p.pid, p.start_time)]
     if dry_run:
         rep.processes = [{"pid": p.pid, "role": p.role, "cmdline": proc_cmdline(p.pid) or p.cmdline,
@@ -429,13 +524,12 @@ def clean(dry_run: bool = False, sweep: bool = False, process_timeout_s: float =
         rep.processes = [{"pid": p.pid, "role": p.role, "cmdline": cmdlines[p.pid], "result": results[p.pid]}
                          for p in live]
 
-    recorded = {k: {n for kind, n in resources if kind == k} for k in RESOURCE_KINDS}
     # a userspace bridge leaves a tap named like the bridge: the bridge's record covers it
     recorded["interface"] |= recorded["bridge"]
     listers = {"bridge": (system.bridges, "OVS bridges"), "interface": (system.interfaces, "interfaces"),
                "netns": (system.netns, "network namespaces")}
     todo: dict[str, list[str]] = {}
-    for kind in RESOURCE_KINDS:
+    for kind in HOST_KINDS:
         have = _listing(*listers[kind], rep.errors)
         if have is None:  # cannot tell what exists: try the recorded ones (deleting a gone one is harmless)
             todo[kind] = sorted(recorded[kind]) if kind != "interface" else []
@@ -490,12 +584,55 @@ def clean(dry_run: bool = False, sweep: bool = False, process_timeout_s: float =
             else:
                 forget_process(p.pid)
                 removed += 1
-        left = {kind: _listing(fn, what, []) or [] for kind, (fn, what) in listers.items()}
+        left = {kind: _listing(fn, what, [], also=recorded[kind]) or [] for kind, (fn, what) in listers.items()}
+        if vms_asked:  # a libvirt that does not answer cannot say a VM is gone: its records are kept
+            left.update({kind: _listing(fn, what, [], also=recorded[kind])
+                         for kind, (fn, what) in _vm_listers(system).items()})
         for kind, name in resources:
-            if name in left[kind]:
+            if left.get(kind) is None and kind in VM_KINDS:
+                rep.errors.append(f"{kind} {name}: libvirt does not answer; its record is kept")
+                continue
+            if name in left.get(kind, ()):
                 rep.errors.append(f"{kind} {name} still exists; its record is kept")
                 continue
             forget_resource(kind, name)
             removed += 1
         rep.records_removed = removed + dirs_forgotten
     return rep
+
+
+# ---- for shell scripts ----------------------------------------------------------------------------
+_USAGE = ("usage: python3 -m emulation.registry record|forget process PID [ROLE]\n"
+          "       python3 -m emulation.registry record|forget tmpdir PATH\n"
+          f"       python3 -m emulation.registry record|forget {'|'.join(RESOURCE_KINDS)} NAME")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Record or forget one thing from a shell script (scripts/build-lab-box.sh): exit 2 naming what is wrong."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 3 or args[0] not in ("record", "forget"):
+        print(_USAGE, file=sys.stderr)
+        return 2
+    verb, kind, arg, rest = args[0], args[1], args[2], args[3:]
+    try:
+        if kind == "process":
+            if not arg.isdigit():
+                raise SpecError("pid", f"must be an integer > 1, got {arg!r}")
+            if verb == "record":
+                record_process(int(arg), rest[0] if rest else "script")
+            else:
+                forget_process(int(arg))
+        elif kind == "tmpdir":
+            (record_tmpdir if verb == "record" else forget_tmpdir)(arg)
+        else:
+            (record_resource if verb == "record" else forget_resource)(kind, arg)
+    except SpecError as e:
+        print(f"emulation.registry: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

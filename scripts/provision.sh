@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Provision a Debian 12 machine (CI, a lab VM through the Vagrantfile, a fresh box) for the testbed.
 # Idempotent: safe to run again; it only adds what is missing.
-#   - Debian packages: Open vSwitch, Mininet, iperf3, tc/iproute2, ethtool, python3-venv, prometheus (the
-#     server the metrics system test scrapes with; installed with no service started: see below)
+#   - Debian packages: Open vSwitch, Mininet, iperf3, tc/iproute2, ethtool, python3-venv, make (a fresh Debian 12
+#     has none: the README's `make test` needs it), prometheus (the server the metrics system test scrapes with;
+#     installed with no service started: see below)
 #   - Open vSwitch started without systemd, userspace TSO enabled (see shared PLATFORM.md)
 #   - .venv (Debian's /usr/bin/python3, the one Mininet is packaged for) with the project and its extras
-# Usage: scripts/provision.sh [--extras test] [--with-vagrant] [--no-ovs-start]
+# Usage: scripts/provision.sh [--extras test] [--with-vagrant] [--with-lab-vm] [--no-ovs-start]
 #   --with-vagrant  also install Debian's vagrant (CI uses it to validate the Vagrantfile)
+#   --with-lab-vm   also what `make vm-test` needs on the host: vagrant with vagrant-libvirt, libvirt, QEMU,
+#                   debootstrap (the box is built from Debian packages: scripts/build-lab-box.sh)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,12 +17,14 @@ cd "$here"
 extras="test"
 start_ovs=1
 with_vagrant=0
+with_lab_vm=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --extras) extras="$2"; shift 2 ;;
     --no-ovs-start) start_ovs=0; shift ;;
     --with-vagrant) with_vagrant=1; shift ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --with-lab-vm) with_vagrant=1; with_lab_vm=1; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "provision.sh: unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -32,8 +37,13 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # ---- Debian packages -------------------------------------------------------------------------
-pkgs=(openvswitch-switch openvswitch-common mininet iperf3 iproute2 ethtool python3-venv python3-dev procps prometheus)
+pkgs=(openvswitch-switch openvswitch-common mininet iperf3 iproute2 ethtool python3-venv python3-dev procps make prometheus)
 [ "$with_vagrant" = 1 ] && pkgs+=(vagrant)
+# the lab VM's host: libvirt (daemons started by `make vm-test` itself), its NAT network (dnsmasq, iptables), QEMU
+# (KVM or TCG), the box builder's tools, rsync/ssh for Vagrant's synced folders
+[ "$with_lab_vm" = 1 ] && pkgs+=(vagrant-libvirt libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients
+                                 qemu-system-x86 qemu-utils debootstrap fdisk e2fsprogs dnsmasq-base iptables rsync
+                                 openssh-client)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -61,6 +71,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 else
   log "Debian packages present"
+fi
+if [ "$with_lab_vm" = 1 ] && [ -c /dev/kvm ] && [ "$(stat -c %G /dev/kvm)" != kvm ] && getent group kvm >/dev/null; then
+  # Debian's udev gives /dev/kvm to group kvm (libvirt's QEMU user is in it); without udev it stays root's, and
+  # libvirt then finds KVM "no longer available" at every lookup and probes QEMU again: 4-60 s per libvirt
+  # call here, about 110 s of each `vagrant up`. Debian's ownership, applied by hand:
+  log "giving /dev/kvm to group kvm (what Debian's udev does; none runs here)"
+  chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
 fi
 
 # ---- Open vSwitch (no systemd; userspace datapath; userspace TSO) ------------------------------

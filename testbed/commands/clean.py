@@ -6,14 +6,16 @@ import json
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("clean", help="stop recorded processes and delete recorded bridges/interfaces/netns",
+    p = subparsers.add_parser("clean", help="stop recorded processes and delete recorded bridges/interfaces/netns/VMs",
                               description="Stops the processes this installation's registry recorded (checking "
                                           "their start time, never by name) and deletes the OVS bridges, network "
-                                          "interfaces and named network namespaces it recorded. Other names "
+                                          "interfaces and named network namespaces it recorded, and the lab VM's "
+                                          "libvirt domain, disks and network (make vm-test). Other names "
                                           "starting with 'orl' (another checkout's running fabric) are listed "
                                           "and left alone; --all deletes them too.")
     p.add_argument("--all", action="store_true", dest="sweep",
-                   help="also delete every orl* bridge, interface and netns on this machine, whoever made it")
+                   help="also delete every orl* bridge, interface, netns and libvirt domain/volume/network on "
+                        "this machine, whoever made it")
     p.add_argument("--dry-run", action="store_true", help="only print what would be removed")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.epilog = "Exit status: 0 when everything was removed, 1 when something could not be."
@@ -33,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
         print("nothing to clean" + (" (dry run)" if rep.dry_run else ""))
     for p in rep.processes:
         print(f"process {p['pid']} ({p['role']}): {p['result']}  {' '.join(p['cmdline'])[:80]}")
-    for what, names in (("OVS bridge(s)", rep.bridges), ("interface(s)", rep.interfaces), ("netns", rep.netns),
+    for what, names in (("VM(s)", rep.vms), ("VM disk(s)", rep.vm_disks), ("VM network(s)", rep.vm_networks),
+                        ("OVS bridge(s)", rep.bridges), ("interface(s)", rep.interfaces), ("netns", rep.netns),
                         ("scratch folder(s)", rep.tmpdirs)):
         if names:
             print(f"{verb} {len(names)} {what}: {' '.join(names)}")

@@ -97,10 +97,35 @@ def test_stop_escalates_to_sigkill():
 
 
 class FakeSystem(registry.System):
-    """Bridges, interfaces and namespaces that deletions really remove (as OVS and the kernel would)."""
+    """Bridges, interfaces and namespaces that deletions really remove (as OVS and the kernel would), and
+    libvirt's domains, volumes and networks (as virsh would); never the machine's."""
 
-    def __init__(self, bridges=(), intfs=(), netns=(), effective=True):
+    def __init__(self, bridges=(), intfs=(), netns=(), effective=True, vms=(), disks=(), nets=()):
         self.b, self.i, self.n, self.calls, self.effective = list(bridges), list(intfs), list(netns), [], effective
+        self.libvirt = {"vm": list(vms), "vm-disk": list(disks), "vm-network": list(nets)}
+
+    def vms(self):
+        return list(self.libvirt["vm"])
+
+    def vm_disks(self):
+        return list(self.libvirt["vm-disk"])
+
+    def vm_networks(self):
+        return list(self.libvirt["vm-network"])
+
+    def _vm_delete(self, kind, name):
+        self.calls.append((f"del-{kind}", name))
+        if self.effective and name in self.libvirt[kind]:
+            self.libvirt[kind].remove(name)
+
+    def delete_vm(self, name):
+        self._vm_delete("vm", name)
+
+    def delete_vm_disk(self, name):
+        self._vm_delete("vm-disk", name)
+
+    def delete_vm_network(self, name):
+        self._vm_delete("vm-network", name)
 
     def bridges(self):
         return list(self.b)
@@ -181,3 +206,130 @@ def test_clean_reports_a_netlink_failure_and_keeps_the_record(state_dir):
     rep = registry.clean(system=sysm)
     assert rep.interfaces == [] and any("orlx0" in e and "errno 1" in e for e in rep.errors)
     assert registry.list_resources() == [("interface", "orlx0")]
+
+
+# ---- the lab VM's libvirt objects (make vm-test) --------------------------------------------------------
+class NoLibvirt(FakeSystem):
+    """A machine whose libvirt does not answer (libvirtd stopped): every VM listing fails."""
+
+    def __init__(self, *a, asked=None, **kw):
+        super().__init__(*a, **kw)
+        self.asked = asked if asked is not None else []
+
+    def vms(self):
+        self.asked.append("vms")
+        raise RuntimeError("virsh list failed: failed to connect to the hypervisor")
+
+    vm_disks = vm_networks = vms
+
+
+def test_vm_names_checked():
+    for kind, name in (("vm", "lab"), ("vm-disk", "orl/x.img"), ("vm-network", "orl net"), ("vm", "")):
+        with pytest.raises(SpecError, match="name"):
+            registry.record_resource(kind, name)
+    # a VM's names are not interface names: no 15-character limit; the box's cached volume is 'orchestrrl-*'
+    registry.record_resource("vm-disk", "orchestrrl-debian12_vagrant_box_image_0_1733_box.img")
+    registry.record_resource("vm", "orllab-default-with-a-long-name")
+    assert sorted(registry.list_resources()) == [("vm", "orllab-default-with-a-long-name"),
+                                                 ("vm-disk", "orchestrrl-debian12_vagrant_box_image_0_1733_box.img")]
+
+
+def test_clean_removes_a_killed_vm_run_vm_first_while_its_libvirtd_still_runs(state_dir):
+    """What a `make vm-test` killed by SIGKILL half-way leaves: its records. clean deletes the domain, then its
+    disks, then its network, and only then stops the libvirtd the run started (a recorded process)."""
+    libvirtd = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        registry.record_process(libvirtd.pid, "libvirtd")
+        alive_at_delete = []
+
+        class Watching(FakeSystem):
+            def _vm_delete(self, kind, name):
+                alive_at_delete.append(libvirtd.poll() is None)
+                super()._vm_delete(kind, name)
+
+        box_vol = "orchestrrl-debian12_vagrant_box_image_0_box.img"
+        sysm = Watching(vms=["orllab-default", "other-vm"], disks=["orllab-default.img", box_vol, "orlzz.img"],
+                        nets=["orllab", "default"])
+        for kind, name in (("vm", "orllab-default"), ("vm-disk", "orllab-default.img"), ("vm-disk", box_vol),
+                           ("vm-network", "orllab")):
+            registry.record_resource(kind, name)
+        rep = registry.clean(system=sysm)
+        assert sysm.calls == [("del-vm", "orllab-default"), ("del-vm-disk", "orllab-default.img"),
+                              ("del-vm-disk", box_vol), ("del-vm-network", "orllab")]
+        assert alive_at_delete == [True] * 4
+        assert libvirtd.wait(timeout=5) == -signal.SIGTERM
+        assert (rep.vms, rep.vm_disks, rep.vm_networks) == (["orllab-default"], ["orllab-default.img", box_vol],
+                                                            ["orllab"])  # the VM's disk before the box's
+        assert rep.not_recorded == {"vm_disks": ["orlzz.img"]}  # orl*, not ours: reported; other names unseen
+        assert rep.errors == [] and registry.list_resources() == [] and registry.list_processes() == []
+        assert sysm.libvirt == {"vm": ["other-vm"], "vm-disk": ["orlzz.img"], "vm-network": ["default"]}
+    finally:
+        if libvirtd.poll() is None:
+            libvirtd.kill()
+            libvirtd.wait()
+
+
+def test_clean_asks_libvirt_nothing_without_a_vm_record(state_dir):
+    asked = []
+    sysm = NoLibvirt(["orlt0"], asked=asked)
+    registry.record_resource("bridge", "orlt0")
+    rep = registry.clean(system=sysm)
+    assert asked == [] and rep.errors == [] and sysm.calls == [("del-br", ["orlt0"])]
+    # a sweep asks; no libvirt answering with nothing recorded is no error (no VM of ours can be there)
+    rep = registry.clean(sweep=True, system=sysm)
+    assert asked and rep.errors == [] and rep.vms == []
+
+
+def test_clean_keeps_vm_records_when_libvirt_does_not_answer(state_dir):
+    class Down(NoLibvirt):
+        def delete_vm(self, name):
+            raise RuntimeError(f"virsh destroy {name} failed: failed to connect to the hypervisor")
+
+        delete_vm_disk = delete_vm_network = delete_vm
+
+    registry.record_resource("vm", "orllab-default")
+    registry.record_resource("vm-network", "orllab")
+    rep = registry.clean(system=Down())
+    assert any("cannot list libvirt domains" in e for e in rep.errors)
+    assert any("deleting vm orllab-default" in e for e in rep.errors)
+    assert any("libvirt does not answer; its record is kept" in e for e in rep.errors)
+    assert sorted(registry.list_resources()) == [("vm", "orllab-default"), ("vm-network", "orllab")]
+    rep = registry.clean(system=FakeSystem(vms=["orllab-default"], nets=["orllab"]))  # libvirtd back: done
+    assert rep.errors == [] and registry.list_resources() == [] and rep.vms == ["orllab-default"]
+
+
+@pytest.mark.parametrize("sweep", [False, True])
+def test_clean_dry_run_lists_vms_and_deletes_nothing(state_dir, sweep):
+    sysm = FakeSystem(vms=["orllab-default", "orlother"], disks=["orllab-default.img"], nets=["orllab"])
+    registry.record_resource("vm", "orllab-default")
+    rep = registry.clean(dry_run=True, sweep=sweep, system=sysm)
+    assert sysm.calls == []
+    assert rep.vms == (["orllab-default", "orlother"] if sweep else ["orllab-default"])
+    assert rep.vm_disks == (["orllab-default.img"] if sweep else [])
+    assert rep.not_recorded == {"vms": ["orlother"], "vm_disks": ["orllab-default.img"], "vm_networks": ["orllab"]}
+    assert registry.list_resources() == [("vm", "orllab-default")]
+
+
+def test_vm_survivor_keeps_its_record(state_dir):
+    registry.record_resource("vm", "orllab-default")
+    rep = registry.clean(system=FakeSystem(vms=["orllab-default"], effective=False))
+    assert any("vm orllab-default still exists" in e for e in rep.errors)
+    assert registry.list_resources() == [("vm", "orllab-default")]
+
+
+def test_shell_entry_point(state_dir, capsys):
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert registry.main(["record", "process", str(p.pid), "qemu"]) == 0
+        assert [(r.pid, r.role) for r in registry.list_processes()] == [(p.pid, "qemu")]
+        assert registry.main(["forget", "process", str(p.pid)]) == 0 and registry.list_processes() == []
+    finally:
+        p.kill()
+        p.wait()
+    assert registry.main(["record", "vm-network", "orllab"]) == 0
+    assert registry.list_resources() == [("vm-network", "orllab")]
+    assert registry.main(["forget", "vm-network", "orllab"]) == 0 and registry.list_resources() == []
+    assert registry.main(["record", "vm", "not-ours"]) == 2 and "name" in capsys.readouterr().err
+    assert registry.main(["record", "process", "abc"]) == 2 and "pid" in capsys.readouterr().err
+    assert registry.main(["delete", "vm", "orlx"]) == 2 and "usage" in capsys.readouterr().err
+    assert registry.list_resources() == [] and registry.list_processes() == []
