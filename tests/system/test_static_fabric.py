@@ -4,12 +4,13 @@ the emulated backend answers phase changes with "static"."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 
 import numpy as np
 import pytest
 
-from emulation import sendbuf
+from emulation import sendbuf, shaping
 from emulation.builder import port_bytes
 from emulation.scenario import load_scenario
 from testbed.cluster.agent_pool import running_cluster
@@ -50,7 +51,11 @@ def test_static_tree_comes_up_without_a_controller(cluster):
     assert sum("nw_dst=" in line for line in flows.splitlines()) == spec.n_servers
     rate = subprocess.run(["tc", "class", "show", "dev", f"{spec.ocs_name(0)}-eth1"], capture_output=True, text=True,
                           check=True).stdout
-    assert "rate 200Mbit" in rate  # 2 servers x 400 Mb/s / 4: the ToR's whole up capacity on its one uplink
+    # 2 servers x 400 Mb/s / 4: the ToR's whole up capacity on its one uplink, as a frame rate (tc shows what htb
+    # counts: frames, shaping.WIRE_PER_PAYLOAD above the payload rate)
+    kbit = re.search(r"class htb 1:1 root rate (\d+)Kbit", rate)
+    assert kbit, rate
+    assert int(kbit.group(1)) == pytest.approx(200_000 * shaping.WIRE_PER_PAYLOAD, abs=1)
 
 
 def test_gloo_all_reduce_crosses_the_spine_at_the_shaped_rate(cluster):
