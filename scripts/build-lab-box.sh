@@ -64,16 +64,16 @@ if [ -s "$out" ] && [ "$force" = 0 ]; then
 fi
 
 # ---- host tools (Debian packages) ------------------------------------------------------------------
+# installed by the project's one provisioning script (its --with-lab-vm list holds every tool used here)
 need=(debootstrap qemu-utils qemu-system-x86 e2fsprogs fdisk)
 [ "$add" = 1 ] && need+=(vagrant)
-missing=()
 for p in "${need[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    log "host package $p missing: scripts/provision.sh --with-lab-vm installs the lab VM's host tools"
+    bash scripts/provision.sh --with-lab-vm --no-ovs-start
+    break
+  fi
 done
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing host packages: ${missing[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
 
 # ---- scratch folder (recorded: `orchestrrl clean` removes it after a crash) --------------------------
 work=$(mktemp -d /tmp/orchestrrl-box-XXXXXX)
