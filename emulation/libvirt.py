@@ -35,6 +35,16 @@ def _gone(r: subprocess.CompletedProcess) -> bool:
                                    "not active", "domain is not running", "network is not active"))
 
 
+def answers() -> bool:
+    """Whether libvirt's system connection answers (virsh installed and libvirtd running)."""
+    if shutil.which("virsh") is None:
+        return False
+    try:
+        return _virsh("version", timeout_s=30).returncode == 0
+    except RuntimeError:
+        return False
+
+
 def domains() -> list[str]:
     return _names("list", "--all", "--name")
 

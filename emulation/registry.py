@@ -12,7 +12,7 @@ namespaces this registry recorded, and removes the records; other ``orl*`` names
 running fabric) are only reported, and deleted only with ``sweep`` (``orchestrrl clean --all``). It never
 kills by name.
 
-The lab VM (``make vm-test``: scripts/labvm.py) records its libvirt objects the same way: the VM (a libvirt
+The lab VM (``make vm-test``: testbed/benchmarks/bench_labvm.py) records its libvirt objects the same way: the VM (a libvirt
 domain), its disk volumes and its libvirt network (kinds ``vm``, ``vm-disk``, ``vm-network``), removed through
 libvirt before any recorded process is stopped (libvirtd itself may be one). Shell scripts record and forget
 through ``python3 -m emulation.registry record|forget KIND ARG``.
@@ -463,9 +463,15 @@ def _listing(fn: Callable[[], list[str]], what: str, errors: list[str] | None,
         return None
 
 
-def _vm_listers(system: System) -> dict[str, tuple[Callable[[], list[str]], str]]:
+def vm_listers(system: System) -> dict[str, tuple[Callable[[], list[str]], str]]:
+    """Per VM kind: what lists its objects, and what they are called in an error."""
     return {"vm": (system.vms, "libvirt domains"), "vm-disk": (system.vm_disks, "libvirt volumes"),
             "vm-network": (system.vm_networks, "libvirt networks")}
+
+
+def vm_deleters(system: System) -> dict[str, Callable[[str], None]]:
+    """Per VM kind: what deletes one object by name."""
+    return {"vm": system.delete_vm, "vm-disk": system.delete_vm_disk, "vm-network": system.delete_vm_network}
 
 
 def _clean_vms(rep: CleanReport, system: System, recorded: dict[str, set[str]]) -> bool:
@@ -475,8 +481,8 @@ def _clean_vms(rep: CleanReport, system: System, recorded: dict[str, set[str]]) 
     Returns whether libvirt was asked (so that the records are checked against it afterwards)."""
     if not rep.sweep and not any(recorded[k] for k in VM_KINDS):
         return False
-    deleters = {"vm": system.delete_vm, "vm-disk": system.delete_vm_disk, "vm-network": system.delete_vm_network}
-    for kind, (fn, what) in _vm_listers(system).items():
+    deleters = vm_deleters(system)
+    for kind, (fn, what) in vm_listers(system).items():
         have = _listing(fn, what, rep.errors if recorded[kind] else None, also=recorded[kind])
         if have is None:  # cannot tell what exists: try the recorded ones (deleting a gone one is harmless)
             have = sorted(recorded[kind])
@@ -587,7 +593,7 @@ def clean(dry_run: bool = False, sweep: bool = False, process_timeout_s: float =
         left = {kind: _listing(fn, what, [], also=recorded[kind]) or [] for kind, (fn, what) in listers.items()}
         if vms_asked:  # a libvirt that does not answer cannot say a VM is gone: its records are kept
             left.update({kind: _listing(fn, what, [], also=recorded[kind])
-                         for kind, (fn, what) in _vm_listers(system).items()})
+                         for kind, (fn, what) in vm_listers(system).items()})
         for kind, name in resources:
             if left.get(kind) is None and kind in VM_KINDS:
                 rep.errors.append(f"{kind} {name}: libvirt does not answer; its record is kept")

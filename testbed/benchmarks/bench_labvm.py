@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Callable, Iterable
 
-from emulation import registry
+from emulation import libvirt, machine, registry, signals
 from emulation.files import write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,14 +41,14 @@ TEST_COMMAND = (f"cd /vagrant && sudo make test PYTEST_ARGS='-ra -p no:cacheprov
                 f"--junitxml={GUEST_RESULTS}/junit.xml'")
 LIBVIRTD = (("virtlogd", "/usr/sbin/virtlogd", "/run/virtlogd.pid"),  # started in this order when not running
             ("libvirtd", "/usr/sbin/libvirtd", "/run/libvirtd.pid"))
+# libvirt's NAT network turns the host's IPv4 forwarding on (and with it ICMP redirects off) and never turns it
+# back, not even when the network is destroyed: a run puts back what the host had (in this order: writing
+# ip_forward resets the others)
+FORWARDING = ("net/ipv4/ip_forward", "net/ipv4/conf/all/forwarding", "net/ipv4/conf/all/accept_redirects")
 
 
 class LabVMError(RuntimeError):
     """The round trip cannot go on; the message says why and what to do."""
-
-
-class Interrupted(BaseException):
-    """SIGTERM/SIGHUP: unwind so that the VM is destroyed (SIGKILL leaves records for `orchestrrl clean`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,15 +58,12 @@ class LabNames:
     domain: str  # vagrant-libvirt: default_prefix + machine name
     disk: str  # vagrant-libvirt: the domain's name + ".img", in the storage pool
     network: str
-    storage_pool: str
-    guest_wheels: str
 
     @classmethod
     def load(cls, path: Path = CONFIG) -> "LabNames":
         cfg = json.loads(path.read_text())
         domain = f"{cfg['domain_prefix']}{cfg['machine']}"
-        return cls(box=cfg["box"], domain=domain, disk=f"{domain}.img", network=cfg["network"],
-                   storage_pool=cfg["storage_pool"], guest_wheels=cfg["guest_wheels"])
+        return cls(box=cfg["box"], domain=domain, disk=f"{domain}.img", network=cfg["network"])
 
 
 def box_volume_name(box: str, version: str, image_mtime: int) -> str:
@@ -188,10 +184,7 @@ class Host:
         return r.stdout
 
     def libvirt_answers(self) -> bool:
-        if shutil.which("virsh") is None:
-            return False
-        return subprocess.run(["virsh", "-c", "qemu:///system", "version"], capture_output=True,
-                              timeout=30).returncode == 0
+        return libvirt.answers()
 
     def start_daemon(self, role: str, binary: str, pidfile: str) -> int:
         """Start a libvirt daemon (`-d`: it forks) and return its PID, read from its pid file."""
@@ -210,14 +203,23 @@ class Host:
         raise LabVMError(f"{role} wrote no pid file {pidfile} within 30 s")
 
     def libvirt_objects(self) -> dict[str, list[str]]:
-        from emulation import libvirt
-
-        return {"vm": libvirt.domains(), "vm-disk": sorted(libvirt.volumes()), "vm-network": libvirt.networks()}
+        return {kind: fn() for kind, (fn, _) in registry.vm_listers(registry.System()).items()}
 
     def delete(self, kind: str, name: str) -> None:
-        from emulation import libvirt
+        registry.vm_deleters(registry.System())[kind](name)
 
-        {"vm": libvirt.delete_domain, "vm-disk": libvirt.delete_volume, "vm-network": libvirt.delete_network}[kind](name)
+    def forwarding(self) -> dict[str, str]:
+        """The host's IPv4 forwarding sysctls, which libvirt's NAT network changes (:data:`FORWARDING`)."""
+        out = {}
+        for key in FORWARDING:
+            with contextlib.suppress(OSError):
+                out[key] = (machine.SYSCTL_DIR / key).read_text().strip()
+        return out
+
+    def restore_forwarding(self, saved: dict[str, str]) -> None:
+        for key in FORWARDING:  # in order: writing ip_forward resets accept_redirects
+            if key in saved and self.forwarding().get(key) != saved[key]:
+                (machine.SYSCTL_DIR / key).write_text(saved[key] + "\n")
 
     def boxes(self) -> list[str]:
         out = self.capture(["vagrant", "box", "list", "--machine-readable"])
@@ -230,7 +232,7 @@ class Host:
 
     def domain_facts(self, domain: str) -> dict:
         """The domain's virtualisation type (kvm | qemu, i.e. TCG) and its QEMU's PID, from libvirt."""
-        xml = self.capture(["virsh", "-c", "qemu:///system", "dumpxml", domain])
+        xml = self.capture(["virsh", "-c", libvirt.URI, "dumpxml", domain])
         facts = {"accel": ET.fromstring(xml).get("type")}
         with contextlib.suppress(FileNotFoundError, ValueError):
             facts["qemu_pid"] = int(Path(f"/run/libvirt/qemu/{domain}.pid").read_text().split()[0])
@@ -261,7 +263,7 @@ class LabRun:
         self.host = host or Host(vm_env(opts.wheels))
         self.recorded: list[tuple[str, str]] = []  # (kind, name) this run recorded and has not forgotten
         self.daemons: list[registry.ProcessRecord] = []
-        self.pids: list[int] = []  # QEMU's: recorded once the domain runs
+        self.qemu: list[registry.ProcessRecord] = []  # recorded once the domain runs
         self.times: dict[str, float | None] = {}
         self.summary: dict = {"command": "make vm-test", "ok": False, "out": str(opts.out),
                               "box": {"name": self.names.box}, "times_s": self.times, "tests": None}
@@ -284,6 +286,8 @@ class LabRun:
     def run(self) -> dict:
         self.opts.out.mkdir(parents=True, exist_ok=True)
         t0 = self.clock()
+        # what the host had before libvirt (a daemon started here starts its autostart networks too)
+        self.summary["host_forwarding"] = forwarding = self.host.forwarding()
         try:
             self._libvirtd()
             self._box()
@@ -293,9 +297,13 @@ class LabRun:
             self.summary["error"] = str(e)
         finally:
             try:
-                if not self.opts.keep_vm:
-                    self._destroy()
-                self._stop_daemons()
+                with signals.shielded():  # a second signal does not cut the teardown short
+                    if not self.opts.keep_vm:
+                        self._destroy()
+                    self._stop_daemons()
+                    if not self.opts.keep_vm and not self.summary.get("leftovers"):
+                        with contextlib.suppress(OSError):
+                            self.host.restore_forwarding(forwarding)
             finally:
                 self.times["total"] = round(self.clock() - t0, 1)
                 write_json_atomic(self.opts.out / "summary.json", self.summary, indent=1, fsync=False)
@@ -348,8 +356,7 @@ class LabRun:
         self.summary["vm"] = {"accel": facts["accel"]}
         if "qemu_pid" in facts:  # stopped by PID too, should libvirtd be gone when `orchestrrl clean` runs
             with contextlib.suppress(Exception):
-                registry.record_process(facts["qemu_pid"], "lab-vm qemu")
-                self.pids.append(facts["qemu_pid"])
+                self.qemu.append(registry.record_process(facts["qemu_pid"], "lab-vm qemu"))
 
     def _guest(self, command: str, timeout_s: float = 300.0) -> str:
         return self.host.capture(["vagrant", "ssh", "--no-tty", "-c", command], timeout_s)
@@ -393,9 +400,9 @@ class LabRun:
             for kind, name in list(self.recorded):
                 if name not in have[kind]:
                     self._forget(kind, name)
-        for pid in self.pids:
-            if not registry.process_alive(pid):
-                registry.forget_process(pid)
+        for rec in self.qemu:
+            if not registry.process_alive(rec.pid, rec.start_time):
+                registry.forget_process(rec.pid)
         if self.recorded:
             leftovers.append(f"still recorded (`orchestrrl clean` removes them): {self.recorded}")
         if leftovers:
@@ -429,7 +436,7 @@ def _guest_facts(text: str) -> dict:
 def vm_env(wheels: Path | None) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"VAGRANT_DEFAULT_PROVIDER": "libvirt", "VAGRANT_CHECKPOINT_DISABLE": "1",
-                "VAGRANT_BOX_UPDATE_CHECK_DISABLE": "1", "LIBVIRT_DEFAULT_URI": "qemu:///system"})
+                "VAGRANT_BOX_UPDATE_CHECK_DISABLE": "1", "LIBVIRT_DEFAULT_URI": libvirt.URI})
     if wheels is not None:
         env["ORCHESTRRL_VM_WHEELS"] = str(wheels)
     return env
@@ -439,10 +446,6 @@ def default_wheels() -> Path | None:
     """The host's local wheel folder when it holds torch (pip's find-links here: /opt/wheels), else None."""
     d = Path("/opt/wheels")
     return d if any(d.glob("torch-*.whl")) else None
-
-
-def _interrupt(signum, frame):
-    raise Interrupted(f"signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -466,9 +469,12 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or ROOT / "runs" / "vm-test" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     opts = Options(out=out, rebuild_box=args.rebuild_box, keep_vm=args.keep_vm,
                    wheels=args.wheels or default_wheels(), test_timeout_s=args.test_timeout_s)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
-    summary = LabRun(opts).run()
+    try:
+        with signals.teardown_on_signals():  # SIGINT/SIGTERM/SIGHUP unwind: the VM is destroyed
+            summary = LabRun(opts).run()
+    except KeyboardInterrupt as e:
+        print(f"bench_labvm: interrupted; what it had made is destroyed (summary in {out})", file=sys.stderr)
+        return signals.exit_code(e)
     print(json.dumps(summary, indent=1))
     return 0 if summary["ok"] else 1
 
