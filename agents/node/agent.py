@@ -113,14 +113,17 @@ class Agent:
         self.owner_checks = 0  # periodic checks of the starter made so far (ping says: a test polls on it)
         self.replies = WorkerReplies(self.ctx)
 
-    def _cost(self, settings: EngineSettings):
+    def _cost(self, settings: EngineSettings, prev=None):
         """The step cost of an engine with ``settings``: the cost model bound to its profile and knobs (its KV
-        sizing and CUDA-graph cap follow max_num_seqs), or the real decoder's measured steps."""
+        sizing and CUDA-graph cap follow max_num_seqs), or the real decoder's measured steps (``prev``'s
+        decoder kept: only the modelled part follows the settings)."""
         cfg = self.cfg
         cm = CostModel.for_engine(cfg.model, cfg.gpu, settings)
         if cfg.real_compute is not None:
             from agents.node.realmodel import RealStepCost
 
+            if isinstance(prev, RealStepCost):
+                return prev.rebound(cm, cfg.gpus, settings.switch_reinit_s)
             return RealStepCost(cfg.real_compute, cm, cfg.gpus, reinit_s=settings.switch_reinit_s)
         return ModelledCost(cm, cfg.gpus, settings.switch_reinit_s)
 

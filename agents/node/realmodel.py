@@ -15,6 +15,8 @@ unequal lengths costs what its longest sequence costs.
 """
 from __future__ import annotations
 
+import copy
+
 import time
 from typing import Sequence
 
@@ -187,6 +189,16 @@ class RealStepCost:
         self.decoder = RealDecoder(cfg, cfg.device, getattr(torch, cfg.dtype), seed=seed)
         self.modelled = ModelledCost(cm, gpus, reinit_s)
         self.steps = 0
+
+    def rebound(self, cm, gpus: int = 8, reinit_s: float | None = None) -> "RealStepCost":
+        """The same decoder (its weights and caches stay on the device) with another cost model for what it
+        does not run (an engine reset with new settings)."""
+        from agents.engine import ModelledCost
+
+        out = copy.copy(self)
+        out.modelled = ModelledCost(cm, gpus, reinit_s)
+        out.steps = 0
+        return out
 
     def step_s(self, layout, n_decode: int, decode_ctx: float, prefill_tokens: int, prefill_seqs: int,
                prefill_pairs: float | None = None) -> float:

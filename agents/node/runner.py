@@ -39,7 +39,7 @@ class EngineRunner:
     """One agent's engine, paced by the wall clock, its fidelity record and its token streams."""
 
     def __init__(self, cfg: AgentConfig, ctx: zmq.Context, cost: StepCost, stopping: threading.Event,
-                 cost_for: Callable[[EngineSettings], StepCost] | None = None):
+                 cost_for: Callable[[EngineSettings, StepCost], StepCost] | None = None):
         self.cfg = cfg
         self.tdf = cfg.time_dilation
         self.cost_for = cost_for  # the step cost of other engine settings (reset), None: this one's always
@@ -180,7 +180,7 @@ class EngineRunner:
             settings = settings if settings is not None else self.engine.settings
             cost = self.engine.cost
             if self.cost_for is not None and settings != self.engine.settings:
-                cost = self.cost_for(settings)  # the cost model follows the settings (KV sizing, graph cap)
+                cost = self.cost_for(settings, cost)  # the cost model follows the settings (KV sizing, graph cap)
             self.engine = Engine(cost, self.cfg.gpus, self.engine.layout, settings)
             self.fidelity.clear()
             self.pending = []

@@ -88,3 +88,14 @@ def test_the_engine_runs_on_real_decode_steps():
     # the longest request has 8 tokens: a prefill step (its first token) then 7 decode steps, each real
     assert steps == 8 and cost.steps == 7
     assert 0 < t < 10  # and took its measured (CPU) time
+
+
+def test_an_engine_reset_with_new_settings_keeps_the_real_decoder():
+    from agents.costmodel import CostModel
+    from agents.node.realmodel import RealStepCost
+
+    cost = RealStepCost(DecoderConfig(layers=1, hidden=64, ffn=128, q_heads=2, kv_heads=1, vocab=128,
+                                      max_seq_len=256, max_batch=8), CostModel.for_names("Qwen2.5-7B", "H800"))
+    other = CostModel.for_names("Qwen2.5-14B", "H800")
+    again = cost.rebound(other, 8, 2.0)
+    assert again.decoder is cost.decoder and again.modelled.cm is other and cost.modelled.cm is not other
