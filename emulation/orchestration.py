@@ -16,16 +16,14 @@ is a SpecError naming its path, ``orchestrator.planner.min_gain_s: must be ...``
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from .plugins import check_ref
+from .plugins import NAME_RE, check_ref
 from .validation import SpecError, from_dict, require
 
 STEP_MODES = ("sync", "async")
 POLICY_ROLES = ("dispatch", "planner", "balancer")  # the parts a policy is composed of (testbed.orchestrator.interfaces)
-POLICY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 MIGRATION_MODES = ("stop_copy", "multi_stage")  # how a request's KV moves (agents.migration_plan)
 PAY_JUDGES = ("forecast", "truth")  # what the balancer's test that a move pays draws lengths from
 
@@ -238,7 +236,7 @@ class PolicySpec:
     params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        require(isinstance(self.name, str) and bool(POLICY_NAME_RE.match(self.name)), "name",
+        require(isinstance(self.name, str) and bool(NAME_RE.match(self.name)), "name",
                 f"must be a name of letters, digits and -_.+ (no commas or brackets), got {self.name!r}")
         require(not self.name.startswith("static-"), "name", "static-* names the static configurations")
         for role in POLICY_ROLES:

@@ -29,8 +29,7 @@ from emulation.spec import FabricSpec
 from emulation.validation import SpecError
 
 from .fabric_models import fabric_model
-from .fabrics import (FabricOptions, fat_tree_tiers_above_tor,  # noqa: F401 - re-exported
-                      radix_tiers)
+from .fabrics import FabricOptions, radix_tiers  # noqa: F401 - radix_tiers re-exported (tests)
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "prices.yaml")
 

@@ -16,6 +16,7 @@ tiers. The others run once per scale.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -39,19 +40,23 @@ log = logging.getLogger(__name__)
 DEFAULT_RECONFIG_DELAYS_MS = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0)
 
 
+# a fabric's model, looked up once per name: the summary asks per base and result (errors are not cached)
+_model = functools.lru_cache(maxsize=None)(fabric_model)
+
+
 def reconfigures(fabric: str) -> bool:
     """Re-wired during the job (rlsim.fabric_models; MixNet is modelled static for the job, docs/rlsim.md)."""
-    return fabric_model(fabric).reconfigures
+    return _model(fabric).reconfigures
 
 
 def configurable(fabric: str) -> bool:
     """Swept over uplinks per ToR and OCS count."""
-    return fabric_model(fabric).configurable
+    return _model(fabric).configurable
 
 
 def radix_priced(fabric: str) -> bool:
     """Its cost depends on the packet switch radix."""
-    return fabric_model(fabric).radix_priced
+    return _model(fabric).radix_priced
 SLOWDOWN_GOAL = 0.05  # "within 5% of the non-blocking Fat-Tree": the summary's best configuration
 MAX_UPLINKS = 1024  # per ToR (and OCSes): far beyond any switch, small enough to size-check before work
 
@@ -325,7 +330,8 @@ def write_outputs(results: Sequence[dict], out_dir: str, meta: dict | None = Non
     fabrics = list(dict.fromkeys([f for f in fabric_names() if any(r["fabric"] == f for r in ok)]
                                  + [r["fabric"] for r in ok]))  # the built-ins in their order, then plug-ins
     scales = sorted({r["gpus"] for r in ok})
-    colors = {f: plt.cm.tab10(i % 10) for i, f in enumerate(list(fabric_names()) + fabrics)}
+    # the built-ins keep their colours (their registry order), plug-ins take the next ones
+    colors = {f: plt.cm.tab10(i % 10) for i, f in enumerate(dict.fromkeys([*fabric_names(), *fabrics]))}
     if not scales:
         return files
 
