@@ -56,8 +56,8 @@ class PlanningTick:
         self.dispatcher = dispatch.create(self.ctx)
         self.who = {role: f"policy {policy.name!r}: {role} {c.ref!r}" for role, c in
                     (("planner", policy.planner), ("balancer", policy.balancer), ("dispatch", dispatch)) if c}
-        self.pool = np.zeros(0, np.int64)  # the step's requests the dispatcher holds back
-        self._placed = np.zeros(0, np.int64)  # the step's requests dealt to servers so far
+        self._placed = np.zeros(0, bool)  # per request of the step: dealt to a server so far
+        self._tick_done: np.ndarray | None = None  # this tick's finished requests (_done), once computed
         if isinstance(self.balancer, Balancer) and settings.balancer.pay_judge == "truth":
             if backend.true_remaining is None:
                 raise SpecError("orchestrator.balancer.pay_judge",
@@ -75,6 +75,11 @@ class PlanningTick:
         # before any: the workload's own split of the spread (its prior, as the length forecast's is)
         self._prompt_prior = (0.0 if w.mixture or w.trace or w.response_sigma <= 0
                               else (w.prompt_sigma / w.response_sigma) ** 2)
+
+    @property
+    def pool(self) -> np.ndarray:
+        """The step's requests the dispatcher holds back (not dealt yet), in index order."""
+        return np.flatnonzero(~self._placed)
 
     @property
     def active(self) -> bool:
@@ -105,9 +110,9 @@ class PlanningTick:
         placed = checked_deal(who, d.placed, set(servers), np.arange(req.n), "deal()")
         held = indices(who, d.held, "deal(): held")
         check_whole_deal(who, placed, held, req.n)
-        self.pool = np.sort(held)
         self._placed = np.ones(req.n, bool)
         self._placed[held] = False
+        self._tick_done = None
         if len(held):
             self.timeline.event(self.backend.now(), "dispatch_held", step=req.step, held=int(len(held)))
         return {s: placed.get(s, np.zeros(0, np.int64)) for s in servers}, bool(d.chunked)
@@ -116,9 +121,10 @@ class PlanningTick:
         """A tick with requests in the pool: the dispatcher's release, checked and queued (each server's share
         in the order given, on its least loaded replicas). Returns how many went out."""
         finished = self._done(states, req)
-        pool = Pool(now, req.step, self.pool.copy(), req.prompt_id, req.prompt,
+        held = self.pool
+        pool = Pool(now, req.step, held.copy(), req.prompt_id, req.prompt,
                     dict(zip(finished.tolist(), req.target[finished].tolist())), states)
-        out = checked_deal(self.who["dispatch"], self.dispatcher.release(pool) or {}, set(states), self.pool,
+        out = checked_deal(self.who["dispatch"], self.dispatcher.release(pool) or {}, set(states), held,
                            "release()")
         n = 0
         for srv, idx in out.items():
@@ -129,7 +135,6 @@ class PlanningTick:
             self._placed[idx] = True
             n += len(idx)
         if n:
-            self.pool = self.pool[~self._placed[self.pool]]
             self.timeline.event(now, "release", step=req.step, released={s: int(len(i)) for s, i in out.items()
                                                                          if len(i)}, held=int(len(self.pool)))
         elif len(self.pool) and all(not len(st.snapshot["rid"]) for st in states.values()) and not self.backend.in_flight():
@@ -139,13 +144,13 @@ class PlanningTick:
 
     def _done(self, states: dict, req: StepRequests) -> np.ndarray:
         """Indices of the step's requests that finished: dealt, on no server, as many as the backends report
-        finished (``finished_count``, asked at the tick's start)."""
-        held = np.concatenate([st.snapshot["rid"] for st in states.values()]) if states else np.zeros(0, np.int64)
-        done = np.nonzero(self._dealt(req) & ~np.isin(req.rid, held))[0]
-        return done[:max(self._finished, 0)]
-
-    def _dealt(self, req: StepRequests) -> np.ndarray:
-        return self._placed if len(self._placed) == req.n else np.ones(req.n, bool)
+        finished (``finished_count``, asked at the tick's start). Worked out once per tick (the forecast's
+        update, the prompt shifts and the pool's release all read it; nothing is dealt between them)."""
+        if self._tick_done is None:
+            on = np.concatenate([st.snapshot["rid"] for st in states.values()]) if states else np.zeros(0, np.int64)
+            dealt = self._placed if len(self._placed) == req.n else np.ones(req.n, bool)
+            self._tick_done = np.nonzero(dealt & ~np.isin(req.rid, on))[0][:max(self._finished, 0)]
+        return self._tick_done
 
     def step_end(self, step: int, states: dict) -> None:
         """The step's generation ended (``states``: the live servers' last): the planner is told."""
@@ -193,6 +198,7 @@ class PlanningTick:
         # what the collectors have complete: asked once per tick, before the clock starts (a call to the
         # servers, like the snapshots in ``states``; the forecast's update and the prompt shifts both read it)
         self._finished = self.backend.finished_count(tick_deadline_s(self.settings.planning_interval_s))
+        self._tick_done = None
         with raised_priority():  # the tick's thread first on a shared CPU (testbed/decision_priority.py)
             t_dec = time.perf_counter()
             if not late:  # a late server's requests are unknown this tick: the forecast waits for them
