@@ -113,13 +113,13 @@ class Oracle:
         out = []
         for k in range(self.steps):
             lengths = sch.lengths_for_step(k, rng_lengths)
-            out.append((k, np.asarray(lengths, np.int64), self._deal(dispatcher, k, len(lengths), rng_deal)))
+            out.append((k, np.asarray(lengths, np.int64),
+                        self._deal(dispatcher, k, sch.prompt_ids_for_step(k), len(lengths), rng_deal)))
         return out
 
-    def _deal(self, dispatcher, step: int, n: int, rng: np.random.Generator) -> dict[int, np.ndarray]:
-        """The scenario's dispatcher's deal (what it holds back is dealt round robin: the bounds place every
-        request anyway)."""
-        pid = LengthSchedule(self.w).prompt_ids_for_step(step)
+    def _deal(self, dispatcher, step: int, pid: np.ndarray, n: int, rng: np.random.Generator) -> dict[int, np.ndarray]:
+        """The scenario's dispatcher's deal of the step's ``n`` requests of prompts ``pid`` (what it holds back is
+        dealt round robin: the bounds place every request anyway)."""
         d = dispatcher.deal(Batch(step, n, pid, np.full(n, self.w.prompt_tokens, np.int64), tuple(self.servers),
                                   {s: self.tuned.layout for s in self.servers}, None, rng))
         placed = {s: np.asarray(d.placed.get(s, ()), np.int64) for s in self.servers}
