@@ -265,7 +265,7 @@ def _engine(args: argparse.Namespace) -> int:
     if bad:
         raise UsageError(f"--only: unknown case or kind {', '.join(bad)} (known kinds: "
                          f"{', '.join(sorted({c.kind for c in cases.cases}))})")
-    doc = run_cases(args.cases or CASES_FILE, only)
+    doc = run_cases(cases, only)
     if args.table:
         print(markdown_table(doc))
         return 0

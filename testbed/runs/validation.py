@@ -32,8 +32,8 @@ from agents.engine import Engine, Layout, ModelledCost, NewRequest
 from emulation.orchestration import EngineSettings
 from emulation.validation import SpecError, from_dict, require
 
-CASES_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                          "agents", "data", "engine_cases.yaml")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+CASES_FILE = os.path.join(ROOT, "agents", "data", "engine_cases.yaml")
 KINDS = ("step_ms", "cpu_share", "overlap_speedup", "eager_ms", "rollout_s")
 ROLES = ("fit", "validate", "context")
 CASE_TOLERANCE = 0.15  # a validated case within 15% of its measured figure
@@ -94,16 +94,16 @@ def load_cases(path: str = CASES_FILE) -> CaseFile:
     return CaseFile(cases, ratios)
 
 
-def _settings(c: Case, profile: str | None = None) -> EngineSettings:
-    return EngineSettings(profile=profile or c.profile, max_num_seqs=c.max_num_seqs,
+def _settings(c: Case) -> EngineSettings:
+    return EngineSettings(profile=c.profile, max_num_seqs=c.max_num_seqs,
                           max_num_batched_tokens=max(c.max_num_batched_tokens, c.max_num_seqs))
 
 
-def _cm(c: Case, profile: str | None = None) -> CostModel:
-    return CostModel.for_engine(c.model, c.gpu, _settings(c, profile))
+def _cm(c: Case) -> CostModel:
+    return CostModel.for_engine(c.model, c.gpu, _settings(c))
 
 
-def model_figure(c: Case, root: str | None = None) -> float:
+def model_figure(c: Case) -> float:
     """The cost model's figure for case ``c`` (the case's unit)."""
     if c.kind == "step_ms":
         return _cm(c).decode_step_s(c.batch, c.batch * c.context, c.tp) * 1e3
@@ -121,7 +121,7 @@ def model_figure(c: Case, root: str | None = None) -> float:
         gpu = cm.kernel_decode_step_s(c.batch, c.batch * c.context, c.tp)
         return (max(gpu, cm.model.layers * cm.engine.profile.eager_layer_us * 1e-6) - gpu) * 1e3
     if c.kind == "rollout_s":
-        return _rollpacker(os.path.join(root or _root(), c.scenario))[c.layout][c.round]["time_s"]
+        return _rollpacker(os.path.join(ROOT, c.scenario))[c.layout][c.round]["time_s"]
     raise SpecError("kind", f"unknown case kind {c.kind!r}")
 
 
@@ -131,10 +131,6 @@ def _rollpacker(path: str) -> dict:
     from emulation.scenario import load_scenario
 
     return rollpacker_rounds(load_scenario(path))
-
-
-def _root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # ---- RollPacker's rounds (tail batching) ------------------------------------------------------------
@@ -185,15 +181,17 @@ def _round(cost, gpus: int, lay: Layout, settings: EngineSettings, prompt: int, 
     e.run_until(math.inf)
     done = sorted(t for _, t in e.finished_log)
     t_round = done[accept - 1]
-    e = engine()  # again to the round's end: the preemptions made by then
-    e.run_until(t_round)
+    if accept < len(lengths):  # again to the round's end: the preemptions made by then (a round that runs
+        e = engine()           # every request to its end made them all by its last finish)
+        e.run_until(t_round)
     return float(t_round), int(e.stats(t_round)["num_preemptions_total"])
 
 
 # ---- every case ---------------------------------------------------------------------------------------
-def run_cases(path: str = CASES_FILE, only: tuple[str, ...] = ()) -> dict:
-    """Every case's measured and model figure and error, every ratio, and whether the goals hold."""
-    cf = load_cases(path)
+def run_cases(cases: CaseFile | str = CASES_FILE, only: tuple[str, ...] = ()) -> dict:
+    """Every case's measured and model figure and error, every ratio, and whether the goals hold (``cases``:
+    loaded already, or the file to load)."""
+    cf = load_cases(cases) if isinstance(cases, str) else cases
     rows = {}
     for c in cf.cases:
         if only and c.id not in only and c.kind not in only:
