@@ -76,10 +76,15 @@ def burst_bytes(rate_mbps: float) -> int:
     return BURST_BYTES
 
 
+def _wire_kbit(rate_mbps: float) -> int:
+    """The frame rate (:data:`WIRE_PER_PAYLOAD`) of a payload rate, in kbit/s (kbit keeps scaled rates such as
+    0.4 Mb/s exact enough)."""
+    return round(_check_rate(rate_mbps) * WIRE_PER_PAYLOAD * 1000)
+
+
 def class_params(rate_mbps: float) -> dict:
-    """The htb class parameters for a payload rate of ``rate_mbps`` (its frame rate, :data:`WIRE_PER_PAYLOAD`;
-    kbit keeps scaled rates such as 0.4 Mb/s exact enough)."""
-    rate = f"{max(1, round(_check_rate(rate_mbps) * WIRE_PER_PAYLOAD * 1000))}kbit"
+    """The htb class parameters for a payload rate of ``rate_mbps`` (at its frame rate)."""
+    rate = f"{max(1, _wire_kbit(rate_mbps))}kbit"
     b = burst_bytes(rate_mbps)
     return {"rate": rate, "ceil": rate, "burst": b, "cburst": b, "quantum": QUANTUM_BYTES}
 
@@ -87,7 +92,7 @@ def class_params(rate_mbps: float) -> dict:
 def child_params(rate_mbps: float) -> dict:
     """The classes under the link class at ``rate_mbps``: handle -> (htb parameters, htb prio), the small
     packets' first (a guaranteed ``SMALL_SHARE``, ceil the link's rate), the rest's last (the link's rate)."""
-    kbit = max(2, round(_check_rate(rate_mbps) * WIRE_PER_PAYLOAD * 1000))
+    kbit = max(2, _wire_kbit(rate_mbps))
     small = max(1, round(kbit * SMALL_SHARE))
     link = class_params(rate_mbps)
     return {SMALL_HANDLE: (dict(link, rate=f"{small}kbit", quantum=1514), 0),

@@ -44,15 +44,13 @@ def simulated_compare(scenario: Path, policies: list[str], out: Path, fit: dict 
     """The simulated backend's report.json of ``policies`` on ``scenario``, at the scale the emulated run was
     fitted to (``fit``: its report's; the agents' migration rule counts scaled bytes, so the simulated backend
     mirrors the scale)."""
-    import dataclasses
-
     from emulation.scenario import load_scenario
+    from testbed.cluster.fit import with_fit
     from testbed.runs.experiment import Experiment
 
     scn = load_scenario(scenario)
     if fit and fit.get("changed"):
-        scn = dataclasses.replace(scn, fabric=dataclasses.replace(scn.fabric, scale=fit["fitted_scale"],
-                                                                 time_dilation=fit["fitted_time_dilation"]))
+        scn = with_fit(scn, fit["fitted_scale"], fit["fitted_time_dilation"])
     exp = Experiment(scn, "simulated")
     with exp:
         rep, _ = exp.compare([exp.policy(n) for n in policies], scn.workload.steps, out)

@@ -177,6 +177,10 @@ def fit_scenario(scn, mode: str | None = None, measure=None):
     f = scn.fabric
     fit = plan_fit(mode, f.scale, f.time_dilation, planned, smallest, measured)
     if fit.changed:
-        scn = dataclasses.replace(scn, fabric=dataclasses.replace(f, scale=fit.fitted_scale,
-                                                                 time_dilation=fit.fitted_time_dilation))
+        scn = with_fit(scn, fit.fitted_scale, fit.fitted_time_dilation)
     return scn, fit
+
+
+def with_fit(scn, scale: float, time_dilation: float):
+    """``scn`` at a fitted ``scale`` and ``time_dilation``."""
+    return dataclasses.replace(scn, fabric=dataclasses.replace(scn.fabric, scale=scale, time_dilation=time_dilation))
