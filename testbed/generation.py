@@ -77,8 +77,6 @@ class GenerationPhase:
         self.recovery.check(None)
         req = step_requests(step, lengths, prompt_ids, self.prompt_tokens, np.zeros(len(lengths), np.int64))
         placed, chunked = self.planning.deal(req, self.recovery.live(), forecast, self.rng_deal)
-        for s, idx in placed.items():
-            req.dest[idx] = b.gen_servers.index(s) % len(b.train_servers)
         t_start = b.now()
         self.timeline.event(t_start, "step", step=step, requests=req.n, tokens=int(lengths.sum()))
         return req, placed, chunked, t_start

@@ -113,9 +113,15 @@ class PlanningTick:
         self._placed = np.ones(req.n, bool)
         self._placed[held] = False
         self._tick_done = None
+        for s, idx in placed.items():
+            self._route(req, s, idx)
         if len(held):
             self.timeline.event(self.backend.now(), "dispatch_held", step=req.step, held=int(len(held)))
         return {s: placed.get(s, np.zeros(0, np.int64)) for s in servers}, bool(d.chunked)
+
+    def _route(self, req: StepRequests, srv: int, idx: np.ndarray) -> None:
+        """Requests ``idx`` dealt to generator ``srv`` stream to its trainer's collector (RLSim's pairing)."""
+        req.dest[idx] = self.backend.gen_servers.index(srv) % len(self.backend.train_servers)
 
     def release(self, now: float, states: dict, req: StepRequests) -> int:
         """A tick with requests in the pool: the dispatcher's release, checked and queued (each server's share
@@ -130,7 +136,7 @@ class PlanningTick:
         for srv, idx in out.items():
             if not len(idx):
                 continue
-            req.dest[idx] = self.backend.gen_servers.index(srv) % len(self.backend.train_servers)
+            self._route(req, srv, idx)
             self.recovery.place(srv, req.specs(idx))
             self._placed[idx] = True
             n += len(idx)
