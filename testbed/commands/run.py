@@ -216,8 +216,9 @@ def _policy_args(exp, items: list[str]) -> list:
     from testbed.orchestrator.policies import make_policy, parse_policy_arg
 
     out = [parse_policy_arg(x) for x in items]
+    low = make_policy("static-low", exp.layouts, exp.gpus)
     for n in out:
-        make_policy(n, exp.layouts, exp.gpus, tuned=make_policy("static-low", exp.layouts, exp.gpus), defined=exp.defined)
+        make_policy(n, exp.layouts, exp.gpus, tuned=low, defined=exp.defined)
     return out
 
 

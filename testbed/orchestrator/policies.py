@@ -182,8 +182,8 @@ def make_policy(name: str | PolicySpec, layouts: list[Layout], gpus: int, tuned:
         raise SpecError("workload", "no layout of a server holds the model and one longest response")
     low, high = layouts[0], layouts[-1]
     defined = BUILTIN_POLICIES if defined is None else defined
-    if isinstance(name, PolicySpec) or name in defined:
-        spec = name if isinstance(name, PolicySpec) else defined[name]
+    spec = _composed(name, defined)
+    if spec is not None:
         field = f"--policies.{spec.name}" if isinstance(name, PolicySpec) else f"policy {spec.name!r}"
         base = tuned if tuned is not None else Policy("static-low", low)
         return compose(spec, field, base.layout, base.max_num_seqs)
@@ -215,8 +215,14 @@ def make_policy(name: str | PolicySpec, layouts: list[Layout], gpus: int, tuned:
 def needs_tuning(name: str | PolicySpec, defined: Mapping[str, PolicySpec] | None = None) -> bool:
     """Whether the policy runs on the tuned static configuration (static-tuned, or composed without a
     planner): the tuning grid comes first."""
-    defined = BUILTIN_POLICIES if defined is None else defined
-    if isinstance(name, PolicySpec) or name in defined:
-        spec = name if isinstance(name, PolicySpec) else defined[name]
+    spec = _composed(name, BUILTIN_POLICIES if defined is None else defined)
+    if spec is not None:
         return spec.planner in (None, OFF)
     return name == "static-tuned"
+
+
+def _composed(name: str | PolicySpec, defined: Mapping[str, PolicySpec]) -> PolicySpec | None:
+    """The definition of a composed policy (given, or one of ``defined`` by name); None for a static one."""
+    if isinstance(name, PolicySpec):
+        return name
+    return defined.get(name)
