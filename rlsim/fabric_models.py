@@ -59,33 +59,32 @@ class Tree(FabricModel):
 
     oversub = 1.0
     radix_priced = True
+    group_is_pod = False  # TreeNetwork's groups: ToRs (a Fat-Tree) or pods (rail leaves)
 
     def network(self, spec, layout, phase, opts, traffic=None, rule=None) -> Network:
-        return TreeNetwork(self.name, spec, self.oversub, group_is_pod=False)
+        return TreeNetwork(self.name, spec, self.oversub, group_is_pod=self.group_is_pod)
+
+    def tiers(self, spec, n_nic, opts, prices) -> tuple[int, str]:
+        """Packet tiers above the ToR, and how that number was chosen."""
+        return fat_tree_tiers_above_tor(spec, n_nic, self.oversub, opts, prices), TIER_METHODS[opts.fat_tree_tiers]
 
     def ports(self, spec, n_nic, opts, prices) -> dict:
         up = spec.uplink_gbps
         tor_up = spec.n_tors * math.ceil(spec.servers_per_tor * spec.server_gbps / self.oversub / up - 1e-9)
-        tiers = fat_tree_tiers_above_tor(spec, n_nic, self.oversub, opts, prices)
+        tiers, method = self.tiers(spec, n_nic, opts, prices)
         # per tier above the ToR: the tier below's up ports + its own down ports
         return {"eps": {up: 2 * tor_up * tiers}, "ocs": 0, "links": tor_up * tiers, "tiers": tiers,
-                "tier_method": TIER_METHODS[opts.fat_tree_tiers]}
+                "tier_method": method}
 
 
 class Rail(Tree):
     """Rail-optimised: rail leaves span a pod; a non-blocking spine joins the pods."""
 
     radix_priced = False
+    group_is_pod = True
 
-    def network(self, spec, layout, phase, opts, traffic=None, rule=None) -> Network:
-        return TreeNetwork(self.name, spec, 1.0, group_is_pod=True)
-
-    def ports(self, spec, n_nic, opts, prices) -> dict:
-        up = spec.uplink_gbps
-        tor_up = spec.n_tors * math.ceil(spec.servers_per_tor * spec.server_gbps / up - 1e-9)
-        tiers = 1 if spec.pods > 1 else 0
-        return {"eps": {up: 2 * tor_up * tiers}, "ocs": 0, "links": tor_up * tiers, "tiers": tiers,
-                "tier_method": "rail leaves + spine"}
+    def tiers(self, spec, n_nic, opts, prices) -> tuple[int, str]:
+        return (1 if spec.pods > 1 else 0), "rail leaves + spine"
 
 
 class _Circuits(FabricModel):
