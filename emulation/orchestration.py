@@ -146,8 +146,8 @@ class PlannerSettings:
     lookahead: before switching, predict the server one planning interval later (estimate.Estimator.advance)
       and wait if switching then (to the then-best layout) is predicted to finish sooner: the best layout
       drifts towards larger TP as the batch drains, and a switch made too early pays its cost again later.
-    initial_margin: at a step's start another layout than the throughput one (smallest TP) is taken only when
-      predicted faster by this fraction: nothing of the step is known yet but its forecast, so the estimates
+    initial_margin: at a step's start another layout than the server's current one (at the run's first step
+      the policy's start, the tuned static layout) is taken only when predicted faster by this fraction: nothing of the step is known yet but its forecast, so the estimates
       are at their least certain, and a wrong start is paid over the whole bulk of the step.
     """
 

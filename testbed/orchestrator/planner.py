@@ -189,13 +189,13 @@ class Planner(LayoutPlanner):
         from the server's current layout pays the switch the cost model gives (weight reshard and the fixed
         re-initialisation; no KV to move), as any switch does, and the current layout is kept unless another is
         predicted faster, its cost included, by more than the hysteresis margin. Not charged (the run's first
-        step, whose weights are loaded in whatever layout is chosen, as every static layout's are): the
-        smallest-TP candidate (the throughput layout) unless another is predicted faster by the margin. The
-        margin matters most here: at a full batch the layouts' predictions are close, the forecast knows
-        nothing of this step's requests yet, and a wrong start is paid for the whole bulk of the step (the tail
-        is the planner's job later)."""
+        step, whose weights are loaded in whatever layout is chosen, as every static layout's are): the layout
+        the server was loaded in (the policy's start: the tuned static layout; the smallest-TP candidate where
+        it is not a candidate) unless another is predicted faster by the margin. The margin matters most here:
+        at a full batch the layouts' predictions are close, the forecast knows nothing of this step's requests
+        yet, and a wrong start is paid for the whole bulk of the step (the tail is the planner's job later)."""
         gpus = self.estimator.gpus
-        default = view.layout if charged and view.layout in self.candidates else self.candidates[0]
+        default = view.layout if view.layout in self.candidates else self.candidates[0]
         cost = {lay: (float(self.switch_cost.switch_s(view.layout, lay, 0.0)) if charged and lay != view.layout
                       else 0.0) for lay in self.candidates}
         times = {lay: self.estimator.server_s(lay, view.load) + cost[lay] for lay in self.candidates}
@@ -204,7 +204,7 @@ class Planner(LayoutPlanner):
         gain = base - times[best]
         need = max(self.settings.min_gain_s, self.settings.initial_margin * base)
         pick = best if gain > need else default
-        what = "predicted fastest" if pick == best else ("the current layout" if charged else "the throughput layout")
+        what = "predicted fastest" if pick == best else ("the current layout" if charged else "the starting layout")
         return Decision(view.server, view.layout, pick,
                         {lay.name(gpus): t for lay, t in times.items()}, pick != view.layout, gain, cost[pick],
                         f"initial layout for the step ({what}; best {best.name(gpus)} gains {gain:.2f} s "

@@ -31,11 +31,14 @@ POLICIES = ("static-low", "static-high", *BUILTIN_POLICIES)
 
 @dataclass(frozen=True)
 class Policy:
-    """``name``; ``layout``: a fixed starting layout (None: the planner picks it); the ``planner`` and the
+    """``name``; ``layout``: a fixed layout (None: the planner picks it at every step); the ``planner`` and the
     ``balancer`` (resolved plug-ins: :class:`~testbed.orchestrator.interfaces.Component`; None: off);
     ``max_num_seqs``: the engines' max_num_seqs for this policy (a static configuration of the tuning grid,
-    ``static-TP8x1@1024``; None: the scenario's ``orchestrator.engine.max_num_seqs``); ``dispatch``: its own
-    dispatcher (None: the scenario's ``orchestrator.dispatch``)."""
+    ``static-TP8x1@1024``, and every composed policy: the tuned one's; None: the scenario's
+    ``orchestrator.engine.max_num_seqs``); ``dispatch``: its own dispatcher (None: the scenario's
+    ``orchestrator.dispatch``); ``start``: where a planner's servers start, their weights loaded in it (the
+    tuned static layout: the planner's first step keeps it unless another is predicted faster by its margin,
+    as the switch oracle's bound starts from it; None: the smallest TP that fits)."""
 
     name: str
     layout: Layout | None
@@ -43,6 +46,12 @@ class Policy:
     balancer: Component | None = None
     max_num_seqs: int | None = None
     dispatch: Component | None = None
+    start: Layout | None = None
+
+    @property
+    def start_layout(self) -> Layout | None:
+        """The layout the servers are loaded in before the first step (None: the smallest TP that fits)."""
+        return self.layout or self.start
 
     def engine(self, base: EngineSettings) -> EngineSettings:
         """The engine settings this policy runs with."""
@@ -92,10 +101,15 @@ def resolve_component(role: str, ref: str | None, params: Mapping | None, field:
 
 def compose(spec: PolicySpec, field: str, layout: Layout | None = None, max_num_seqs: int | None = None) -> Policy:
     """The policy ``spec`` defines, every part resolved (``field``: where it was defined, for errors).
-    ``layout``/``max_num_seqs``: the fixed configuration of a policy without a planner."""
+    ``layout``/``max_num_seqs``: the tuned static configuration: a policy without a planner runs on it; one
+    with a planner runs at its max_num_seqs (a planner changes layouts, not engine settings) and starts from
+    its layout. Until 2026-12-06 a planner started from the smallest TP and the scenario's max_num_seqs: on
+    near-uniform, whose tuned static is TP4x2@128 under the vllm-v1 engine profile, the planner and
+    orchestrrl ran at 0.941 of the static they are measured against."""
     parts = {r: resolve_component(r, getattr(spec, r), spec.params.get(r), field) for r in POLICY_ROLES}
-    return Policy(spec.name, None if parts["planner"] else layout, parts["planner"], parts["balancer"],
-                  None if parts["planner"] else max_num_seqs, parts["dispatch"])
+    planned = parts["planner"] is not None
+    return Policy(spec.name, None if planned else layout, parts["planner"], parts["balancer"], max_num_seqs,
+                  parts["dispatch"], start=layout if planned else None)
 
 
 def scenario_dispatch(settings) -> Component:
@@ -177,7 +191,8 @@ def make_policy(name: str | PolicySpec, layouts: list[Layout], gpus: int, tuned:
     ``max_num_seqs`` n), ``static-tuned`` (``tuned``: the best of the tuning grid, testbed.runs.tuning), or a
     composed policy: one of ``defined`` (default: the built-in ones, :data:`BUILTIN_POLICIES`) or a
     :class:`PolicySpec`. A composed policy without a planner runs on the tuned static configuration (or
-    static-low's layout when there is none): ``balancer`` is migrations on the tuned configuration."""
+    static-low's layout when there is none): ``balancer`` is migrations on the tuned configuration; one with a
+    planner starts from it (:func:`compose`)."""
     if not layouts:
         raise SpecError("workload", "no layout of a server holds the model and one longest response")
     low, high = layouts[0], layouts[-1]
@@ -213,12 +228,10 @@ def make_policy(name: str | PolicySpec, layouts: list[Layout], gpus: int, tuned:
 
 
 def needs_tuning(name: str | PolicySpec, defined: Mapping[str, PolicySpec] | None = None) -> bool:
-    """Whether the policy runs on the tuned static configuration (static-tuned, or composed without a
-    planner): the tuning grid comes first."""
+    """Whether the policy runs on, or starts from, the tuned static configuration (static-tuned, or any
+    composed policy): the tuning grid comes first."""
     spec = _composed(name, BUILTIN_POLICIES if defined is None else defined)
-    if spec is not None:
-        return spec.planner in (None, OFF)
-    return name == "static-tuned"
+    return spec is not None or name == "static-tuned"
 
 
 def _composed(name: str | PolicySpec, defined: Mapping[str, PolicySpec]) -> PolicySpec | None:

@@ -150,7 +150,7 @@ class Experiment:
 
     def backend(self, policy: Policy):
         gen = self.scn.layout.gen_servers(self.scn.fabric)
-        start = policy.layout or self.layouts[0]
+        start = policy.start_layout or self.layouts[0]
         layouts = {s: start for s in gen}
         engine = policy.engine(self.settings.engine)
         return self.kind.backend(self.scn, layouts, engine, self.settings, self.cluster, bool(policy.balancer))

@@ -133,6 +133,36 @@ def test_a_step_boundary_switch_is_charged_and_the_first_is_free():
     assert paid.predicted_s[Layout(8).name(8)] == pytest.approx(free.predicted_s[Layout(8).name(8)])
 
 
+def test_the_first_step_keeps_the_starting_layout_unless_another_beats_it_by_the_margin():
+    w, est, lays, planner, _ = _setup(4096, 1024)
+    views, _ = _bench_state(w, est, lays, np.random.default_rng(3), 256, [Layout(8)] * 4, waiting=1.0)
+    v = next(iter(views.values()))
+    for start in planner.candidates:
+        d = planner.initial(ServerView(v.server, start, v.load), charged=False)
+        t = {name: d.predicted_s[name] for name in d.predicted_s}
+        base = t[start.name(8)]
+        need = max(planner.settings.min_gain_s, planner.settings.initial_margin * base)
+        if d.best == start:
+            assert min(t.values()) >= base - need - 1e-9
+        else:  # left only for a layout predicted faster by more than the margin
+            assert t[d.best.name(8)] == min(t.values()) and base - t[d.best.name(8)] > need
+
+
+def test_a_planner_policy_starts_from_the_tuned_configuration():
+    from testbed.orchestrator.policies import make_policy, needs_tuning
+
+    lays = [Layout(1), Layout(2), Layout(4), Layout(8)]
+    tuned = make_policy("static-TP4x2@128", lays, 8)
+    for name in ("planner", "orchestrrl"):
+        assert needs_tuning(name)
+        pol = make_policy(name, lays, 8, tuned)
+        assert pol.layout is None and pol.start == Layout(4) and pol.start_layout == Layout(4)
+        assert pol.max_num_seqs == 128  # a planner changes layouts, not the engine's settings
+    bal = make_policy("balancer", lays, 8, tuned)
+    assert bal.layout == bal.start_layout == Layout(4) and bal.start is None and bal.max_num_seqs == 128
+    assert make_policy("static-TP1x8", lays, 8).start_layout == Layout(1)
+
+
 def _tiny(**kw):
     w = WorkloadSpec(model="Qwen2.5-7B", prompts_per_step=8, samples_per_prompt=4, response_median_tokens=100,
                      max_response_tokens=512, steps=1, **kw)
