@@ -147,8 +147,13 @@ class PlannerSettings:
       and wait if switching then (to the then-best layout) is predicted to finish sooner: the best layout
       drifts towards larger TP as the batch drains, and a switch made too early pays its cost again later.
     initial_margin: at a step's start another layout than the server's current one (at the run's first step
-      the policy's start, the tuned static layout) is taken only when predicted faster by this fraction: nothing of the step is known yet but its forecast, so the estimates
-      are at their least certain, and a wrong start is paid over the whole bulk of the step.
+      the policy's start, the tuned static layout) is taken only when predicted faster by this fraction:
+      nothing of the step is known yet but its forecast, so the estimates are at their least certain, and a
+      wrong start is paid over the whole bulk of the step.
+    initial_switch_points: at a step's start each layout is judged by its best plan of at most one later
+      switch, the switch tried after 1/(n+1), ..., n/(n+1) of the step's predicted time (the throughput
+      layout for the bulk, a latency layout for the tail: the switch oracle's plan, on the forecast); 0:
+      each layout for the whole step.
     """
 
     layouts: tuple[str, ...] = ()
@@ -157,6 +162,7 @@ class PlannerSettings:
     cooldown_s: float = 2.0
     lookahead: bool = True
     initial_margin: float = 0.10
+    initial_switch_points: int = 3
     # a candidate predicted more than prune_ratio x slower than a server's best at a tick is skipped for that
     # server's next prune_ticks ticks (then looked at again): most candidates are far off most of the time, and
     # the decision path is the estimator's passes (0 ticks: every candidate every tick)
@@ -170,6 +176,8 @@ class PlannerSettings:
         require(self.gain_margin < 1, "gain_margin", f"must be < 1, got {self.gain_margin}")
         require(math.isfinite(self.initial_margin) and 0 <= self.initial_margin < 1, "initial_margin",
                 f"must be in [0, 1), got {self.initial_margin}")
+        require(isinstance(self.initial_switch_points, int) and 0 <= self.initial_switch_points <= 20,
+                "initial_switch_points", f"must be in 0..20, got {self.initial_switch_points!r}")
         require(math.isfinite(self.prune_ratio) and self.prune_ratio > 1, "prune_ratio",
                 f"must be > 1, got {self.prune_ratio}")
         require(isinstance(self.prune_ticks, int) and 0 <= self.prune_ticks <= 1000, "prune_ticks",

@@ -148,6 +148,35 @@ def test_the_first_step_keeps_the_starting_layout_unless_another_beats_it_by_the
             assert t[d.best.name(8)] == min(t.values()) and base - t[d.best.name(8)] > need
 
 
+def test_a_step_start_judges_each_layout_by_its_best_plan_of_one_later_switch():
+    import dataclasses
+
+    from testbed.orchestrator.estimate import ServerLoad
+    from testbed.orchestrator.forecast import LengthForecast
+    from testbed.orchestrator.planner import Planner, request_levels
+
+    w, est, lays, planner, _ = _setup(4096, 1024)
+    est.use_forecast(LengthForecast.from_workload(w, 0))
+    n = 256
+    load = ServerLoad(np.full(n, 256.0), np.full(n, est.forecast.mean()), np.zeros(n, bool), np.full(n, -1),
+                      np.zeros(n), request_levels(np.arange(n)))
+    plain = Planner(est, planner.switch_cost, dataclasses.replace(planner.settings, initial_switch_points=0),
+                    False, planner.allowed)
+    whole = plain._plans(load, Layout(8))
+    plans = planner._plans(load, Layout(8))
+    assert all(then is None for _, then in whole.values())
+    for lay in planner.candidates:
+        t, then = plans[lay]
+        assert t <= whole[lay][0] + 1e-9  # a plan may keep its layout: never predicted slower than that
+        if then is not None:  # the plan's time is its parts: the bulk, the switch at its KV, the rest
+            to, dt = then
+            ahead = est.advance(lay, load, dt)
+            kv = float(np.sum(ahead.ctx0[ahead.running]))
+            parts = dt + float(planner.switch_cost.switch_s(lay, to, kv)) + est.server_s(to, ahead, current=lay)
+            assert t == pytest.approx(parts) and t < whole[lay][0]
+    assert any(then is not None for _, then in plans.values())  # a fresh long-tailed batch: some plan switches
+
+
 def test_a_planner_policy_starts_from_the_tuned_configuration():
     from testbed.orchestrator.policies import make_policy, needs_tuning
 
