@@ -492,9 +492,11 @@ class Estimator:
             return rep, self._blocks([(layout, load, rep)], joint=False)[0].times.copy()
         return self.replica_times_many([(layout, load, current)])[0]
 
-    def replica_times_many(self, items: list) -> list:
+    def replica_times_many(self, items: list, rem: bool = False) -> list:
         """:meth:`replica_times` of many (layout, load, current) at once: remembered results (see
-        :meth:`_recall`) where there are, one grouped pass for the rest."""
+        :meth:`_recall`) where there are, one grouped pass for the rest. ``rem``: each result also holds the
+        remaining tokens its requests were given (with a forecast their :meth:`stratified` quantiles, else
+        ``load.rem``), so a caller that needs both takes them from the same pass."""
         done = [self._recall(lay, load, cur) for lay, load, cur in items]
         todo = [k for k, (d, _) in enumerate(done) if d is None]
         if todo:
@@ -502,7 +504,7 @@ class Estimator:
             for k, d in zip(todo, self._blocks(blocks, joint=False)):
                 self._remember(done[k][1], d)
                 done[k] = (d, None)
-        return [(d.rep.copy(), d.times.copy()) for d, _ in done]
+        return [(d.rep.copy(), d.times.copy()) + ((d.rem.copy(),) if rem else ()) for d, _ in done]
 
     def stratified(self, load: ServerLoad) -> np.ndarray:
         """Remaining tokens of every request of the server: with a forecast, the k-th of n (by key) gets the
@@ -518,6 +520,33 @@ class Estimator:
             return load.rem
         group = np.asarray(group, np.int64)
         return self._stratified(load.gen, load.key, group, int(group.max()) + 1 if len(group) else 1, load.shift)
+
+    def stratified_within_many(self, items: list) -> list:
+        """:meth:`stratified_within` of every (load, group) of ``items``, the loads with a prompt shift in one call
+        of the forecast and those without in another (the forecast is elementwise and every group is ranked on
+        its own: the same numbers as load by load; a missing shift is not made a zero one, whose arithmetic
+        differs in the last bits)."""
+        out = [ld.rem for ld, _ in items]
+        if self.forecast is None:
+            return out
+        for shifted in (False, True):
+            ks = [k for k, (ld, _) in enumerate(items)
+                  if ld.gen is not None and ld.key is not None and (ld.shift is not None) == shifted]
+            if not ks:
+                continue
+            groups, off = [], 0
+            for k in ks:
+                g = np.asarray(items[k][1], np.int64)
+                groups.append(g + off)
+                off += int(g.max()) + 1 if len(g) else 1
+            lds = [items[k][0] for k in ks]
+            flat = self._stratified(np.concatenate([ld.gen for ld in lds]), np.concatenate([ld.key for ld in lds]),
+                                    np.concatenate(groups), off,
+                                    np.concatenate([ld.shift for ld in lds]) if shifted else None)
+            ends = np.cumsum([0] + [ld.n for ld in lds]).tolist()
+            for q, k in enumerate(ks):
+                out[k] = flat[ends[q]:ends[q + 1]]
+        return out
 
     def _stratified(self, gen: np.ndarray, key: np.ndarray, group: np.ndarray, n_groups: int,
                     shift: np.ndarray | None = None) -> np.ndarray:
