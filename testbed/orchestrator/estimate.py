@@ -239,19 +239,49 @@ def kv_slots(g: np.ndarray, c: np.ndarray, r: np.ndarray, cnt: np.ndarray, n_gro
 KV_BAND = 0.25  # kv_slots: the peaks (as a share beyond the cache) over which the batch goes from all to turnover
 
 
+def stable_argsort(keys: np.ndarray) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")`` for whole-number keys, at a fraction of its cost: numpy's stable sort
+    of 64-bit numbers is a merge sort, of 16-bit ones a radix sort, and its default sort a SIMD quicksort. Keys
+    within 2^16 of each other are sorted as 16-bit numbers; others are made distinct by their position
+    (``key x n + position``, exact in int64), so the default sort gives the stable order. Keys that are not
+    whole numbers, or too far apart for that product, take the stable sort itself."""
+    n = len(keys)
+    if n < 2:
+        return np.argsort(keys, kind="stable")
+    lo, hi = keys.min(), keys.max()
+    if not (math.isfinite(lo) and math.isfinite(hi) and (float(hi) - float(lo) + 1.0) * n < 2.0 ** 52):
+        return np.argsort(keys, kind="stable")
+    k = (keys - lo).astype(np.int64)
+    if not np.array_equal(k, keys - lo):  # not whole numbers
+        return np.argsort(keys, kind="stable")
+    if hi - lo < 1 << 16:
+        return np.argsort(k.astype(np.uint16), kind="stable")
+    return np.argsort(k * n + np.arange(n))
+
+
 def peak_kv(g: np.ndarray, c: np.ndarray, r: np.ndarray, n_groups: int) -> np.ndarray:
     """Per replica: the most KV its requests would hold at once if every one of them ran from now on (the
     sum of the current footprints of those still running, at its largest: just before a request ends; with
-    the requests by remaining length, longest first, that is ``sum(c) + r x count`` over each prefix)."""
-    order = np.lexsort((-r, g))
+    the requests by remaining length, longest first, that is ``sum(c) + r x count`` over each prefix).
+    The order (``np.lexsort((-r, g))``) is one sort of ``g x (span + 1) - r`` when that is exact (whole
+    remaining lengths, as the estimator's are: rounded up; :func:`stable_argsort`), and the maximum over each
+    replica's run a ``reduceat``."""
+    span = float(r.max() - r.min()) if len(r) else 0.0
+    if (len(r) and float(np.abs(r).max()) < 2.0 ** 40 and n_groups * (span + 1.0) < 2.0 ** 52
+            and np.array_equal(r, np.floor(r))):
+        order = stable_argsort(g * (span + 1.0) - r)
+    else:
+        order = np.lexsort((-r, g))
     go, ro, co = g[order], r[order], c[order]
     start = np.searchsorted(go, np.arange(n_groups))
     cs_c = np.cumsum(co)
     pos = np.arange(len(ro))
-    base_c = np.r_[0.0, cs_c][start[go]]
+    base_c = np.concatenate([[0.0], cs_c])[start[go]]
     u = (cs_c - base_c) + ro * (pos - start[go] + 1)
     peak = np.zeros(n_groups)
-    np.maximum.at(peak, go, u)
+    held = np.nonzero(np.bincount(go, minlength=n_groups))[0]  # replicas with requests: one run each in ``go``
+    if len(held):
+        peak[held] = np.maximum(peak[held], np.maximum.reduceat(u, start[held]))
     return peak
 
 
@@ -362,7 +392,7 @@ class Estimator:
         bound = kv_slots(g, c, r, cnt, n_groups, kv)
         slots = np.maximum(1, np.minimum(self.settings.max_num_seqs, bound)).astype(np.int64)
         # order inside a replica: running requests first, then the queue, each in the given order
-        order = np.argsort(g * 2 + ~f, kind="stable")
+        order = stable_argsort(g * 2 + ~f)
         go = g[order]
         grp_start = np.searchsorted(go, np.arange(n_groups))
         ro = r[order]
@@ -384,13 +414,21 @@ class Estimator:
         # the slots free up), so ``skey`` is sorted already
         skey = go * big + start_o
         ekey = go * big + end_o
-        pts = np.unique(np.concatenate([skey, ekey]))
+        e_order = stable_argsort(ekey)
+        # the segments' bounds: every distinct start or end key, each with the number of starts and of ends at
+        # or before it (what ``np.searchsorted(skey, k0, side="right")`` and the same in the sorted ends give),
+        # from one merge of the two sorted runs
+        both = np.concatenate([skey, ekey[e_order]])
+        merged = np.argsort(both, kind="stable")  # two sorted runs: timsort merges them
+        at = both[merged]
+        last = np.flatnonzero(np.append(at[1:] != at[:-1], True))  # each distinct key's last entry
+        n_le = np.cumsum(merged < len(skey))[last]  # the starts at or before each distinct key
+        pts = at[last]
         k0, k1 = pts[:-1], pts[1:]
         g0 = np.floor(k0 / big).astype(np.int64)
         same = g0 == np.floor(k1 / big).astype(np.int64)
-        e_order = np.argsort(ekey, kind="stable")
-        n_started = np.searchsorted(skey, k0, side="right")
-        n_ended = np.searchsorted(ekey[e_order], k0, side="right")
+        n_started = n_le[:-1]
+        n_ended = (last + 1 - n_le)[:-1]
         active = n_started - n_ended
         base = c[order] - start_o  # a request's context at step k is base + k while it runs
         cs_start = np.r_[0.0, np.cumsum(base)]

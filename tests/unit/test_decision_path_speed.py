@@ -1,5 +1,6 @@
 """The decision path's shortcuts give what the plain computations give, to the bit (the speed of
-``orchestrrl bench planner``, issue 33): the batched within-replica quantiles against one load at a time,
+``orchestrrl bench planner``, issue 33): the sort helper against numpy's stable sort, the KV peak against its
+plain form (lexsort and ``np.maximum.at``), the batched within-replica quantiles against one load at a time,
 and the balancer's load indices from the planner's remembered pass against a fresh estimator's on the frozen
 loads. test_orchestrator_pinned.py checks the decisions themselves."""
 import dataclasses
@@ -8,8 +9,50 @@ import numpy as np
 import pytest
 
 from orchestrator_cases import _bench_state, _setup
-from testbed.orchestrator.estimate import Estimator, ServerLoad
+from testbed.orchestrator.estimate import Estimator, ServerLoad, peak_kv, stable_argsort
 from testbed.orchestrator.planner import ServerView
+
+
+def _keys():
+    rng = np.random.default_rng(7)
+    yield np.zeros(0)
+    yield np.array([3.0])
+    yield rng.integers(0, 5, 1000)  # many ties, a 16-bit range
+    yield rng.integers(-(10 ** 6), 10 ** 6, 1000).astype(float)  # past 16 bits: the position-tagged sort
+    yield rng.integers(0, 40, 4000) * 1e6 + rng.integers(0, 3000, 4000)  # the estimator's group x big + step
+    yield rng.random(500)  # not whole numbers: numpy's stable sort
+    yield np.r_[rng.integers(0, 9, 50).astype(float), np.nan, 2.0]  # not finite
+    yield np.array([0.0, 2.0 ** 60, 1.0, 2.0 ** 60])  # too far apart for key x n + position
+    yield np.array([-0.0, 0.0, -0.0])
+
+
+@pytest.mark.parametrize("keys", list(_keys()), ids=lambda k: f"n{len(k)}")
+def test_stable_argsort_is_numpys_stable_order(keys):
+    assert np.array_equal(stable_argsort(keys), np.argsort(keys, kind="stable"))
+
+
+def _peak_kv_plain(g, c, r, n_groups):
+    order = np.lexsort((-r, g))
+    go, ro, co = g[order], r[order], c[order]
+    start = np.searchsorted(go, np.arange(n_groups))
+    cs_c = np.cumsum(co)
+    base_c = np.r_[0.0, cs_c][start[go]]
+    u = (cs_c - base_c) + ro * (np.arange(len(ro)) - start[go] + 1)
+    peak = np.zeros(n_groups)
+    np.maximum.at(peak, go, u)
+    return peak
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_peak_kv_is_its_plain_form(whole):
+    rng = np.random.default_rng(3)
+    for n, n_groups in ((0, 3), (1, 1), (50, 7), (4000, 48)):
+        g = rng.integers(0, n_groups, n)
+        g[g == 2] = 1  # an empty replica among held ones
+        c = rng.integers(256, 4000, n).astype(float)
+        r = np.ceil(rng.lognormal(6, 1, n)) if whole else rng.lognormal(6, 1, n)
+        r[: n // 5] = r[0] if n else 0.0  # ties in the remaining lengths
+        assert np.array_equal(peak_kv(g, c, r, n_groups), _peak_kv_plain(g, c, r, n_groups))
 
 
 def test_within_quantiles_of_many_loads_are_those_of_each_load():
