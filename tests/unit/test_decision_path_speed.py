@@ -1,6 +1,7 @@
 """The decision path's shortcuts give what the plain computations give, to the bit (the speed of
 ``orchestrrl bench planner``, issue 33): the sort helper against numpy's stable sort, the KV peak against its
-plain form (lexsort and ``np.maximum.at``), the batched within-replica quantiles against one load at a time,
+plain form (lexsort and ``np.maximum.at``), the KV-bounded batch with the peaks of the replicas that fit the
+cache skipped against every peak computed, the batched within-replica quantiles against one load at a time,
 and the balancer's load indices from the planner's remembered pass against a fresh estimator's on the frozen
 loads. test_orchestrator_pinned.py checks the decisions themselves."""
 import dataclasses
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from orchestrator_cases import _bench_state, _setup
-from testbed.orchestrator.estimate import Estimator, ServerLoad, peak_kv, stable_argsort
+from testbed.orchestrator.estimate import KV_BAND, Estimator, ServerLoad, kv_slots, peak_kv, stable_argsort
 from testbed.orchestrator.planner import ServerView
 
 
@@ -53,6 +54,25 @@ def test_peak_kv_is_its_plain_form(whole):
         r = np.ceil(rng.lognormal(6, 1, n)) if whole else rng.lognormal(6, 1, n)
         r[: n // 5] = r[0] if n else 0.0  # ties in the remaining lengths
         assert np.array_equal(peak_kv(g, c, r, n_groups), _peak_kv_plain(g, c, r, n_groups))
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_kv_slots_skip_only_peaks_that_cannot_matter(whole):
+    rng = np.random.default_rng(8)
+    n, n_groups = 3000, 40
+    g = rng.integers(0, n_groups, n)
+    c = rng.integers(256, 6000, n).astype(float)
+    r = np.ceil(rng.lognormal(6.5, 1.2, n))
+    if not whole:
+        c += 0.25
+    cnt = np.bincount(g, minlength=n_groups)
+    fin = np.bincount(g, weights=c + r, minlength=n_groups)
+    for kv in (float(np.median(fin)), np.sort(fin)[::-1].copy(), 1e12):  # some replicas past the cache, or none
+        tavg = np.bincount(g, weights=c * r + r * r / 2.0, minlength=n_groups) / np.maximum(
+            np.bincount(g, weights=r, minlength=n_groups), 1.0)
+        turnover = np.minimum(cnt, np.floor(kv / np.maximum(1.0, tavg)))
+        a = np.clip((_peak_kv_plain(g, c, r, n_groups) / kv - 1.0) / KV_BAND, 0.0, 1.0)
+        assert np.array_equal(kv_slots(g, c, r, cnt, n_groups, kv), np.floor(cnt * (1.0 - a) + turnover * a))
 
 
 def test_within_quantiles_of_many_loads_are_those_of_each_load():
