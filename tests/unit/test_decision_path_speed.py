@@ -2,14 +2,17 @@
 ``orchestrrl bench planner``, issue 33): the sort helper against numpy's stable sort, the KV peak against its
 plain form (lexsort and ``np.maximum.at``), the KV-bounded batch with the peaks of the replicas that fit the
 cache skipped against every peak computed, the batched within-replica quantiles against one load at a time,
-and the balancer's load indices from the planner's remembered pass against a fresh estimator's on the frozen
-loads. test_orchestrator_pinned.py checks the decisions themselves."""
+the balancer's load indices from the planner's remembered pass against a fresh estimator's on the frozen
+loads, and the forecast's shared shapes and its EM moments against fresh ones. test_orchestrator_pinned.py
+checks the decisions themselves."""
 import dataclasses
 
 import numpy as np
 import pytest
 
+from emulation.workload import LOG_QUANTILE_LEVELS
 from orchestrator_cases import _bench_state, _setup
+from testbed.orchestrator import forecast as fc
 from testbed.orchestrator.estimate import KV_BAND, Estimator, ServerLoad, kv_slots, peak_kv, stable_argsort
 from testbed.orchestrator.planner import ServerView
 
@@ -104,3 +107,36 @@ def test_balancer_load_indices_from_the_planners_pass_are_the_frozen_loads(arriv
         frozen = ServerLoad(v.load.ctx0, fresh.stratified(v.load), v.load.running, v.load.replica)
         _, times = fresh.replica_times(v.layout, frozen, current=v.layout)
         assert loads[s] == float(times.max()) + max(0.0, ServerView(s, v.layout, frozen).busy_until - 10.0)
+
+
+def _shape(spike: float) -> tuple:
+    w = _setup(16384, 256)[0]
+    return fc.LengthForecast.from_workload(dataclasses.replace(w, cap_fraction=spike), 0).shape
+
+
+def test_a_shape_is_made_once_and_is_what_a_fresh_one_is():
+    shape = _shape(0.05)
+    law = fc._shape_of(shape)
+    assert fc._shape_of(tuple(shape)) is law and fc._shape_of(_shape(0.1)) is not law
+    fresh = fc._Shape(LOG_QUANTILE_LEVELS, shape)
+    for name in ("w", "z", "alpha", "beta", "lo", "hi", "_suffix"):
+        assert np.array_equal(getattr(law, name), getattr(fresh, name))
+    assert law._slopes == fresh._slopes
+    zero = tuple(0.0 if i == 50 else v for i, v in enumerate(shape))
+    negzero = tuple(-0.0 if i == 50 else v for i, v in enumerate(shape))
+    assert fc._shape_of(zero) is not fc._shape_of(negzero)  # their arithmetic may differ in a zero's sign
+
+
+def test_z_moments_above_locate_once_and_give_the_plain_figures():
+    sh = fc._shape_of(_shape(0.05))
+    a = np.r_[-np.inf, np.linspace(-6, 8, 997)]
+    s, m1, m2 = sh.moments_above(a)
+    s = np.maximum(s, 1e-300)
+    e1, e2 = m1 / s, m2 / s
+    k, wa = sh.locate(a)
+    top = k == len(sh.z)
+    al, be, lam = sh.alpha[-1], sh.beta[-1], fc._mills(wa[top])
+    e1[top] = al + be * lam
+    e2[top] = al * al + 2 * al * be * lam + be * be * (1 + wa[top] * lam)
+    got = sh.z_moments_above(a)
+    assert np.array_equal(got[0], e1, equal_nan=True) and np.array_equal(got[1], e2, equal_nan=True)
