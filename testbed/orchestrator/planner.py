@@ -219,3 +219,28 @@ def loads_from_snapshot(snap: dict, forecast, shift: np.ndarray | None = None) -
     return ServerLoad(ctx0=(snap["prompt"] + snap["generated"]).astype(np.float64),
                       rem=np.maximum(forecast.remaining(g, shift), 1.0), running=snap["running"].astype(bool),
                       replica=snap["replica"].astype(np.int64), gen=g, key=request_levels(snap["rid"]), shift=shift)
+
+
+def loads_from_snapshots(snaps: dict, forecast, shifts: dict | None = None) -> dict:
+    """:func:`loads_from_snapshot` of every server of ``snaps`` (server -> snapshot; ``shifts``: server -> its
+    requests' prompt shifts, a server not in it has none): {server: ServerLoad}, in ``snaps``' order. The
+    forecast's remaining lengths and the requests' levels of all servers come from one call each (both are
+    elementwise: the same numbers as server by server, ~0.1 ms a server less on 2 cores); the servers with a
+    prompt shift and those without are asked apart (a zero shift's arithmetic differs in the last bits)."""
+    shifts = shifts or {}
+    out = {}
+    for shifted in (False, True):
+        ss = [s for s in snaps if (shifts.get(s) is not None) == shifted]
+        if not ss:
+            continue
+        gens = [snaps[s]["generated"].astype(np.float64) for s in ss]
+        g = np.concatenate(gens)
+        rem = np.maximum(forecast.remaining(g, np.concatenate([shifts[s] for s in ss]) if shifted else None), 1.0)
+        key = request_levels(np.concatenate([snaps[s]["rid"] for s in ss]))
+        ends = np.cumsum([0] + [len(x) for x in gens]).tolist()
+        for q, s in enumerate(ss):
+            snap, lo, hi = snaps[s], ends[q], ends[q + 1]
+            out[s] = ServerLoad(ctx0=(snap["prompt"] + snap["generated"]).astype(np.float64), rem=rem[lo:hi],
+                                running=snap["running"].astype(bool), replica=snap["replica"].astype(np.int64),
+                                gen=gens[q], key=key[lo:hi], shift=shifts.get(s))
+    return {s: out[s] for s in snaps}

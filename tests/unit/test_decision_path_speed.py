@@ -3,8 +3,9 @@
 plain form (lexsort and ``np.maximum.at``), the KV-bounded batch with the peaks of the replicas that fit the
 cache skipped against every peak computed, the batched within-replica quantiles against one load at a time,
 the balancer's load indices from the planner's remembered pass against a fresh estimator's on the frozen
-loads, and the forecast's shared shapes and its EM moments against fresh ones. test_orchestrator_pinned.py
-checks the decisions themselves."""
+loads, the forecast's shared shapes and its EM moments against fresh ones, and the loads of every server's
+snapshot made at once against one server at a time. test_orchestrator_pinned.py checks the decisions
+themselves."""
 import dataclasses
 
 import numpy as np
@@ -14,7 +15,7 @@ from emulation.workload import LOG_QUANTILE_LEVELS
 from orchestrator_cases import _bench_state, _setup
 from testbed.orchestrator import forecast as fc
 from testbed.orchestrator.estimate import KV_BAND, Estimator, ServerLoad, kv_slots, peak_kv, stable_argsort
-from testbed.orchestrator.planner import ServerView
+from testbed.orchestrator.planner import ServerView, loads_from_snapshot, loads_from_snapshots
 
 
 def _keys():
@@ -140,3 +141,24 @@ def test_z_moments_above_locate_once_and_give_the_plain_figures():
     e2[top] = al * al + 2 * al * be * lam + be * be * (1 + wa[top] * lam)
     got = sh.z_moments_above(a)
     assert np.array_equal(got[0], e1, equal_nan=True) and np.array_equal(got[1], e2, equal_nan=True)
+
+
+def test_loads_of_every_snapshot_at_once_are_those_of_each():
+    w, est = _setup(16384, 256)[:2]
+    rng = np.random.default_rng(9)
+    snaps, shifts = {}, {}
+    for s, n in zip((4, 5, 6, 7), (300, 0, 120, 257)):
+        gen = np.minimum(rng.lognormal(np.log(300), 0.9, n).astype(np.int64), 16383)
+        snaps[s] = {"rid": np.arange(n, dtype=np.int64) + 1000 * s, "generated": gen, "prompt": np.full(n, 256),
+                    "running": (rng.random(n) > 0.2).astype(np.int8), "replica": np.arange(n) % 4}
+        if s != 6:
+            shifts[s] = rng.normal(0, 0.3, n)
+    forecast = fc.LengthForecast.from_workload(w, 0)
+    for sh in ({}, shifts):
+        many = loads_from_snapshots(snaps, forecast, sh)
+        assert list(many) == list(snaps)
+        for s, snap in snaps.items():
+            one = loads_from_snapshot(snap, forecast, sh.get(s))
+            for name in ("ctx0", "rem", "running", "replica", "gen", "key", "shift"):
+                a, b = getattr(many[s], name), getattr(one, name)
+                assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), (s, name)
