@@ -101,7 +101,18 @@ def engine_deal(load: ServerLoad, r: int, slots: int) -> np.ndarray:
     room = [(0.0, j) for j in range(r)]  # replicas with a slot left, by (KV held, replica)
     picks = []
     push = heapq.heapreplace
-    if len(ctx) < slots:  # no replica can fill up
+    if len(ctx) < slots and r == 2 and np.isfinite(load.ctx0[run]).all():
+        # no replica can fill up, and two of them: the heap's pick is the first unless the second holds less
+        # (a comparison, ~2.5x faster than the heap; NaN contexts, never seen, keep the heap's own order)
+        a = b = 0.0
+        for c in ctx:
+            if a <= b:
+                a += c
+                picks.append(0)
+            else:
+                b += c
+                picks.append(1)
+    elif len(ctx) < slots:  # no replica can fill up
         for c in ctx:
             kv, j = room[0]
             push(room, (kv + c, j))
@@ -278,6 +289,17 @@ def stable_argsort(keys: np.ndarray) -> np.ndarray:
     if hi - lo < 1 << 16:
         return np.argsort(k.astype(np.uint16), kind="stable")
     return np.argsort(k * n + np.arange(n))
+
+
+def lexsort_by_group(key: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """``np.lexsort((key, group))`` (by group, then key, then position) of distinct keys, at a fraction of its
+    cost: the keys' SIMD quicksort (distinct keys: no ties to order), then :func:`stable_argsort` of the
+    groups in that order (a radix sort for few groups). Equal or NaN keys take the lexsort itself."""
+    by_key = np.argsort(key)
+    ks = key[by_key]
+    if len(ks) < 2 or np.isnan(ks[-1]) or bool((ks[1:] == ks[:-1]).any()):
+        return np.lexsort((key, group))
+    return by_key[stable_argsort(group[by_key])]
 
 
 def peak_kv(g: np.ndarray, c: np.ndarray, r: np.ndarray, n_groups: int) -> np.ndarray:
@@ -612,7 +634,7 @@ class Estimator:
 
     def _stratified(self, gen: np.ndarray, key: np.ndarray, group: np.ndarray, n_groups: int,
                     shift: np.ndarray | None = None) -> np.ndarray:
-        order = np.lexsort((key, group))
+        order = lexsort_by_group(key, group)
         g = group[order]
         first = np.searchsorted(g, np.arange(n_groups))
         cnt = np.bincount(g, minlength=n_groups)

@@ -1,12 +1,17 @@
 """The decision path's shortcuts give what the plain computations give, to the bit (the speed of
-``orchestrrl bench planner``, issue 33): the sort helper against numpy's stable sort, the KV peak against its
-plain form (lexsort and ``np.maximum.at``), the KV-bounded batch with the peaks of the replicas that fit the
-cache skipped against every peak computed, the batched within-replica quantiles against one load at a time,
-the balancer's load indices from the planner's remembered pass against a fresh estimator's on the frozen
-loads, the forecast's shared shapes and its EM moments against fresh ones, and the loads of every server's
-snapshot made at once against one server at a time. test_orchestrator_pinned.py checks the decisions
-themselves."""
+``orchestrrl bench planner``, issue 33):
+
+- the sort helpers against numpy's stable sort and lexsort; the deal onto two replicas against the heap's;
+- the KV peak against its plain form (lexsort and ``np.maximum.at``), and the KV-bounded batch with the peaks
+  of the replicas that fit the cache skipped against every peak computed;
+- the batched within-replica quantiles and the batched snapshot loads against one load at a time;
+- the balancer's load indices from the planner's remembered pass against a fresh estimator's on the frozen
+  loads;
+- the forecast's shared shapes and its EM moments against fresh ones.
+
+test_orchestrator_pinned.py checks the decisions themselves."""
 import dataclasses
+import heapq
 
 import numpy as np
 import pytest
@@ -14,7 +19,8 @@ import pytest
 from emulation.workload import LOG_QUANTILE_LEVELS
 from orchestrator_cases import _bench_state, _setup
 from testbed.orchestrator import forecast as fc
-from testbed.orchestrator.estimate import KV_BAND, Estimator, ServerLoad, kv_slots, peak_kv, stable_argsort
+from testbed.orchestrator.estimate import (KV_BAND, Estimator, ServerLoad, engine_deal, kv_slots, lexsort_by_group,
+                                          peak_kv, stable_argsort)
 from testbed.orchestrator.planner import ServerView, loads_from_snapshot, loads_from_snapshots
 
 
@@ -162,3 +168,31 @@ def test_loads_of_every_snapshot_at_once_are_those_of_each():
             for name in ("ctx0", "rem", "running", "replica", "gen", "key", "shift"):
                 a, b = getattr(many[s], name), getattr(one, name)
                 assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), (s, name)
+
+
+@pytest.mark.parametrize("dup", [False, True])
+def test_lexsort_by_group_is_numpys_lexsort(dup):
+    rng = np.random.default_rng(10)
+    key = rng.random(1000)
+    if dup:
+        key[::7] = key[0]  # equal keys: the lexsort itself
+        key[5] = np.nan
+    for group in (np.repeat(np.arange(4), 250), rng.integers(0, 8, 1000), np.zeros(1000, np.int64)):
+        assert np.array_equal(lexsort_by_group(key, group), np.lexsort((key, group)))
+
+
+def _deal_heap(ctx, r):
+    room, picks = [(0.0, j) for j in range(r)], []
+    for c in ctx:
+        kv, j = room[0]
+        heapq.heapreplace(room, (kv + c, j))
+        picks.append(j)
+    return picks
+
+
+def test_a_deal_onto_two_replicas_picks_as_the_heap_does():
+    rng = np.random.default_rng(11)
+    for ctx in (rng.integers(0, 5, 300).astype(float), rng.integers(256, 4000, 257).astype(float),
+                np.r_[np.zeros(5), 1.0, np.inf, 3.0, np.inf, 2.0], np.zeros(0)):
+        ld = ServerLoad(ctx, np.ones(len(ctx)), np.ones(len(ctx), bool), np.zeros(len(ctx), np.int64))
+        assert engine_deal(ld, 2, 1024).tolist() == _deal_heap(ctx.tolist(), 2)
