@@ -368,11 +368,22 @@ class Balancer(MigrationBalancer):
             return judge if judged else None
 
         multi = [a for a, g in ags.items() if len(g.times) > 1]
-        strat = self.estimator.stratified_within_many([(raw[a].load, ags[a].rep) for a in multi])
-        lws = [ServerLoad(ags[a].view.load.ctx0, st, ags[a].view.load.running, ags[a].view.load.replica)
-               for a, st in zip(multi, strat)]
-        # every server's within view, in one grouped estimator pass
-        within = dict(zip(multi, self._agents_like([(ags[a], lw, None) for a, lw in zip(multi, lws)])))
+        within: dict = {}  # server -> its within view, made from the tick's agents when first needed
+
+        def make_within(servers: list) -> None:
+            """The within views of ``servers`` not made yet, in one grouped estimator pass. A server's view is
+            needed only when no move between servers is found from it (most ticks: one server's, often none),
+            so each is made when first asked for, and every one before the first move changes the agents they
+            are made from; a replica's times are the same in a pass of its own as in one with others (the
+            estimator's passes are exact per replica), so this changes no number."""
+            todo = [a for a in multi if a in servers and a not in within]
+            if not todo:
+                return
+            strat = self.estimator.stratified_within_many([(raw[a].load, ags[a].rep) for a in todo])
+            lws = [ServerLoad(ags[a].view.load.ctx0, st, ags[a].view.load.running, ags[a].view.load.replica)
+                   for a, st in zip(todo, strat)]
+            within.update(zip(todo, self._agents_like([(ags[a], lw, None) for a, lw in zip(todo, lws)])))
+
         loads = {a: g.load(now) for a, g in ags.items()}
         first = dict(loads)
         moves: list[Move] = []
@@ -396,6 +407,8 @@ class Balancer(MigrationBalancer):
                 targets = [(b, int(np.argmin(ags[b].times)) if len(ags[b].times) else 0)]
                 best = self._try(A, a, ja, targets, ags, loads, busy_a, now, need, judge_from(a, ja))
             # inside the server (its KV crosses NVLink, not the fabric), when no move between servers pays
+            if best is None:
+                make_within([a])
             W = within.get(a)
             if best is None and W is not None:
                 ja = int(np.argmax(W.times))
@@ -404,6 +417,7 @@ class Balancer(MigrationBalancer):
                     best = self._try(W, a, ja, [(a, jo)], {a: W}, loads, busy_a, now, need, judge_from(a, ja))
             if best is None:
                 break
+            make_within(multi)  # before the agents change (a no-op after the first move)
             _, i, b, jb, times, na, nb, before, gain, p_pay = best
             # the moved request carries its expected length from now on (the numbers its move was judged by)
             la = A.view.load
