@@ -7,7 +7,8 @@
 - the batched within-replica quantiles and the batched snapshot loads against one load at a time;
 - the balancer's load indices from the planner's remembered pass against a fresh estimator's on the frozen
   loads;
-- the forecast's shared shapes and its EM moments against fresh ones.
+- the forecast's shared shapes and its EM moments against fresh ones;
+- a layout switch priced from its KV-independent plan against the cost model's arithmetic in one piece.
 
 test_orchestrator_pinned.py checks the decisions themselves."""
 import dataclasses
@@ -16,6 +17,8 @@ import heapq
 import numpy as np
 import pytest
 
+from agents.costmodel import CostModel
+from agents.engine import Layout, ModelledCost
 from emulation.workload import LOG_QUANTILE_LEVELS
 from orchestrator_cases import _bench_state, _setup
 from testbed.orchestrator import forecast as fc
@@ -196,3 +199,40 @@ def test_a_deal_onto_two_replicas_picks_as_the_heap_does():
                 np.r_[np.zeros(5), 1.0, np.inf, 3.0, np.inf, 2.0], np.zeros(0)):
         ld = ServerLoad(ctx, np.ones(len(ctx)), np.ones(len(ctx), bool), np.zeros(len(ctx), np.int64))
         assert engine_deal(ld, 2, 1024).tolist() == _deal_heap(ctx.tolist(), 2)
+
+
+def _layout_switch_plain(cm, from_tp, to_tp, kv_tokens, from_ep=1, to_ep=1, gpus=8, fixed_s=None):
+    """CostModel.layout_switch's total as it was computed in one piece (before SwitchPlan)."""
+    fixed_s = cm.calib.layout_switch_fixed_s if fixed_s is None else fixed_s
+    if (from_tp, from_ep) == (to_tp, to_ep):
+        return 0.0
+    m = cm.model
+    experts_bytes = m.layers * m.experts * m.expert_params * cm.dtype_bytes
+    dense_bytes = cm.weight_bytes() - experts_bytes
+    rect = (lambda tp, ep: (1.0 / ep, 1.0) if ep > 1 else (1.0, 1.0 / tp))  # noqa: E731
+    (ea, sa), (eb, sb) = rect(from_tp, from_ep), rect(to_tp, to_ep)
+    w_recv = dense_bytes * max(0.0, 1.0 / to_tp - 1.0 / from_tp) + experts_bytes * (eb * sb - min(ea, eb) * min(sa, sb))
+    kv = kv_tokens * cm.kv_bytes_per_token()
+    fa, fb = 1.0 / min(from_tp, m.kv_heads), 1.0 / min(to_tp, m.kv_heads)
+    ra, rb = gpus / from_tp, gpus / to_tp
+    kv_recv = max(0.0, fb * kv / rb - min(fa, fb) * kv / max(ra, rb))
+    relayout = 2.0 * (cm.weight_bytes_per_gpu(to_tp, to_ep) + fb * kv / rb)
+    nv = cm.gpu.nvlink_bytes_per_s * cm.eff.nvlink
+    transfer = (cm.calib.p2p.latency_us * 1e-6 + (w_recv + kv_recv) / nv) if (w_recv + kv_recv) > 0 else 0.0
+    relayout_s = relayout / (cm.gpu.hbm_bytes_per_s * cm.calib.gemm.hbm_eff)
+    return transfer + relayout_s + float(fixed_s)
+
+
+@pytest.mark.parametrize("model", ["Qwen2.5-14B", "Qwen3-30B-A3B"])
+def test_a_switch_priced_from_its_plan_is_the_plain_arithmetic(model):
+    cm = CostModel.for_names(model, "H800")
+    lays = [Layout(tp) for tp in (1, 2, 4, 8)] + ([Layout(tp, tp) for tp in (2, 4, 8)] if cm.model.is_moe else [])
+    for reinit in (None, 0.25):
+        cost = ModelledCost(cm, 8, reinit)
+        for a in lays:
+            for b in lays:
+                for kv in (0.0, 1.0, 123457.0, 2.5e6):
+                    want = _layout_switch_plain(cm, a.tp, b.tp, kv, a.ep, b.ep, 8, reinit)
+                    assert cost.switch_s(a, b, kv) == want  # twice: the second from the remembered plan
+                    assert cost.switch_s(a, b, kv) == want
+                    assert cm.layout_switch(a.tp, b.tp, kv, from_ep=a.ep, to_ep=b.ep, fixed_s=reinit).total_s == want
