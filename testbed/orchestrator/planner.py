@@ -165,7 +165,11 @@ class Planner(LayoutPlanner):
             near = switch or v.busy_until > now or now - v.last_switch_end < self.settings.cooldown_s
             out[s] = Decision(s, cur, best, pred, switch, gain, best_cost, reason, near)
         if tempted:  # would it pay to wait one interval and switch then (to the then-best layout)?
-            ahead = self.estimator.advance_many([(views[s].layout, views[s].load) for s in tempted], interval)
+            # loads that all carry what stratifying needs are estimated on the forecast's quantiles, never on
+            # their rem, so it is not asked of the forecast for them (Estimator.advance_many's mean)
+            strat = all(views[s].load.gen is not None and views[s].load.key is not None for s in tempted)
+            ahead = self.estimator.advance_many([(views[s].layout, views[s].load) for s in tempted], interval,
+                                                mean=not strat)
             later = {s: ServerView(s, views[s].layout, ld) for s, ld in zip(tempted, ahead)}
             t2 = self._all_times(later, now)
             for s, best_t in tempted.items():

@@ -8,7 +8,8 @@
 - the balancer's load indices from the planner's remembered pass against a fresh estimator's on the frozen
   loads;
 - the forecast's shared shapes and its EM moments against fresh ones;
-- a layout switch priced from its KV-independent plan against the cost model's arithmetic in one piece.
+- a layout switch priced from its KV-independent plan against the cost model's arithmetic in one piece;
+- the lookahead's loads without the forecast's mean estimated as those with it.
 
 test_orchestrator_pinned.py checks the decisions themselves."""
 import dataclasses
@@ -236,3 +237,20 @@ def test_a_switch_priced_from_its_plan_is_the_plain_arithmetic(model):
                     assert cost.switch_s(a, b, kv) == want  # twice: the second from the remembered plan
                     assert cost.switch_s(a, b, kv) == want
                     assert cm.layout_switch(a.tp, b.tp, kv, from_ep=a.ep, to_ep=b.ep, fixed_s=reinit).total_s == want
+
+
+def test_the_lookaheads_loads_are_estimated_alike_whatever_their_rem():
+    """advance_many(mean=False) leaves the forecast's conditional mean unasked; the loads differ from
+    mean=True's in rem only, and estimates stratified on the forecast never read rem."""
+    w, est, lays = _setup(16384, 256)[:3]
+    views, _ = _bench_state(w, est, lays, np.random.default_rng(12), 1024, [lays[j % len(lays)] for j in range(4)])
+    items = [(v.layout, v.load) for v in views.values()]
+    a, b = est.advance_many(items, 2.0), est.advance_many(items, 2.0, mean=False)
+    for x, y in zip(a, b):
+        for name in ("ctx0", "running", "replica", "gen", "key"):
+            assert np.array_equal(getattr(x, name), getattr(y, name))
+        assert not np.array_equal(x.rem, y.rem)
+    currents = {s: v.layout for s, v in views.items()}
+    ta = est.servers_s_many(lays, dict(zip(views, a)), currents)
+    tb = est.servers_s_many(lays, dict(zip(views, b)), currents)
+    assert ta == tb
