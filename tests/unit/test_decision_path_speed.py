@@ -2,6 +2,7 @@
 ``orchestrrl bench planner``, issue 33):
 
 - the sort helpers against numpy's stable sort and lexsort; the deal onto two replicas against the heap's;
+- the stack of every TP degree's decode table against each table's call;
 - the KV peak against its plain form (lexsort and ``np.maximum.at``), and the KV-bounded batch with the peaks
   of the replicas that fit the cache skipped against every peak computed;
 - the batched within-replica quantiles and the batched snapshot loads against one load at a time;
@@ -20,6 +21,7 @@ import pytest
 
 from agents.costmodel import CostModel
 from agents.engine import Layout, ModelledCost
+from emulation.orchestration import EngineSettings
 from emulation.workload import LOG_QUANTILE_LEVELS
 from orchestrator_cases import _bench_state, _setup
 from testbed.orchestrator import forecast as fc
@@ -254,3 +256,22 @@ def test_the_lookaheads_loads_are_estimated_alike_whatever_their_rem():
     ta = est.servers_s_many(lays, dict(zip(views, a)), currents)
     tb = est.servers_s_many(lays, dict(zip(views, b)), currents)
     assert ta == tb
+
+
+def test_a_stack_of_decode_tables_is_each_tables_call():
+    est = Estimator(CostModel.for_names("Qwen2.5-14B", "H800"), 8, EngineSettings(max_num_seqs=256))
+    stack = est._stack
+    assert stack is not None
+    rng = np.random.default_rng(13)
+    tp = rng.choice([1, 2, 4, 8], 5000)
+    batch = rng.integers(1, 257, 5000).astype(float)
+    ctx = batch * rng.integers(0, 20000, 5000) + rng.integers(0, 3, 5000)
+    assert stack.covers(tp, batch, ctx)
+    got = stack(tp, batch, ctx)
+    for t in (1, 2, 4, 8):
+        m = tp == t
+        assert np.array_equal(got[m], est._decode_table(t)(batch[m], ctx[m]))
+    assert not stack.covers(tp, np.r_[batch[:-1], 257.0], ctx)  # past a table: each TP's own path
+    assert not stack.covers(np.r_[tp[:-1], 3], batch, ctx)
+    engine = Estimator(CostModel.for_engine("Qwen2.5-14B", "H800", EngineSettings()), 8, EngineSettings())
+    assert all(engine._dec.values()) and engine._stack is None  # tables with engine terms are not stacked
