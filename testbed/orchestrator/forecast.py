@@ -153,6 +153,10 @@ class _Shape:
         self.alpha = knots_z - self.beta * knots_w
         self.lo = np.concatenate([[-np.inf], w])
         self.hi = np.concatenate([w, [np.inf]])
+        # each piece's upper end's terms in _piece_moments, for _moments_at to gather (the same numbers)
+        ph = _phi(self.hi)
+        with np.errstate(invalid="ignore"):
+            self._hi_terms = (ndtr(self.hi), ndtr(-self.hi), ph, np.where(np.isfinite(self.hi), self.hi * ph, 0.0))
         full = self._piece_moments(self.lo, self.hi, self.alpha, self.beta)
         self._suffix = np.concatenate([np.cumsum(full[:, ::-1], axis=1)[:, ::-1], np.zeros((3, 1))], axis=1)
 
@@ -178,8 +182,20 @@ class _Shape:
         return self._moments_at(*self.locate(np.asarray(a, dtype=np.float64)))
 
     def _moments_at(self, k: np.ndarray, wa: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`moments_above` of thresholds already located (:meth:`locate`: their pieces and scores)."""
-        part = self._piece_moments(wa, self.hi[k], self.alpha[k], self.beta[k])
+        """:meth:`moments_above` of thresholds already located (:meth:`locate`: their pieces and scores):
+        :meth:`_piece_moments` from ``wa`` to the piece's upper end, with the upper end's terms gathered from
+        the piece (its ndtr, phi and hi x phi) and both ndtr of the mass in one call (the online update's EM
+        asks this of every censoring point at every iteration): the same operations on the same values."""
+        al, be = self.alpha[k], self.beta[k]
+        nd_hi, nd_neg_hi, ph, hi_ph = (t[k] for t in self._hi_terms)
+        flip = wa > 0  # _mass: an upper-tail piece as Phi(-lo) - Phi(-hi)
+        e = ndtr(np.where(flip, -wa, wa))
+        m0 = np.where(flip, e - nd_neg_hi, nd_hi - e)
+        pl = _phi(wa)
+        m1 = pl - ph
+        with np.errstate(invalid="ignore"):
+            m2 = m0 + np.where(np.isfinite(wa), wa * pl, 0.0) - hi_ph
+        part = np.stack([m0, al * m0 + be * m1, al * al * m0 + 2 * al * be * m1 + be * be * m2])
         out = part + np.take(self._suffix, k + 1, axis=1)
         return out[0], out[1], out[2]
 

@@ -8,7 +8,7 @@
 - the batched within-replica quantiles and the batched snapshot loads against one load at a time;
 - the balancer's load indices from the planner's remembered pass against a fresh estimator's on the frozen
   loads;
-- the forecast's shared shapes and its EM moments against fresh ones;
+- the forecast's shared shapes, its EM moments and its moments of located thresholds against their plain forms;
 - a layout switch priced from its KV-independent plan against the cost model's arithmetic in one piece;
 - the lookahead's loads without the forecast's mean estimated as those with it.
 
@@ -275,3 +275,12 @@ def test_a_stack_of_decode_tables_is_each_tables_call():
     assert not stack.covers(np.r_[tp[:-1], 3], batch, ctx)
     engine = Estimator(CostModel.for_engine("Qwen2.5-14B", "H800", EngineSettings()), 8, EngineSettings())
     assert all(engine._dec.values()) and engine._stack is None  # tables with engine terms are not stacked
+
+
+def test_moments_at_located_thresholds_are_the_piece_moments():
+    sh = fc._shape_of(_shape(0.05))
+    a = np.r_[-np.inf, np.linspace(-8, 9, 4001), sh.z]  # every knot too: thresholds on a piece's end
+    k, wa = sh.locate(a)
+    plain = sh._piece_moments(wa, sh.hi[k], sh.alpha[k], sh.beta[k]) + sh._suffix[:, k + 1]
+    for got, want in zip(sh._moments_at(k, wa), plain):
+        assert np.array_equal(got, want, equal_nan=True)
