@@ -406,9 +406,10 @@ class Estimator:
         self._memo: dict[tuple, tuple] = {}
         self._dec: dict[int, object] = {}
         tp = 1
-        while tp <= gpus:  # the decode tables of every TP degree, built once here rather than in a tick
+        while tp <= gpus:  # the decode tables and KV capacities of every TP degree, once here rather than in a tick
             if gpus % tp == 0:
                 self._decode_table(tp)
+                self.kv_tokens(Layout(tp))
             tp *= 2
         self._stack = DecodeStack.build(self._dec)  # all of them in one, for passes over several TP degrees
         self.calls = 0
