@@ -528,8 +528,8 @@ class Estimator:
         n_ended = (last + 1 - n_le)[:-1]
         active = n_started - n_ended
         base = c[order] - start_o  # a request's context at step k is base + k while it runs
-        cs_start = np.r_[0.0, np.cumsum(base)]
-        cs_end = np.r_[0.0, np.cumsum(base[e_order])]
+        cs_start = np.concatenate(([0.0], np.cumsum(base)))
+        cs_end = np.concatenate(([0.0], np.cumsum(base[e_order])))
         mid = (k0 + k1) / 2.0 - g0 * big
         ctx = (cs_start[n_started] - cs_end[n_ended]) + active * mid
         ok = same & (active > 0)
@@ -734,7 +734,8 @@ class Estimator:
             return [_Done(rep, np.zeros(r), np.zeros(0), None, 0, 0) for (_, _, rep), r in zip(blocks, reps)]
         loads = [ld for _, ld, _ in live]
         cat = lambda f: np.concatenate([f(ld) for ld in loads]) if len(loads) > 1 else f(loads[0])  # noqa: E731
-        group = np.concatenate([offs[k] + np.asarray(rep, np.int64) for k, _, rep in live])
+        group = np.concatenate([np.asarray(rep, np.int64) for _, _, rep in live]) + np.repeat(
+            [offs[k] for k, _, _ in live], [ld.n for _, ld, _ in live])
         ctx0, rem, running = cat(lambda ld: ld.ctx0), cat(lambda ld: ld.rem), cat(lambda ld: ld.running)
         able = [ld.gen is not None and ld.key is not None and self.forecast is not None for ld in loads]
         if all(able):
