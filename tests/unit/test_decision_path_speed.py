@@ -1,7 +1,7 @@
 """The decision path's shortcuts give what the plain computations give, to the bit (the speed of
 ``orchestrrl bench planner``, issue 33):
 
-- the sort helpers against numpy's stable sort and lexsort; the deal onto two replicas against the heap's;
+- the sort helpers against numpy's stable sort and lexsort; the deal onto two or four replicas against the heap's;
 - the stack of every TP degree's decode table against each table's call;
 - the KV peak against its plain form (lexsort and ``np.maximum.at``), and the KV-bounded batch with the peaks
   of the replicas that fit the cache skipped against every peak computed;
@@ -196,12 +196,13 @@ def _deal_heap(ctx, r):
     return picks
 
 
-def test_a_deal_onto_two_replicas_picks_as_the_heap_does():
+@pytest.mark.parametrize("r", [2, 4])
+def test_a_deal_onto_two_or_four_replicas_picks_as_the_heap_does(r):
     rng = np.random.default_rng(11)
     for ctx in (rng.integers(0, 5, 300).astype(float), rng.integers(256, 4000, 257).astype(float),
-                np.r_[np.zeros(5), 1.0, np.inf, 3.0, np.inf, 2.0], np.zeros(0)):
+                np.r_[np.zeros(5), 1.0, np.inf, 3.0, np.inf, 2.0, np.inf, 0.0, np.inf], np.zeros(0)):
         ld = ServerLoad(ctx, np.ones(len(ctx)), np.ones(len(ctx), bool), np.zeros(len(ctx), np.int64))
-        assert engine_deal(ld, 2, 1024).tolist() == _deal_heap(ctx.tolist(), 2)
+        assert engine_deal(ld, r, 1024).tolist() == _deal_heap(ctx.tolist(), r)
 
 
 def _layout_switch_plain(cm, from_tp, to_tp, kv_tokens, from_ep=1, to_ep=1, gpus=8, fixed_s=None):
