@@ -330,8 +330,9 @@ class Balancer(MigrationBalancer):
         raw = views
         # the load indices from the servers' own loads where that gives the frozen loads' numbers (the frozen
         # load holds the stratified quantiles the estimator gives the load itself): the planner's pass of this
-        # tick computed them, and the estimator remembers them by the load's content. Not with arrivals
-        # (replica -1): they are placed by the remaining tokens the load holds, which freezing changes
+        # tick computed them (in its larger pass: the same numbers with whole token counts, as snapshots hold),
+        # and the estimator remembers them by the load's content. Not with arrivals (replica -1): they are
+        # placed by the remaining tokens the load holds, which freezing changes
         many = self.estimator.replica_times_many(
             [(v.layout, v.load if bool((v.load.replica >= 0).all()) else self.frozen(v.load), v.layout)
              for v in raw.values()], rem=True)
@@ -375,7 +376,8 @@ class Balancer(MigrationBalancer):
             needed only when no move between servers is found from it (most ticks: one server's, often none),
             so each is made when first asked for, and every one before the first move changes the agents they
             are made from; a replica's times are the same in a pass of its own as in one with others (the
-            estimator's passes are exact per replica), so this changes no number."""
+            estimator's passes are exact per replica with whole token counts, as snapshots hold), so this
+            changes no number."""
             todo = [a for a in multi if a in servers and a not in within]
             if not todo:
                 return

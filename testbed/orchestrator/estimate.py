@@ -27,12 +27,21 @@ changes). What makes it fast:
   integer below 2^53, so a replica's result does not depend on what shares its pass (with fractional
   contexts it would to the last bits only);
 - the decode step times through :class:`DecodeTable` (the context-free terms of the cost model tabulated per
-  batch size; checked against the cost model when built, which is called directly when any number differs);
+  batch size; checked against the cost model when built, which is called directly when any number differs),
+  every TP degree's in one call of a pass over several (:class:`DecodeStack`);
 - memoised prefills (a pure function of few distinct arguments) and per-server results under the current
   layout (:meth:`Estimator._recall`: by the load's content, the forecast object and the settings), so the
-  balancer's load indices and the lookahead's progress reuse the planner's pass;
-- :func:`engine_deal` on heaps instead of an argmin per request; the list scheduling of queued requests on a
-  heap of Python floats; the lookahead's progress and the balancer's comparison of candidate moves vectorised.
+  balancer's load indices (with the stratified lengths they were computed on) and the lookahead's progress
+  reuse the planner's pass;
+- the pass's sorts as numpy's SIMD quicksort or 16-bit radix sort with the stable sort's order
+  (:func:`stable_argsort`, :func:`lexsort_by_group`), and the KV peak only for replicas whose requests do not
+  all fit the cache at once (:func:`kv_slots`);
+- :func:`engine_deal` by comparisons (two or four replicas) or on a heap instead of an argmin per request; the
+  list scheduling of queued requests on a heap of Python floats; the lookahead's progress and the balancer's
+  comparison of candidate moves vectorised.
+
+What the last four gave (with the balancer's and the forecast's share of issue 33): docs/orchestrator.md,
+"Decision time".
 """
 from __future__ import annotations
 
