@@ -359,6 +359,44 @@ class LayoutSwitch:
     total_s: float
 
 
+@dataclass(frozen=True)
+class SwitchPlan:
+    """The parts of a layout switch that do not depend on the KV it keeps (:meth:`CostModel.switch_plan`):
+    the weights each GPU receives, the KV shares, the NVLink and HBM rates. :meth:`at` is the rest of
+    :meth:`CostModel.layout_switch`'s arithmetic, the same operations in the same order, so a planner that
+    prices the same switch for many KV sizes does the layout part once."""
+
+    w_recv: float  # weight bytes each GPU receives
+    kv_bytes_per_token: float
+    fa: float  # KV head fraction per GPU before / after
+    fb: float
+    ra: float  # replicas before / after
+    rb: float
+    weight_bytes_per_gpu: float  # after
+    nv: float  # NVLink bytes/s at its efficiency
+    latency_s: float  # one point-to-point latency
+    hbm: float  # HBM bytes/s at the GEMMs' efficiency
+    fixed_s: float
+
+    def at(self, kv_tokens: float) -> LayoutSwitch:
+        """The switch keeping ``kv_tokens`` tokens of running requests' KV cache."""
+        return LayoutSwitch(*self._parts(kv_tokens))
+
+    def total_s(self, kv_tokens: float) -> float:
+        """``at(kv_tokens).total_s``."""
+        return self._parts(kv_tokens)[-1]
+
+    def _parts(self, kv_tokens: float) -> tuple:
+        _check_nonneg(kv_tokens, "kv_tokens")
+        kv = kv_tokens * self.kv_bytes_per_token
+        kv_recv = max(0.0, self.fb * kv / self.rb - min(self.fa, self.fb) * kv / max(self.ra, self.rb))
+        relayout = 2.0 * (self.weight_bytes_per_gpu + self.fb * kv / self.rb)
+        w_recv = self.w_recv
+        transfer = (self.latency_s + (w_recv + kv_recv) / self.nv) if (w_recv + kv_recv) > 0 else 0.0
+        relayout_s = relayout / self.hbm
+        return w_recv, kv_recv, relayout, transfer, relayout_s, self.fixed_s, transfer + relayout_s + self.fixed_s
+
+
 class CostModel:
     """Timings of ``model`` on ``gpu``; all methods are pure functions of their arguments."""
 
@@ -736,6 +774,14 @@ class CostModel:
         routed experts as (expert subset x FFN slice) rectangles. KV: each GPU keeps the heads it had of the
         requests that stay on its replica. All GPUs receive in parallel over NVLink at ``Efficiency.nvlink``;
         each then rewrites its new shards locally (HBM), and the fixed part (calibration.yaml) is added."""
+        plan = self.switch_plan(from_tp, to_tp, from_ep=from_ep, to_ep=to_ep, gpus=gpus, fixed_s=fixed_s,
+                                kv_tokens=kv_tokens)
+        return LayoutSwitch(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0) if plan is None else plan.at(kv_tokens)
+
+    def switch_plan(self, from_tp: int, to_tp: int, *, from_ep: int = 1, to_ep: int = 1, gpus: int = 8,
+                    fixed_s: float | None = None, kv_tokens: float = 0.0) -> SwitchPlan | None:
+        """:meth:`layout_switch`'s arguments checked and its parts that do not depend on the KV (None: the same
+        layout, no switch); ``kv_tokens`` is only checked (in :meth:`layout_switch`'s order)."""
         for name, v in (("from_tp", from_tp), ("to_tp", to_tp), ("from_ep", from_ep), ("to_ep", to_ep),
                         ("gpus", gpus)):
             _check_int(v, name)
@@ -749,7 +795,7 @@ class CostModel:
         self._layout(from_tp, from_ep)
         self._layout(to_tp, to_ep)
         if (from_tp, from_ep) == (to_tp, to_ep):
-            return LayoutSwitch(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+            return None
         m = self.model
         experts_bytes = m.layers * m.experts * m.expert_params * self.dtype_bytes
         dense_bytes = self.weight_bytes() - experts_bytes
@@ -759,18 +805,13 @@ class CostModel:
 
         (ea, sa), (eb, sb) = expert_rect(from_tp, from_ep), expert_rect(to_tp, to_ep)
         w_recv = dense_bytes * max(0.0, 1.0 / to_tp - 1.0 / from_tp) + experts_bytes * (eb * sb - min(ea, eb) * min(sa, sb))
-
-        kv = kv_tokens * self.kv_bytes_per_token()
-        fa, fb = 1.0 / min(from_tp, m.kv_heads), 1.0 / min(to_tp, m.kv_heads)  # head fraction per GPU
-        ra, rb = gpus / from_tp, gpus / to_tp  # replicas
-        kv_recv = max(0.0, fb * kv / rb - min(fa, fb) * kv / max(ra, rb))
-
-        relayout = 2.0 * (self.weight_bytes_per_gpu(to_tp, to_ep) + fb * kv / rb)
-        nv = self.gpu.nvlink_bytes_per_s * self.eff.nvlink
-        transfer = (self.calib.p2p.latency_us * 1e-6 + (w_recv + kv_recv) / nv) if (w_recv + kv_recv) > 0 else 0.0
-        relayout_s = relayout / (self.gpu.hbm_bytes_per_s * self.calib.gemm.hbm_eff)
-        return LayoutSwitch(w_recv, kv_recv, relayout, transfer, relayout_s, float(fixed_s),
-                            transfer + relayout_s + float(fixed_s))
+        # the KV part (SwitchPlan.at): each GPU keeps the heads it had of the requests that stay on its replica
+        return SwitchPlan(w_recv, self.kv_bytes_per_token(),
+                          1.0 / min(from_tp, m.kv_heads), 1.0 / min(to_tp, m.kv_heads),  # head fraction per GPU
+                          gpus / from_tp, gpus / to_tp,  # replicas
+                          self.weight_bytes_per_gpu(to_tp, to_ep), self.gpu.nvlink_bytes_per_s * self.eff.nvlink,
+                          self.calib.p2p.latency_us * 1e-6, self.gpu.hbm_bytes_per_s * self.calib.gemm.hbm_eff,
+                          float(fixed_s))
 
     def layout_switch_s(self, from_tp: int, to_tp: int, kv_tokens: float, *, from_ep: int = 1, to_ep: int = 1,
                         gpus: int = 8, fixed_s: float | None = None) -> float:

@@ -950,6 +950,7 @@ class ModelledCost:
         self.cm = cm
         self.gpus = gpus
         self.reinit_s = reinit_s  # the fixed part of a layout switch (None: the calibration's)
+        self._plans: dict = {}  # (old, new) -> the switch's KV-independent parts (cm.switch_plan)
 
     def step_s(self, layout: Layout, n_decode: int, decode_ctx: float, prefill_tokens: int,
                prefill_seqs: int, prefill_pairs: float | None = None) -> float:
@@ -970,5 +971,10 @@ class ModelledCost:
         (docs/costmodel.md; ReMP reports 1-7 s for 7B-70B)."""
         if old == new:
             return 0.0
-        return float(self.cm.layout_switch_s(old.tp, new.tp, kv_tokens, from_ep=old.ep, to_ep=new.ep, gpus=self.gpus,
-                                             fixed_s=self.reinit_s))
+        # the planner prices every candidate switch of every server at every tick, for the server's KV of the
+        # moment: the layout part of the cost model's arithmetic is done once per pair (the same numbers)
+        plan = self._plans.get((old, new))
+        if plan is None:
+            plan = self._plans[(old, new)] = self.cm.switch_plan(old.tp, new.tp, from_ep=old.ep, to_ep=new.ep,
+                                                                 gpus=self.gpus, fixed_s=self.reinit_s)
+        return float(plan.total_s(kv_tokens))

@@ -29,7 +29,7 @@ from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator, ServerLoad
 from testbed.orchestrator.forecast import LengthForecast, prompt_share, prompt_shifts
 from testbed.orchestrator.interfaces import Batch, Deal, Pool, PolicyContext
-from testbed.orchestrator.planner import ServerView, loads_from_snapshot, request_levels
+from testbed.orchestrator.planner import ServerView, loads_from_snapshots, request_levels
 from testbed.orchestrator.policies import Policy, feasible_layouts, scenario_dispatch
 from testbed.recovery import Recovery
 from testbed.ticks import IntervalBudget, tick_deadline_s
@@ -226,8 +226,9 @@ class PlanningTick:
         t0 = time.perf_counter()
         self.est.use_forecast(fc)
         shifts = self._prompt_shifts(fc, states, req, late)
-        views = {s: ServerView(s, st.layout, loads_from_snapshot(st.snapshot, fc, shifts.get(s)), st.busy_until,
-                               self.last_switch_end.get(s, -math.inf), st.stats) for s, st in states.items()}
+        loads = loads_from_snapshots({s: st.snapshot for s, st in states.items()}, fc, shifts)
+        views = {s: ServerView(s, st.layout, loads[s], st.busy_until, self.last_switch_end.get(s, -math.inf), st.stats)
+                 for s, st in states.items()}
         switches = migrations = 0
         near: set[int] = set()
         if self.planner is not None:

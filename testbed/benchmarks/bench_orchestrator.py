@@ -31,7 +31,7 @@ from testbed.driver import Timeline, settle_heap
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator
 from testbed.orchestrator.forecast import LengthForecast
-from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshot
+from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshots
 from testbed.orchestrator.policies import feasible_layouts
 from testbed.runs.metrics import DriverMetrics
 
@@ -91,14 +91,14 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
                          st.forecast) if st.forecast.online_update else fc0
         t1 = time.perf_counter()
         est.use_forecast(fc)
-        views, rids = {}, {}
+        snaps = {}
         for j, s in enumerate(servers):
             m = server == j
-            snap = {"rid": np.nonzero(m)[0].astype(np.int64) + 1000 * k, "generated": gen[m],
-                    "prompt": np.full(int(m.sum()), w.prompt_tokens), "running": running[m].astype(np.int8),
-                    "replica": np.arange(int(m.sum())) % r}
-            views[s] = ServerView(s, lay, loads_from_snapshot(snap, fc))
-            rids[s] = snap["rid"]
+            snaps[s] = {"rid": np.nonzero(m)[0].astype(np.int64) + 1000 * k, "generated": gen[m],
+                        "prompt": np.full(int(m.sum()), w.prompt_tokens), "running": running[m].astype(np.int8),
+                        "replica": np.arange(int(m.sum())) % r}
+        views = {s: ServerView(s, lay, ld) for s, ld in loads_from_snapshots(snaps, fc).items()}  # as the driver
+        rids = {s: snap["rid"] for s, snap in snaps.items()}
         ts = time.perf_counter()
         timeline.sample(_tick_sample(10.0, views, lay, gpus))  # the driver samples a tick before deciding
         sample_s = time.perf_counter() - ts  # timed apart: not part of the decision (as in the driver)

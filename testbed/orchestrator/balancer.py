@@ -85,12 +85,14 @@ class Balancer(MigrationBalancer):
         """The interface's answer (interfaces.MigrationBalancer): :meth:`decide`'s moves."""
         return self.decide(views, rids, now)[0]
 
-    def frozen(self, load: ServerLoad) -> ServerLoad:
+    def frozen(self, load: ServerLoad, strat: np.ndarray | None = None) -> ServerLoad:
         """``load`` with every request's remaining tokens fixed at the estimator's stratified value for it now
-        (no forecast fields left: nothing is re-stratified when requests move between servers)."""
+        (no forecast fields left: nothing is re-stratified when requests move between servers). ``strat``:
+        those values when already known (:meth:`Estimator.replica_times_many` gives them with the times)."""
         if load.gen is None or load.key is None or self.estimator.forecast is None:
             return load
-        return ServerLoad(load.ctx0, self.estimator.stratified(load), load.running, load.replica)
+        return ServerLoad(load.ctx0, self.estimator.stratified(load) if strat is None else strat, load.running,
+                          load.replica)
 
     def load_index(self, view: ServerView, now: float) -> float:
         return self.estimator.server_s(view.layout, view.load, current=view.layout) + max(0.0, view.busy_until - now)
@@ -326,11 +328,18 @@ class Balancer(MigrationBalancer):
         # the load indices and every candidate move are computed from the very same numbers
         means = {a: np.asarray(v.load.rem, dtype=float) for a, v in views.items()}  # expected remaining tokens
         raw = views
-        views = {a: ServerView(a, v.layout, self.frozen(v.load), v.busy_until, v.last_switch_end)
-                 for a, v in views.items()}
-        many = self.estimator.replica_times_many([(v.layout, v.load, v.layout) for v in views.values()])
+        # the load indices from the servers' own loads where that gives the frozen loads' numbers (the frozen
+        # load holds the stratified quantiles the estimator gives the load itself): the planner's pass of this
+        # tick computed them (in its larger pass: the same numbers with whole token counts, as snapshots hold),
+        # and the estimator remembers them by the load's content. Not with arrivals (replica -1): they are
+        # placed by the remaining tokens the load holds, which freezing changes
+        many = self.estimator.replica_times_many(
+            [(v.layout, v.load if bool((v.load.replica >= 0).all()) else self.frozen(v.load), v.layout)
+             for v in raw.values()], rem=True)
+        views = {a: ServerView(a, v.layout, self.frozen(v.load, strat), v.busy_until, v.last_switch_end)
+                 for (a, v), (_, _, strat) in zip(raw.items(), many)}
         ags = {a: _Agent(v, np.asarray(rids[a]), rep, times, means[a])
-               for (a, v), (rep, times) in zip(views.items(), many)}
+               for (a, v), (rep, times, _) in zip(views.items(), many)}
         # a move inside a server is judged by the quantiles dealt inside each replica (its own view of the same
         # forecast, before and after alike): dealt across the server, the replica that happens to draw the top
         # levels looks slowest, and moves made on that alone mostly changed nothing (MoE default: 36 of 99
@@ -360,10 +369,23 @@ class Balancer(MigrationBalancer):
             return judge if judged else None
 
         multi = [a for a, g in ags.items() if len(g.times) > 1]
-        lws = [ServerLoad(ags[a].view.load.ctx0, self.estimator.stratified_within(raw[a].load, ags[a].rep),
-                          ags[a].view.load.running, ags[a].view.load.replica) for a in multi]
-        # every server's within view, in one grouped estimator pass
-        within = dict(zip(multi, self._agents_like([(ags[a], lw, None) for a, lw in zip(multi, lws)])))
+        within: dict = {}  # server -> its within view, made from the tick's agents when first needed
+
+        def make_within(servers: list) -> None:
+            """The within views of ``servers`` not made yet, in one grouped estimator pass. A server's view is
+            needed only when no move between servers is found from it (most ticks: one server's, often none),
+            so each is made when first asked for, and every one before the first move changes the agents they
+            are made from; a replica's times are the same in a pass of its own as in one with others (the
+            estimator's passes are exact per replica with whole token counts, as snapshots hold), so this
+            changes no number."""
+            todo = [a for a in multi if a in servers and a not in within]
+            if not todo:
+                return
+            strat = self.estimator.stratified_within_many([(raw[a].load, ags[a].rep) for a in todo])
+            lws = [ServerLoad(ags[a].view.load.ctx0, st, ags[a].view.load.running, ags[a].view.load.replica)
+                   for a, st in zip(todo, strat)]
+            within.update(zip(todo, self._agents_like([(ags[a], lw, None) for a, lw in zip(todo, lws)])))
+
         loads = {a: g.load(now) for a, g in ags.items()}
         first = dict(loads)
         moves: list[Move] = []
@@ -387,6 +409,8 @@ class Balancer(MigrationBalancer):
                 targets = [(b, int(np.argmin(ags[b].times)) if len(ags[b].times) else 0)]
                 best = self._try(A, a, ja, targets, ags, loads, busy_a, now, need, judge_from(a, ja))
             # inside the server (its KV crosses NVLink, not the fabric), when no move between servers pays
+            if best is None:
+                make_within([a])
             W = within.get(a)
             if best is None and W is not None:
                 ja = int(np.argmax(W.times))
@@ -395,6 +419,7 @@ class Balancer(MigrationBalancer):
                     best = self._try(W, a, ja, [(a, jo)], {a: W}, loads, busy_a, now, need, judge_from(a, ja))
             if best is None:
                 break
+            make_within(multi)  # before the agents change (a no-op after the first move)
             _, i, b, jb, times, na, nb, before, gain, p_pay = best
             # the moved request carries its expected length from now on (the numbers its move was judged by)
             la = A.view.load

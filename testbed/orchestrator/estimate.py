@@ -27,12 +27,21 @@ changes). What makes it fast:
   integer below 2^53, so a replica's result does not depend on what shares its pass (with fractional
   contexts it would to the last bits only);
 - the decode step times through :class:`DecodeTable` (the context-free terms of the cost model tabulated per
-  batch size; checked against the cost model when built, which is called directly when any number differs);
+  batch size; checked against the cost model when built, which is called directly when any number differs),
+  every TP degree's in one call of a pass over several (:class:`DecodeStack`);
 - memoised prefills (a pure function of few distinct arguments) and per-server results under the current
   layout (:meth:`Estimator._recall`: by the load's content, the forecast object and the settings), so the
-  balancer's load indices and the lookahead's progress reuse the planner's pass;
-- :func:`engine_deal` on heaps instead of an argmin per request; the list scheduling of queued requests on a
-  heap of Python floats; the lookahead's progress and the balancer's comparison of candidate moves vectorised.
+  balancer's load indices (with the stratified lengths they were computed on) and the lookahead's progress
+  reuse the planner's pass;
+- the pass's sorts as numpy's SIMD quicksort or 16-bit radix sort with the stable sort's order
+  (:func:`stable_argsort`, :func:`lexsort_by_group`), and the KV peak only for replicas whose requests do not
+  all fit the cache at once (:func:`kv_slots`);
+- :func:`engine_deal` by comparisons (two or four replicas) or on a heap instead of an argmin per request; the
+  list scheduling of queued requests on a heap of Python floats; the lookahead's progress and the balancer's
+  comparison of candidate moves vectorised.
+
+What the last four gave (with the balancer's and the forecast's share of issue 33): docs/orchestrator.md,
+"Decision time".
 """
 from __future__ import annotations
 
@@ -101,7 +110,11 @@ def engine_deal(load: ServerLoad, r: int, slots: int) -> np.ndarray:
     room = [(0.0, j) for j in range(r)]  # replicas with a slot left, by (KV held, replica)
     picks = []
     push = heapq.heapreplace
-    if len(ctx) < slots:  # no replica can fill up
+    if len(ctx) < slots and r in (2, 4) and np.isfinite(load.ctx0[run]).all():
+        # no replica can fill up, and two or four of them: the heap's picks by comparisons (~2.5x faster; NaN
+        # contexts, never seen, keep the heap's own order)
+        picks = _least_held_2(ctx) if r == 2 else _least_held_4(ctx)
+    elif len(ctx) < slots:  # no replica can fill up
         for c in ctx:
             kv, j = room[0]
             push(room, (kv + c, j))
@@ -130,6 +143,57 @@ def engine_deal(load: ServerLoad, r: int, slots: int) -> np.ndarray:
         keys = np.sort((levels * r + np.arange(r)[:, None]).ravel())[:w]
         rep[wait] = keys % r
     return rep
+
+
+def _least_held_2(ctx: list) -> list:
+    """Each of ``ctx`` (in order) onto the replica of two holding the least (the first of equals), as
+    engine_deal's heap of (KV held, replica) picks."""
+    a = b = 0.0
+    picks = []
+    for c in ctx:
+        if a <= b:
+            a += c
+            picks.append(0)
+        else:
+            b += c
+            picks.append(1)
+    return picks
+
+
+def _least_held_4(ctx: list) -> list:
+    """:func:`_least_held_2` for four replicas: the lesser of each pair (the first of equals), then the
+    lesser of the two (the lower replica of equals)."""
+    k0 = k1 = k2 = k3 = 0.0
+    picks = []
+    for c in ctx:
+        if k0 <= k1:
+            if k2 <= k3:
+                if k0 <= k2:
+                    k0 += c
+                    picks.append(0)
+                else:
+                    k2 += c
+                    picks.append(2)
+            elif k0 <= k3:
+                k0 += c
+                picks.append(0)
+            else:
+                k3 += c
+                picks.append(3)
+        elif k2 <= k3:
+            if k1 <= k2:
+                k1 += c
+                picks.append(1)
+            else:
+                k2 += c
+                picks.append(2)
+        elif k1 <= k3:
+            k1 += c
+            picks.append(1)
+        else:
+            k3 += c
+            picks.append(3)
+    return picks
 
 
 class DecodeTable:
@@ -199,10 +263,62 @@ class DecodeTable:
         flops = 4.0 * ctx * qr * hd
         out = self.pre[bi] + self.layers * (self.floor + np.maximum(read / self.hbm, flops / self.peak)
                                            + self.kv_write_s[bi])
-        for row in self.post[:, bi]:
+        for row in np.take(self.post, bi, axis=1):  # (take: twice as fast as the fancy index post[:, bi])
             out = out + row
         if self.engine_step is not None:
             out = self.engine_step(out, batch, ctx)
+        return out
+
+
+class DecodeStack:
+    """Every TP degree's :class:`DecodeTable` in one, so a pass over several layouts (the planner's: every
+    candidate of every server) evaluates all its segments in one call rather than one per TP degree (~0.1 ms
+    less a pass on 2 cores): per segment the same operations on the same values as its own table's call,
+    its table's rows and constants gathered by its TP degree. Built only where the tables differ in nothing
+    but their rows and per-TP constants (the same shape, GPU and model constants, no engine terms)."""
+
+    def __init__(self, tabs: dict):
+        tps = sorted(tabs)
+        first = tabs[tps[0]]
+        self.width = len(first.pre)  # batch sizes 0..max_batch of every table
+        self.ti = np.full(max(tps) + 1, -1, np.int64)  # TP degree -> its table's index
+        self.ti[tps] = np.arange(len(tps))
+        self.pre = np.concatenate([tabs[tp].pre for tp in tps])
+        self.read_b = np.concatenate([tabs[tp].read_b for tp in tps])
+        self.kv_write_s = np.concatenate([tabs[tp].kv_write_s for tp in tps])
+        self.post = np.ascontiguousarray(np.concatenate([tabs[tp].post for tp in tps], axis=1))
+        self.kv_gpu = np.array([tabs[tp].kv_gpu for tp in tps])
+        self.qr = np.array([tabs[tp].flops_per_ctx[0] for tp in tps])
+        self.hd = np.array([tabs[tp].flops_per_ctx[1] for tp in tps])
+        self.hbm, self.peak, self.floor, self.layers = first.hbm, first.peak, first.floor, first.layers
+
+    @classmethod
+    def build(cls, tabs: dict) -> "DecodeStack | None":
+        tabs = {tp: t for tp, t in tabs.items() if t}
+        if len(tabs) < 2:
+            return None
+        ts = list(tabs.values())
+        same = all(t.engine_step is None and t.post.shape == ts[0].post.shape and len(t.pre) == len(ts[0].pre)
+                   and (t.hbm, t.peak, t.floor, t.layers) == (ts[0].hbm, ts[0].peak, ts[0].floor, ts[0].layers)
+                   for t in ts)
+        return cls(tabs) if same else None
+
+    def covers(self, tp: np.ndarray, batch: np.ndarray, ctx: np.ndarray) -> bool:
+        """Whether every segment's TP degree has a table and each table covers it (:meth:`DecodeTable.covers`)."""
+        return bool(len(tp) and tp.max() < len(self.ti) and tp.min() >= 0 and (self.ti[tp] >= 0).all()
+                    and batch.max() < self.width and batch.min() >= 1 and np.isfinite(ctx).all()
+                    and (batch == np.floor(batch)).all())
+
+    def __call__(self, tp: np.ndarray, batch: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+        """:class:`DecodeTable`'s call of each segment's TP degree ``tp``, all segments at once."""
+        ti = self.ti[tp]
+        at = ti * self.width + batch.astype(np.int64)
+        read = ctx * self.kv_gpu[ti] + self.read_b[at]
+        flops = 4.0 * ctx * self.qr[ti] * self.hd[ti]
+        out = self.pre[at] + self.layers * (self.floor + np.maximum(read / self.hbm, flops / self.peak)
+                                            + self.kv_write_s[at])
+        for row in np.take(self.post, at, axis=1):
+            out = out + row
         return out
 
 
@@ -228,30 +344,92 @@ def kv_slots(g: np.ndarray, c: np.ndarray, r: np.ndarray, cnt: np.ndarray, n_gro
     Bounding the batch by the cache over the requests' mean *final* footprint instead (what this did before)
     queued requests that all fit at once: the same benchmark's worst regret was 1.050 and its errors up to
     30%; on the default scenario at a median of 4,000 tokens and 128 requests per GPU the planner ranked TP8x1
-    above TP4x2, which the engine runs ~4% faster, and lost 3.8% to the tuned static layout."""
+    above TP4x2, which the engine runs ~4% faster, and lost 3.8% to the tuned static layout.
+
+    The peak needs a sort; a replica whose requests' final footprints fit the cache all at once
+    (``sum(c + r) <= kv``, no less than the peak) has its peak within the cache, so its ``a`` is 0 whatever the
+    peak is, and only the other replicas' peaks are computed (with whole, non-negative token counts, as the
+    estimator's are, every sum is exact, so a replica's peak is the one it gets alone)."""
     tavg = np.bincount(g, weights=c * r + r * r / 2.0, minlength=n_groups) / np.maximum(
         np.bincount(g, weights=r, minlength=n_groups), 1.0)
     turnover = np.minimum(cnt, np.floor(kv / np.maximum(1.0, tavg)))
-    a = np.clip((peak_kv(g, c, r, n_groups) / kv - 1.0) / KV_BAND, 0.0, 1.0)
+    a = np.clip((_peak_beyond(g, c, r, n_groups, kv) / kv - 1.0) / KV_BAND, 0.0, 1.0)
     return np.floor(cnt * (1.0 - a) + turnover * a)
+
+
+def _peak_beyond(g: np.ndarray, c: np.ndarray, r: np.ndarray, n_groups: int, kv) -> np.ndarray:
+    """:func:`peak_kv` where it may exceed ``kv``; 0 for the replicas whose requests' final footprints all fit
+    at once (their peak is within ``kv`` too: :func:`kv_slots` gives them the same batch either way)."""
+    whole = (len(c) and float(c.min()) >= 0.0 and float(r.min()) >= 0.0
+             and float(c.sum()) + float(r.sum()) + float(r.max()) * len(r) < 2.0 ** 52
+             and np.array_equal(c, np.floor(c)) and np.array_equal(r, np.floor(r)))
+    if not whole:
+        return peak_kv(g, c, r, n_groups)
+    beyond = np.bincount(g, weights=c + r, minlength=n_groups) > kv
+    peak = np.zeros(n_groups)
+    if beyond.any():
+        m = beyond[g]
+        peak[beyond] = peak_kv(g[m], c[m], r[m], n_groups)[beyond]
+    return peak
 
 
 KV_BAND = 0.25  # kv_slots: the peaks (as a share beyond the cache) over which the batch goes from all to turnover
 
 
+def stable_argsort(keys: np.ndarray) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")`` for whole-number keys, at a fraction of its cost: numpy's stable sort
+    of 64-bit numbers is a merge sort, of 16-bit ones a radix sort, and its default sort a SIMD quicksort. Keys
+    within 2^16 of each other are sorted as 16-bit numbers; others are made distinct by their position
+    (``key x n + position``, exact in int64), so the default sort gives the stable order. Keys that are not
+    whole numbers, or too far apart for that product, take the stable sort itself."""
+    n = len(keys)
+    if n < 2:
+        return np.argsort(keys, kind="stable")
+    lo, hi = keys.min(), keys.max()
+    if not (math.isfinite(lo) and math.isfinite(hi) and (float(hi) - float(lo) + 1.0) * n < 2.0 ** 52):
+        return np.argsort(keys, kind="stable")
+    k = (keys - lo).astype(np.int64)
+    if not np.array_equal(k, keys - lo):  # not whole numbers
+        return np.argsort(keys, kind="stable")
+    if hi - lo < 1 << 16:
+        return np.argsort(k.astype(np.uint16), kind="stable")
+    return np.argsort(k * n + np.arange(n))
+
+
+def lexsort_by_group(key: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """``np.lexsort((key, group))`` (by group, then key, then position) of distinct keys, at a fraction of its
+    cost: the keys' SIMD quicksort (distinct keys: no ties to order), then :func:`stable_argsort` of the
+    groups in that order (a radix sort for few groups). Equal or NaN keys take the lexsort itself."""
+    by_key = np.argsort(key)
+    ks = key[by_key]
+    if len(ks) < 2 or np.isnan(ks[-1]) or bool((ks[1:] == ks[:-1]).any()):
+        return np.lexsort((key, group))
+    return by_key[stable_argsort(group[by_key])]
+
+
 def peak_kv(g: np.ndarray, c: np.ndarray, r: np.ndarray, n_groups: int) -> np.ndarray:
     """Per replica: the most KV its requests would hold at once if every one of them ran from now on (the
     sum of the current footprints of those still running, at its largest: just before a request ends; with
-    the requests by remaining length, longest first, that is ``sum(c) + r x count`` over each prefix)."""
-    order = np.lexsort((-r, g))
+    the requests by remaining length, longest first, that is ``sum(c) + r x count`` over each prefix).
+    The order (``np.lexsort((-r, g))``) is one sort of ``g x (span + 1) - r`` when that is exact (whole
+    remaining lengths, as the estimator's are: rounded up; :func:`stable_argsort`), and the maximum over each
+    replica's run a ``reduceat``."""
+    span = float(r.max() - r.min()) if len(r) else 0.0
+    if (len(r) and float(np.abs(r).max()) < 2.0 ** 40 and n_groups * (span + 1.0) < 2.0 ** 52
+            and np.array_equal(r, np.floor(r))):
+        order = stable_argsort(g * (span + 1.0) - r)
+    else:
+        order = np.lexsort((-r, g))
     go, ro, co = g[order], r[order], c[order]
     start = np.searchsorted(go, np.arange(n_groups))
     cs_c = np.cumsum(co)
     pos = np.arange(len(ro))
-    base_c = np.r_[0.0, cs_c][start[go]]
+    base_c = np.concatenate([[0.0], cs_c])[start[go]]
     u = (cs_c - base_c) + ro * (pos - start[go] + 1)
     peak = np.zeros(n_groups)
-    np.maximum.at(peak, go, u)
+    held = np.nonzero(np.bincount(go, minlength=n_groups))[0]  # replicas with requests: one run each in ``go``
+    if len(held):
+        peak[held] = np.maximum(peak[held], np.maximum.reduceat(u, start[held]))
     return peak
 
 
@@ -281,10 +459,12 @@ class Estimator:
         self._memo: dict[tuple, tuple] = {}
         self._dec: dict[int, object] = {}
         tp = 1
-        while tp <= gpus:  # the decode tables of every TP degree, built once here rather than in a tick
+        while tp <= gpus:  # the decode tables and KV capacities of every TP degree, once here rather than in a tick
             if gpus % tp == 0:
                 self._decode_table(tp)
+                self.kv_tokens(Layout(tp))
             tp *= 2
+        self._stack = DecodeStack.build(self._dec)  # all of them in one, for passes over several TP degrees
         self.calls = 0
         self._forecast = None
 
@@ -362,7 +542,7 @@ class Estimator:
         bound = kv_slots(g, c, r, cnt, n_groups, kv)
         slots = np.maximum(1, np.minimum(self.settings.max_num_seqs, bound)).astype(np.int64)
         # order inside a replica: running requests first, then the queue, each in the given order
-        order = np.argsort(g * 2 + ~f, kind="stable")
+        order = stable_argsort(g * 2 + ~f)
         go = g[order]
         grp_start = np.searchsorted(go, np.arange(n_groups))
         ro = r[order]
@@ -384,17 +564,25 @@ class Estimator:
         # the slots free up), so ``skey`` is sorted already
         skey = go * big + start_o
         ekey = go * big + end_o
-        pts = np.unique(np.concatenate([skey, ekey]))
+        e_order = stable_argsort(ekey)
+        # the segments' bounds: every distinct start or end key, each with the number of starts and of ends at
+        # or before it (what ``np.searchsorted(skey, k0, side="right")`` and the same in the sorted ends give),
+        # from one merge of the two sorted runs
+        both = np.concatenate([skey, ekey[e_order]])
+        merged = np.argsort(both, kind="stable")  # two sorted runs: timsort merges them
+        at = both[merged]
+        last = np.flatnonzero(np.append(at[1:] != at[:-1], True))  # each distinct key's last entry
+        n_le = np.cumsum(merged < len(skey))[last]  # the starts at or before each distinct key
+        pts = at[last]
         k0, k1 = pts[:-1], pts[1:]
         g0 = np.floor(k0 / big).astype(np.int64)
         same = g0 == np.floor(k1 / big).astype(np.int64)
-        e_order = np.argsort(ekey, kind="stable")
-        n_started = np.searchsorted(skey, k0, side="right")
-        n_ended = np.searchsorted(ekey[e_order], k0, side="right")
+        n_started = n_le[:-1]
+        n_ended = (last + 1 - n_le)[:-1]
         active = n_started - n_ended
         base = c[order] - start_o  # a request's context at step k is base + k while it runs
-        cs_start = np.r_[0.0, np.cumsum(base)]
-        cs_end = np.r_[0.0, np.cumsum(base[e_order])]
+        cs_start = np.concatenate(([0.0], np.cumsum(base)))
+        cs_end = np.concatenate(([0.0], np.cumsum(base[e_order])))
         mid = (k0 + k1) / 2.0 - g0 * big
         ctx = (cs_start[n_started] - cs_end[n_ended]) + active * mid
         ok = same & (active > 0)
@@ -402,21 +590,28 @@ class Estimator:
         if tp_g is None:
             seg[ok] = self._decode_s(active[ok].astype(float), np.maximum(ctx[ok], 0.0), layout.tp) \
                 * (k1 - k0)[ok]
-        else:  # one cost-model pass per TP degree, over its replicas' segments
+        else:  # one cost-model pass over every TP degree's segments, or one per TP degree
             okk = np.nonzero(ok)[0]
             seg_tp = tp_g[g0[okk]]
-            for tp in np.unique(seg_tp).tolist():
-                sel = okk[seg_tp == tp]
-                seg[sel] = self._decode_s(active[sel].astype(float), np.maximum(ctx[sel], 0.0), tp) \
-                    * (k1 - k0)[sel]
+            b_ok, c_ok = active[okk].astype(float), np.maximum(ctx[okk], 0.0)
+            if self._stack is not None and self._stack.covers(seg_tp, b_ok, c_ok):
+                seg[okk] = self._stack(seg_tp, b_ok, c_ok) * (k1 - k0)[okk]
+            else:
+                for tp in sorted({lay.tp for lay, _ in layout}):
+                    sel = okk[seg_tp == tp]
+                    if not len(sel):
+                        continue
+                    seg[sel] = self._decode_s(active[sel].astype(float), np.maximum(ctx[sel], 0.0), tp) \
+                        * (k1 - k0)[sel]
         total += np.bincount(g0[ok], weights=seg[ok], minlength=n_groups)
         waiting = ~f
         if waiting.any():  # the queue's prefills (recompute for preempted ones), once per replica
             nw = np.bincount(g[waiting], minlength=n_groups)
             sw = np.bincount(g[waiting], weights=c[waiting], minlength=n_groups)
             pre = out["prefill"]
-            for j in np.nonzero(nw)[0].tolist():
-                pre[j] = self._prefill_s(int(nw[j]), float(sw[j] / nw[j]), layout.tp if tp_g is None else int(tp_g[j]))
+            js = np.nonzero(nw)[0]
+            tps = [layout.tp] * len(js) if tp_g is None else tp_g[js].tolist()
+            pre[js] = [self._prefill_s(n, m, tp) for n, m, tp in zip(nw[js].tolist(), (sw[js] / nw[js]).tolist(), tps)]
             total += pre
         out["start"][idx[order]] = start_o
         out["end"][idx[order]] = end_o
@@ -492,9 +687,11 @@ class Estimator:
             return rep, self._blocks([(layout, load, rep)], joint=False)[0].times.copy()
         return self.replica_times_many([(layout, load, current)])[0]
 
-    def replica_times_many(self, items: list) -> list:
+    def replica_times_many(self, items: list, rem: bool = False) -> list:
         """:meth:`replica_times` of many (layout, load, current) at once: remembered results (see
-        :meth:`_recall`) where there are, one grouped pass for the rest."""
+        :meth:`_recall`) where there are, one grouped pass for the rest. ``rem``: each result also holds the
+        remaining tokens its requests were given (with a forecast their :meth:`stratified` quantiles, else
+        ``load.rem``), so a caller that needs both takes them from the same pass."""
         done = [self._recall(lay, load, cur) for lay, load, cur in items]
         todo = [k for k, (d, _) in enumerate(done) if d is None]
         if todo:
@@ -502,7 +699,7 @@ class Estimator:
             for k, d in zip(todo, self._blocks(blocks, joint=False)):
                 self._remember(done[k][1], d)
                 done[k] = (d, None)
-        return [(d.rep.copy(), d.times.copy()) for d, _ in done]
+        return [(d.rep.copy(), d.times.copy()) + ((d.rem.copy(),) if rem else ()) for d, _ in done]
 
     def stratified(self, load: ServerLoad) -> np.ndarray:
         """Remaining tokens of every request of the server: with a forecast, the k-th of n (by key) gets the
@@ -519,9 +716,36 @@ class Estimator:
         group = np.asarray(group, np.int64)
         return self._stratified(load.gen, load.key, group, int(group.max()) + 1 if len(group) else 1, load.shift)
 
+    def stratified_within_many(self, items: list) -> list:
+        """:meth:`stratified_within` of every (load, group) of ``items``, the loads with a prompt shift in one call
+        of the forecast and those without in another (the forecast is elementwise and every group is ranked on
+        its own: the same numbers as load by load; a missing shift is not made a zero one, whose arithmetic
+        differs in the last bits)."""
+        out = [ld.rem for ld, _ in items]
+        if self.forecast is None:
+            return out
+        for shifted in (False, True):
+            ks = [k for k, (ld, _) in enumerate(items)
+                  if ld.gen is not None and ld.key is not None and (ld.shift is not None) == shifted]
+            if not ks:
+                continue
+            groups, off = [], 0
+            for k in ks:
+                g = np.asarray(items[k][1], np.int64)
+                groups.append(g + off)
+                off += int(g.max()) + 1 if len(g) else 1
+            lds = [items[k][0] for k in ks]
+            flat = self._stratified(np.concatenate([ld.gen for ld in lds]), np.concatenate([ld.key for ld in lds]),
+                                    np.concatenate(groups), off,
+                                    np.concatenate([ld.shift for ld in lds]) if shifted else None)
+            ends = np.cumsum([0] + [ld.n for ld in lds]).tolist()
+            for q, k in enumerate(ks):
+                out[k] = flat[ends[q]:ends[q + 1]]
+        return out
+
     def _stratified(self, gen: np.ndarray, key: np.ndarray, group: np.ndarray, n_groups: int,
                     shift: np.ndarray | None = None) -> np.ndarray:
-        order = np.lexsort((key, group))
+        order = lexsort_by_group(key, group)
         g = group[order]
         first = np.searchsorted(g, np.arange(n_groups))
         cnt = np.bincount(g, minlength=n_groups)
@@ -563,7 +787,8 @@ class Estimator:
             return [_Done(rep, np.zeros(r), np.zeros(0), None, 0, 0) for (_, _, rep), r in zip(blocks, reps)]
         loads = [ld for _, ld, _ in live]
         cat = lambda f: np.concatenate([f(ld) for ld in loads]) if len(loads) > 1 else f(loads[0])  # noqa: E731
-        group = np.concatenate([offs[k] + np.asarray(rep, np.int64) for k, _, rep in live])
+        group = np.concatenate([np.asarray(rep, np.int64) for _, _, rep in live]) + np.repeat(
+            [offs[k] for k, _, _ in live], [ld.n for _, ld, _ in live])
         ctx0, rem, running = cat(lambda ld: ld.ctx0), cat(lambda ld: ld.rem), cat(lambda ld: ld.running)
         able = [ld.gen is not None and ld.key is not None and self.forecast is not None for ld in loads]
         if all(able):
@@ -652,9 +877,13 @@ class Estimator:
         wait before switching?"."""
         return self.advance_many([(layout, load)], dt)[0]
 
-    def advance_many(self, items: list, dt: float) -> list:
+    def advance_many(self, items: list, dt: float, mean: bool = True) -> list:
         """:meth:`advance` of many (layout, load) at once: the remembered schedules of the loads under their
-        current layouts where there are (the planner's pass made them), one grouped pass for the rest."""
+        current layouts where there are (the planner's pass made them), one grouped pass for the rest.
+        ``mean``: every kept request's ``rem`` is its conditional mean under the forecast, as
+        :func:`loads_from_snapshot` gives it; False: its ``rem`` less its progress, as without a forecast, the
+        forecast not asked (~0.3 ms a bench tick) -- for a caller that estimates the loads with the forecast,
+        whose stratified quantiles replace ``rem`` (the planner's lookahead)."""
         out = list(ld for _, ld in items)
         todo = [k for k, (_, ld) in enumerate(items) if ld.n and ld.gen is not None]
         if not todo:
@@ -676,7 +905,8 @@ class Estimator:
             gained = gained_all[at[q]:at[q + 1]]
             keeps.append(gained < np.ceil(d.rem))
             gens.append((items[k][1].gen + gained)[keeps[-1]])
-        if self.forecast is not None:
+        cond = mean and self.forecast is not None
+        if cond:
             sh = [None if items[k][1].shift is None else items[k][1].shift[kp] for k, kp in zip(todo, keeps)]
             shift = None if all(x is None for x in sh) else np.concatenate(
                 [x if x is not None else np.zeros(len(g)) for x, g in zip(sh, gens)])
@@ -685,7 +915,7 @@ class Estimator:
         for q, (k, d) in enumerate(zip(todo, done)):
             load = items[k][1]
             gained, keep = gained_all[at[q]:at[q + 1]], keeps[q]
-            new_rem = left[cut[q]:cut[q + 1]] if self.forecast is not None else np.maximum(load.rem - gained, 1.0)[keep]
+            new_rem = left[cut[q]:cut[q + 1]] if cond else np.maximum(load.rem - gained, 1.0)[keep]
             out[k] = ServerLoad(ctx0=(load.ctx0 + gained)[keep], rem=new_rem,
                                 running=(load.running | (gained > 0))[keep], replica=d.rep[keep], gen=gens[q],
                                 key=load.key[keep], shift=None if load.shift is None else load.shift[keep])

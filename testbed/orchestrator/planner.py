@@ -165,7 +165,11 @@ class Planner(LayoutPlanner):
             near = switch or v.busy_until > now or now - v.last_switch_end < self.settings.cooldown_s
             out[s] = Decision(s, cur, best, pred, switch, gain, best_cost, reason, near)
         if tempted:  # would it pay to wait one interval and switch then (to the then-best layout)?
-            ahead = self.estimator.advance_many([(views[s].layout, views[s].load) for s in tempted], interval)
+            # loads that all carry what stratifying needs are estimated on the forecast's quantiles, never on
+            # their rem, so it is not asked of the forecast for them (Estimator.advance_many's mean)
+            strat = all(views[s].load.gen is not None and views[s].load.key is not None for s in tempted)
+            ahead = self.estimator.advance_many([(views[s].layout, views[s].load) for s in tempted], interval,
+                                                mean=not strat)
             later = {s: ServerView(s, views[s].layout, ld) for s, ld in zip(tempted, ahead)}
             t2 = self._all_times(later, now)
             for s, best_t in tempted.items():
@@ -251,3 +255,28 @@ def loads_from_snapshot(snap: dict, forecast, shift: np.ndarray | None = None) -
     return ServerLoad(ctx0=(snap["prompt"] + snap["generated"]).astype(np.float64),
                       rem=np.maximum(forecast.remaining(g, shift), 1.0), running=snap["running"].astype(bool),
                       replica=snap["replica"].astype(np.int64), gen=g, key=request_levels(snap["rid"]), shift=shift)
+
+
+def loads_from_snapshots(snaps: dict, forecast, shifts: dict | None = None) -> dict:
+    """:func:`loads_from_snapshot` of every server of ``snaps`` (server -> snapshot; ``shifts``: server -> its
+    requests' prompt shifts, a server not in it has none): {server: ServerLoad}, in ``snaps``' order. The
+    forecast's remaining lengths and the requests' levels of all servers come from one call each (both are
+    elementwise: the same numbers as server by server, ~0.1 ms a server less on 2 cores); the servers with a
+    prompt shift and those without are asked apart (a zero shift's arithmetic differs in the last bits)."""
+    shifts = shifts or {}
+    out = {}
+    for shifted in (False, True):
+        ss = [s for s in snaps if (shifts.get(s) is not None) == shifted]
+        if not ss:
+            continue
+        gens = [snaps[s]["generated"].astype(np.float64) for s in ss]
+        g = np.concatenate(gens)
+        rem = np.maximum(forecast.remaining(g, np.concatenate([shifts[s] for s in ss]) if shifted else None), 1.0)
+        key = request_levels(np.concatenate([snaps[s]["rid"] for s in ss]))
+        ends = np.cumsum([0] + [len(x) for x in gens]).tolist()
+        for q, s in enumerate(ss):
+            snap, lo, hi = snaps[s], ends[q], ends[q + 1]
+            out[s] = ServerLoad(ctx0=(snap["prompt"] + snap["generated"]).astype(np.float64), rem=rem[lo:hi],
+                                running=snap["running"].astype(bool), replica=snap["replica"].astype(np.int64),
+                                gen=gens[q], key=key[lo:hi], shift=shifts.get(s))
+    return {s: out[s] for s in snaps}

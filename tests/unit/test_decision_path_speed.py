@@ -1,0 +1,287 @@
+"""The decision path's shortcuts give what the plain computations give, to the bit (the speed of
+``orchestrrl bench planner``, issue 33):
+
+- the sort helpers against numpy's stable sort and lexsort; the deal onto two or four replicas against the heap's;
+- the stack of every TP degree's decode table against each table's call;
+- the KV peak against its plain form (lexsort and ``np.maximum.at``), and the KV-bounded batch with the peaks
+  of the replicas that fit the cache skipped against every peak computed;
+- the batched within-replica quantiles and the batched snapshot loads against one load at a time;
+- the balancer's load indices from the planner's remembered pass against a fresh estimator's on the frozen
+  loads;
+- the forecast's shared shapes, its EM moments and its moments of located thresholds against their plain forms;
+- a layout switch priced from its KV-independent plan against the cost model's arithmetic in one piece;
+- the lookahead's loads without the forecast's mean estimated as those with it.
+
+test_orchestrator_pinned.py checks the decisions themselves."""
+import dataclasses
+import heapq
+
+import numpy as np
+import pytest
+
+from agents.costmodel import CostModel
+from agents.engine import Layout, ModelledCost
+from emulation.orchestration import EngineSettings
+from emulation.workload import LOG_QUANTILE_LEVELS
+from orchestrator_cases import _bench_state, _setup
+from testbed.orchestrator import forecast as fc
+from testbed.orchestrator.estimate import (KV_BAND, Estimator, ServerLoad, engine_deal, kv_slots, lexsort_by_group,
+                                          peak_kv, stable_argsort)
+from testbed.orchestrator.planner import ServerView, loads_from_snapshot, loads_from_snapshots
+
+
+def _keys():
+    rng = np.random.default_rng(7)
+    yield np.zeros(0)
+    yield np.array([3.0])
+    yield rng.integers(0, 5, 1000)  # many ties, a 16-bit range
+    yield rng.integers(-(10 ** 6), 10 ** 6, 1000).astype(float)  # past 16 bits: the position-tagged sort
+    yield rng.integers(0, 40, 4000) * 1e6 + rng.integers(0, 3000, 4000)  # the estimator's group x big + step
+    yield rng.random(500)  # not whole numbers: numpy's stable sort
+    yield np.r_[rng.integers(0, 9, 50).astype(float), np.nan, 2.0]  # not finite
+    yield np.array([0.0, 2.0 ** 60, 1.0, 2.0 ** 60])  # too far apart for key x n + position
+    yield np.array([-0.0, 0.0, -0.0])
+
+
+@pytest.mark.parametrize("keys", list(_keys()), ids=lambda k: f"n{len(k)}")
+def test_stable_argsort_is_numpys_stable_order(keys):
+    assert np.array_equal(stable_argsort(keys), np.argsort(keys, kind="stable"))
+
+
+def _peak_kv_plain(g, c, r, n_groups):
+    order = np.lexsort((-r, g))
+    go, ro, co = g[order], r[order], c[order]
+    start = np.searchsorted(go, np.arange(n_groups))
+    cs_c = np.cumsum(co)
+    base_c = np.r_[0.0, cs_c][start[go]]
+    u = (cs_c - base_c) + ro * (np.arange(len(ro)) - start[go] + 1)
+    peak = np.zeros(n_groups)
+    np.maximum.at(peak, go, u)
+    return peak
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_peak_kv_is_its_plain_form(whole):
+    rng = np.random.default_rng(3)
+    for n, n_groups in ((0, 3), (1, 1), (50, 7), (4000, 48)):
+        g = rng.integers(0, n_groups, n)
+        g[g == 2] = 1  # an empty replica among held ones
+        c = rng.integers(256, 4000, n).astype(float)
+        r = np.ceil(rng.lognormal(6, 1, n)) if whole else rng.lognormal(6, 1, n)
+        r[: n // 5] = r[0] if n else 0.0  # ties in the remaining lengths
+        assert np.array_equal(peak_kv(g, c, r, n_groups), _peak_kv_plain(g, c, r, n_groups))
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_kv_slots_skip_only_peaks_that_cannot_matter(whole):
+    rng = np.random.default_rng(8)
+    n, n_groups = 3000, 40
+    g = rng.integers(0, n_groups, n)
+    c = rng.integers(256, 6000, n).astype(float)
+    r = np.ceil(rng.lognormal(6.5, 1.2, n))
+    if not whole:
+        c += 0.25
+    cnt = np.bincount(g, minlength=n_groups)
+    fin = np.bincount(g, weights=c + r, minlength=n_groups)
+    for kv in (float(np.median(fin)), np.sort(fin)[::-1].copy(), 1e12):  # some replicas past the cache, or none
+        tavg = np.bincount(g, weights=c * r + r * r / 2.0, minlength=n_groups) / np.maximum(
+            np.bincount(g, weights=r, minlength=n_groups), 1.0)
+        turnover = np.minimum(cnt, np.floor(kv / np.maximum(1.0, tavg)))
+        a = np.clip((_peak_kv_plain(g, c, r, n_groups) / kv - 1.0) / KV_BAND, 0.0, 1.0)
+        assert np.array_equal(kv_slots(g, c, r, cnt, n_groups, kv), np.floor(cnt * (1.0 - a) + turnover * a))
+
+
+def test_within_quantiles_of_many_loads_are_those_of_each_load():
+    w, est, lays = _setup(16384, 256)[:3]
+    views, _ = _bench_state(w, est, lays, np.random.default_rng(4), 600, [lays[0]] * 4)
+    lds = [v.load for v in views.values()]
+    rng = np.random.default_rng(5)
+    lds[1] = dataclasses.replace(lds[1], shift=rng.normal(0, 0.3, lds[1].n))  # a prompt shift on two of them
+    lds[2] = dataclasses.replace(lds[2], shift=rng.normal(0, 0.3, lds[2].n))
+    lds[3] = ServerLoad(lds[3].ctx0, lds[3].rem, lds[3].running, lds[3].replica)  # nothing to stratify on
+    groups = [rng.integers(0, k, ld.n) for k, ld in zip((8, 4, 2, 8), lds)]
+    many = est.stratified_within_many(list(zip(lds, groups)))
+    for ld, g, got in zip(lds, groups, many):
+        assert np.array_equal(got, est.stratified_within(ld, g))
+
+
+@pytest.mark.parametrize("arrivals", [0.0, 0.05])
+def test_balancer_load_indices_from_the_planners_pass_are_the_frozen_loads(arrivals):
+    """The balancer takes its load indices from the estimator's memory of the planner's pass (the servers'
+    own loads, stratified as the frozen loads hold them); a fresh estimator on the frozen loads gives the same."""
+    w, est, lays, planner, balancer = _setup(16384, 256)
+    views, rids = _bench_state(w, est, lays, np.random.default_rng(6), 1024, [lays[j % len(lays)] for j in range(4)],
+                               arrivals=arrivals)
+    planner.evaluate_all(views, now=10.0, interval=1.0)
+    _, loads = balancer.decide(views, rids, now=10.0)
+    fresh = Estimator(est.cm, est.gpus, est.settings)
+    fresh.use_forecast(est.forecast)
+    for s, v in views.items():
+        frozen = ServerLoad(v.load.ctx0, fresh.stratified(v.load), v.load.running, v.load.replica)
+        _, times = fresh.replica_times(v.layout, frozen, current=v.layout)
+        assert loads[s] == float(times.max()) + max(0.0, ServerView(s, v.layout, frozen).busy_until - 10.0)
+
+
+def _shape(spike: float) -> tuple:
+    w = _setup(16384, 256)[0]
+    return fc.LengthForecast.from_workload(dataclasses.replace(w, cap_fraction=spike), 0).shape
+
+
+def test_a_shape_is_made_once_and_is_what_a_fresh_one_is():
+    shape = _shape(0.05)
+    law = fc._shape_of(shape)
+    assert fc._shape_of(tuple(shape)) is law and fc._shape_of(_shape(0.1)) is not law
+    fresh = fc._Shape(LOG_QUANTILE_LEVELS, shape)
+    for name in ("w", "z", "alpha", "beta", "lo", "hi", "_suffix"):
+        assert np.array_equal(getattr(law, name), getattr(fresh, name))
+    assert law._slopes == fresh._slopes
+    zero = tuple(0.0 if i == 50 else v for i, v in enumerate(shape))
+    negzero = tuple(-0.0 if i == 50 else v for i, v in enumerate(shape))
+    assert fc._shape_of(zero) is not fc._shape_of(negzero)  # their arithmetic may differ in a zero's sign
+
+
+def test_z_moments_above_locate_once_and_give_the_plain_figures():
+    sh = fc._shape_of(_shape(0.05))
+    a = np.r_[-np.inf, np.linspace(-6, 8, 997)]
+    s, m1, m2 = sh.moments_above(a)
+    s = np.maximum(s, 1e-300)
+    e1, e2 = m1 / s, m2 / s
+    k, wa = sh.locate(a)
+    top = k == len(sh.z)
+    al, be, lam = sh.alpha[-1], sh.beta[-1], fc._mills(wa[top])
+    e1[top] = al + be * lam
+    e2[top] = al * al + 2 * al * be * lam + be * be * (1 + wa[top] * lam)
+    got = sh.z_moments_above(a)
+    assert np.array_equal(got[0], e1, equal_nan=True) and np.array_equal(got[1], e2, equal_nan=True)
+
+
+def test_loads_of_every_snapshot_at_once_are_those_of_each():
+    w, est = _setup(16384, 256)[:2]
+    rng = np.random.default_rng(9)
+    snaps, shifts = {}, {}
+    for s, n in zip((4, 5, 6, 7), (300, 0, 120, 257)):
+        gen = np.minimum(rng.lognormal(np.log(300), 0.9, n).astype(np.int64), 16383)
+        snaps[s] = {"rid": np.arange(n, dtype=np.int64) + 1000 * s, "generated": gen, "prompt": np.full(n, 256),
+                    "running": (rng.random(n) > 0.2).astype(np.int8), "replica": np.arange(n) % 4}
+        if s != 6:
+            shifts[s] = rng.normal(0, 0.3, n)
+    forecast = fc.LengthForecast.from_workload(w, 0)
+    for sh in ({}, shifts):
+        many = loads_from_snapshots(snaps, forecast, sh)
+        assert list(many) == list(snaps)
+        for s, snap in snaps.items():
+            one = loads_from_snapshot(snap, forecast, sh.get(s))
+            for name in ("ctx0", "rem", "running", "replica", "gen", "key", "shift"):
+                a, b = getattr(many[s], name), getattr(one, name)
+                assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), (s, name)
+
+
+@pytest.mark.parametrize("dup", [False, True])
+def test_lexsort_by_group_is_numpys_lexsort(dup):
+    rng = np.random.default_rng(10)
+    key = rng.random(1000)
+    if dup:
+        key[::7] = key[0]  # equal keys: the lexsort itself
+        key[5] = np.nan
+    for group in (np.repeat(np.arange(4), 250), rng.integers(0, 8, 1000), np.zeros(1000, np.int64)):
+        assert np.array_equal(lexsort_by_group(key, group), np.lexsort((key, group)))
+
+
+def _deal_heap(ctx, r):
+    room, picks = [(0.0, j) for j in range(r)], []
+    for c in ctx:
+        kv, j = room[0]
+        heapq.heapreplace(room, (kv + c, j))
+        picks.append(j)
+    return picks
+
+
+@pytest.mark.parametrize("r", [2, 4])
+def test_a_deal_onto_two_or_four_replicas_picks_as_the_heap_does(r):
+    rng = np.random.default_rng(11)
+    for ctx in (rng.integers(0, 5, 300).astype(float), rng.integers(256, 4000, 257).astype(float),
+                np.r_[np.zeros(5), 1.0, np.inf, 3.0, np.inf, 2.0, np.inf, 0.0, np.inf], np.zeros(0)):
+        ld = ServerLoad(ctx, np.ones(len(ctx)), np.ones(len(ctx), bool), np.zeros(len(ctx), np.int64))
+        assert engine_deal(ld, r, 1024).tolist() == _deal_heap(ctx.tolist(), r)
+
+
+def _layout_switch_plain(cm, from_tp, to_tp, kv_tokens, from_ep=1, to_ep=1, gpus=8, fixed_s=None):
+    """CostModel.layout_switch's total as it was computed in one piece (before SwitchPlan)."""
+    fixed_s = cm.calib.layout_switch_fixed_s if fixed_s is None else fixed_s
+    if (from_tp, from_ep) == (to_tp, to_ep):
+        return 0.0
+    m = cm.model
+    experts_bytes = m.layers * m.experts * m.expert_params * cm.dtype_bytes
+    dense_bytes = cm.weight_bytes() - experts_bytes
+    rect = (lambda tp, ep: (1.0 / ep, 1.0) if ep > 1 else (1.0, 1.0 / tp))  # noqa: E731
+    (ea, sa), (eb, sb) = rect(from_tp, from_ep), rect(to_tp, to_ep)
+    w_recv = dense_bytes * max(0.0, 1.0 / to_tp - 1.0 / from_tp) + experts_bytes * (eb * sb - min(ea, eb) * min(sa, sb))
+    kv = kv_tokens * cm.kv_bytes_per_token()
+    fa, fb = 1.0 / min(from_tp, m.kv_heads), 1.0 / min(to_tp, m.kv_heads)
+    ra, rb = gpus / from_tp, gpus / to_tp
+    kv_recv = max(0.0, fb * kv / rb - min(fa, fb) * kv / max(ra, rb))
+    relayout = 2.0 * (cm.weight_bytes_per_gpu(to_tp, to_ep) + fb * kv / rb)
+    nv = cm.gpu.nvlink_bytes_per_s * cm.eff.nvlink
+    transfer = (cm.calib.p2p.latency_us * 1e-6 + (w_recv + kv_recv) / nv) if (w_recv + kv_recv) > 0 else 0.0
+    relayout_s = relayout / (cm.gpu.hbm_bytes_per_s * cm.calib.gemm.hbm_eff)
+    return transfer + relayout_s + float(fixed_s)
+
+
+@pytest.mark.parametrize("model", ["Qwen2.5-14B", "Qwen3-30B-A3B"])
+def test_a_switch_priced_from_its_plan_is_the_plain_arithmetic(model):
+    cm = CostModel.for_names(model, "H800")
+    lays = [Layout(tp) for tp in (1, 2, 4, 8)] + ([Layout(tp, tp) for tp in (2, 4, 8)] if cm.model.is_moe else [])
+    for reinit in (None, 0.25):
+        cost = ModelledCost(cm, 8, reinit)
+        for a in lays:
+            for b in lays:
+                for kv in (0.0, 1.0, 123457.0, 2.5e6):
+                    want = _layout_switch_plain(cm, a.tp, b.tp, kv, a.ep, b.ep, 8, reinit)
+                    assert cost.switch_s(a, b, kv) == want  # twice: the second from the remembered plan
+                    assert cost.switch_s(a, b, kv) == want
+                    assert cm.layout_switch(a.tp, b.tp, kv, from_ep=a.ep, to_ep=b.ep, fixed_s=reinit).total_s == want
+
+
+def test_the_lookaheads_loads_are_estimated_alike_whatever_their_rem():
+    """advance_many(mean=False) leaves the forecast's conditional mean unasked; the loads differ from
+    mean=True's in rem only, and estimates stratified on the forecast never read rem."""
+    w, est, lays = _setup(16384, 256)[:3]
+    views, _ = _bench_state(w, est, lays, np.random.default_rng(12), 1024, [lays[j % len(lays)] for j in range(4)])
+    items = [(v.layout, v.load) for v in views.values()]
+    a, b = est.advance_many(items, 2.0), est.advance_many(items, 2.0, mean=False)
+    for x, y in zip(a, b):
+        for name in ("ctx0", "running", "replica", "gen", "key"):
+            assert np.array_equal(getattr(x, name), getattr(y, name))
+        assert not np.array_equal(x.rem, y.rem)
+    currents = {s: v.layout for s, v in views.items()}
+    ta = est.servers_s_many(lays, dict(zip(views, a)), currents)
+    tb = est.servers_s_many(lays, dict(zip(views, b)), currents)
+    assert ta == tb
+
+
+def test_a_stack_of_decode_tables_is_each_tables_call():
+    est = Estimator(CostModel.for_names("Qwen2.5-14B", "H800"), 8, EngineSettings(max_num_seqs=256))
+    stack = est._stack
+    assert stack is not None
+    rng = np.random.default_rng(13)
+    tp = rng.choice([1, 2, 4, 8], 5000)
+    batch = rng.integers(1, 257, 5000).astype(float)
+    ctx = batch * rng.integers(0, 20000, 5000) + rng.integers(0, 3, 5000)
+    assert stack.covers(tp, batch, ctx)
+    got = stack(tp, batch, ctx)
+    for t in (1, 2, 4, 8):
+        m = tp == t
+        assert np.array_equal(got[m], est._decode_table(t)(batch[m], ctx[m]))
+    assert not stack.covers(tp, np.r_[batch[:-1], 257.0], ctx)  # past a table: each TP's own path
+    assert not stack.covers(np.r_[tp[:-1], 3], batch, ctx)
+    engine = Estimator(CostModel.for_engine("Qwen2.5-14B", "H800", EngineSettings()), 8, EngineSettings())
+    assert all(engine._dec.values()) and engine._stack is None  # tables with engine terms are not stacked
+
+
+def test_moments_at_located_thresholds_are_the_piece_moments():
+    sh = fc._shape_of(_shape(0.05))
+    a = np.r_[-np.inf, np.linspace(-8, 9, 4001), sh.z]  # every knot too: thresholds on a piece's end
+    k, wa = sh.locate(a)
+    plain = sh._piece_moments(wa, sh.hi[k], sh.alpha[k], sh.beta[k]) + sh._suffix[:, k + 1]
+    for got, want in zip(sh._moments_at(k, wa), plain):
+        assert np.array_equal(got, want, equal_nan=True)
