@@ -149,7 +149,10 @@ class PlannerSettings:
     initial_margin: at a step's start another layout than the server's current one (at the run's first step
       the policy's start, the tuned static layout) is taken only when predicted faster by this fraction:
       nothing of the step is known yet but its forecast, so the estimates are at their least certain, and a
-      wrong start is paid over the whole bulk of the step.
+      wrong start is paid over the whole bulk of the step. 0.05, the ticks' gain_margin, since 2026-12-06
+      (was 0.10): with the plans of one later switch, short-7b's start plan (TP1x8, then TP8x1) is predicted
+      5.5% faster than the tuned TP8x1@512 and the switch oracle measures 5.4-6.3%; docs/orchestrator.md
+      "Measured" has the sweep.
     initial_switch_points: at a step's start each layout is judged by its best plan of at most one later
       switch, the switch tried after 1/(n+1), ..., n/(n+1) of the step's predicted time (the throughput
       layout for the bulk, a latency layout for the tail: the switch oracle's plan, on the forecast); 0:
@@ -161,7 +164,7 @@ class PlannerSettings:
     gain_margin: float = 0.05
     cooldown_s: float = 2.0
     lookahead: bool = True
-    initial_margin: float = 0.10
+    initial_margin: float = 0.05
     initial_switch_points: int = 3
     # a candidate predicted more than prune_ratio x slower than a server's best at a tick is skipped for that
     # server's next prune_ticks ticks (then looked at again): most candidates are far off most of the time, and

@@ -55,7 +55,7 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
                   progress=None, metrics: bool = False, scrape_interval_s: float = 1.0) -> dict:
     st = scn.orchestrator
     w = scn.workload
-    cm = CostModel.for_names(w.model, w.gpu)
+    cm = CostModel.for_engine(w.model, w.gpu, st.engine)  # the scenario's engine profile, as the driver's ticks
     gpus = scn.fabric.gpus_per_server
     servers = scn.layout.gen_servers(scn.fabric)
     est = Estimator(cm, gpus, st.engine)
@@ -120,7 +120,7 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
         scraper.stop()
         dm.stop()
     pct = lambda xs, q: round(float(np.percentile(xs, q)), 3)  # noqa: E731
-    return {"scenario": scn.name, "requests": requests, "servers": len(servers), "layouts": [x.name(gpus) for x in lays],
+    return {"scenario": scn.name, "engine_profile": st.engine.profile, "requests": requests, "servers": len(servers), "layouts": [x.name(gpus) for x in lays],
             "ticks": ticks, "decision_ms_p50": pct(times, 50), "decision_ms_p99": pct(times, 99),
             "online_forecast_ms_p50": pct(online_ms, 50), "planner_ms_p50": pct(plan_ms, 50),
             "planner_ms_p99": pct(plan_ms, 99), "balancer_ms_p50": pct(bal_ms, 50), "balancer_ms_p99": pct(bal_ms, 99),
