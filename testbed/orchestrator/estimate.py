@@ -204,14 +204,25 @@ class DecodeTable:
     floating-point operations on the same values: the same numbers, to the bit). :meth:`build` checks that
     against the cost model on a grid of batch sizes and contexts (both sides of the memory/compute bound) and
     returns None (the cost model is then called directly) when any number differs or the cost model is not
-    agents.costmodel.CostModel's kind."""
+    agents.costmodel.CostModel's kind.
+
+    With an engine profile (``cm.engine``) the step is the kernels' sum with the engine's terms on it
+    (``cm.engine_step_s``: the GPU side, no less than the eager launches where the step runs eagerly, and the
+    engine's CPU time, overlapped or in series). Of a decode step, the CPU time (``cpu_s`` of the batch) and
+    whether it runs eagerly by its tokens (the batch against the graph cap) depend on the batch alone, so they
+    are tabulated per batch size as well (:class:`_EngineRows`; a context limit on graphs, vLLM V0's, is the
+    one term evaluated per call): the same operations as ``engine_step_s`` on the same values. That makes the
+    tables of several TP degrees stackable (:class:`DecodeStack`) as the kernels-only ones are. The grid check
+    covers these terms too; a profile whose terms it does not reproduce keeps ``cm.engine_step_s`` itself on
+    the kernels' sum (``engine_step``: not stacked), and if that fails too the cost model is called directly."""
 
     def __init__(self, pre, post, read_b, kv_write_s, kv_gpu, flops_per_ctx, hbm, peak, floor, layers,
-                 engine_step=None):
+                 engine_step=None, engine_rows=None):
         self.pre, self.post, self.read_b, self.kv_write_s = pre, post, read_b, kv_write_s
         self.kv_gpu, self.flops_per_ctx, self.hbm, self.peak, self.floor, self.layers = \
             kv_gpu, flops_per_ctx, hbm, peak, floor, layers
         self.engine_step = engine_step  # the engine's terms on the kernels' sum (cm.engine_step_s), or None
+        self.engine_rows = engine_rows  # the same terms tabulated per batch size (_EngineRows), or None
 
     @classmethod
     def build(cls, cm, tp: int, max_batch: int) -> "DecodeTable | None":
@@ -235,20 +246,25 @@ class DecodeTable:
             read_b[1:] = 2.0 * b * lay.qr * m.head_dim * dt
             kv_write_s = np.zeros(max_batch + 1)
             kv_write_s[1:] = cm._elementwise(b * kv_gpu, cm.calib.rope)
-            engine_step = None
+            kernels = (pre, np.ascontiguousarray(rows[at + 1:]), read_b, kv_write_s, kv_gpu, (lay.qr, m.head_dim),
+                       cm.gpu.hbm_bytes_per_s * cm.eff.decode_hbm, cm.gpu.peak_flops * cm.eff.decode_mfu,
+                       cm.calib.gemm.floor_us * 1e-6, m.layers)
+            tries = [cls(*kernels)]
             if cm.engine is not None:
                 def engine_step(gpu, batch, ctx):
                     return cm.engine_step_s(gpu, batch, ctx, batch, 0.0, tp, _ARRAY)
-            tab = cls(pre, np.ascontiguousarray(rows[at + 1:]), read_b, kv_write_s, kv_gpu,
-                      (lay.qr, m.head_dim), cm.gpu.hbm_bytes_per_s * cm.eff.decode_hbm,
-                      cm.gpu.peak_flops * cm.eff.decode_mfu, cm.calib.gemm.floor_us * 1e-6, m.layers, engine_step)
-            # the check: every batch size, contexts from empty to far past the memory/compute crossover
+                # the tabulated terms first (stackable), else the cost model's own engine step on the table
+                tries = [cls(*kernels, engine_rows=_EngineRows.build(cm, tp, b)), cls(*kernels, engine_step)]
+            # the check: every batch size, contexts from empty to far past the memory/compute crossover (and
+            # past a graph context limit's: a batch's mean context from 0 to 131,072)
             bb = np.repeat(b, 8)
             ctx = bb * np.tile([0.0, 1.0, 37.0, 256.0, 1500.0, 4096.0, 20000.0, 131072.0], max_batch)
             ctx[1::5] += 3.0
-            if not np.array_equal(tab(bb, ctx), cm.decode_step_s_array(bb, ctx, tp)):
-                return None
-            return tab
+            want = cm.decode_step_s_array(bb, ctx, tp)
+            for tab in tries:
+                if np.array_equal(tab(bb, ctx), want):
+                    return tab
+            return None
         except Exception:  # noqa: BLE001 - another kind of cost model: it is called directly
             return None
 
@@ -265,9 +281,50 @@ class DecodeTable:
                                            + self.kv_write_s[bi])
         for row in np.take(self.post, bi, axis=1):  # (take: twice as fast as the fancy index post[:, bi])
             out = out + row
-        if self.engine_step is not None:
+        if self.engine_rows is not None:
+            out = self.engine_rows(out, bi, batch, ctx)
+        elif self.engine_step is not None:
             out = self.engine_step(out, batch, ctx)
         return out
+
+
+class _EngineRows:
+    """The engine's terms of a decode step (``cm.engine_step_s(gpu, batch, ctx, batch, 0.0, tp)``) tabulated per
+    batch size for one TP degree: its CPU time ``cpu[b]`` (``cpu_s(b, tp)``, elementwise: the same number as
+    asked of the segment's batch) and whether its tokens (its batch) take it past the CUDA-graph cap
+    (``eager[b]``); the context limit on graphs (vLLM V0's ``graph_max_context``) is evaluated per call, as the
+    cost model does. Applied as ``engine_step_s`` applies them: ``max(gpu, launch)`` where eager, then ``+ cpu``
+    (or ``max`` with it where the engine overlaps). :class:`DecodeTable`'s grid check is what vouches for it."""
+
+    def __init__(self, cpu, eager, launch, ctx_limit, overlap):
+        self.cpu, self.eager, self.launch, self.ctx_limit, self.overlap = cpu, eager, launch, ctx_limit, overlap
+        self.any_eager = bool(eager.any()) or ctx_limit is not None  # else the GPU side is the kernels' sum
+
+    @classmethod
+    def build(cls, cm, tp: int, b: np.ndarray) -> "_EngineRows":
+        e = cm.engine
+        p = e.profile
+        cpu = np.zeros(len(b) + 1)
+        cpu[1:] = e.cpu_s(b, tp, 0.0)
+        eager = np.zeros(len(b) + 1, bool)
+        eager[1:] = b > e.graph_cap(tp)  # a decode step's tokens are its batch; it has no prefill chunk
+        return cls(cpu, eager, cm.model.layers * p.eager_layer_us * 1e-6, p.graph_max_context or None, p.overlap)
+
+    def key(self) -> tuple:
+        """What every TP degree's rows must share to be stacked (their rows aside)."""
+        return self.launch, self.ctx_limit, self.overlap
+
+    def apply(self, gpu, cpu, eager, batch, ctx, any_eager: bool):
+        """The step from the kernels' sum ``gpu`` and the batch's gathered ``cpu`` and ``eager`` rows."""
+        if any_eager:
+            if self.ctx_limit is not None:
+                eager = eager | (ctx > self.ctx_limit * batch)
+            gpu = np.where(eager, np.maximum(gpu, self.launch), gpu)
+        return np.maximum(gpu, cpu) if self.overlap else gpu + cpu
+
+    def __call__(self, gpu, bi, batch, ctx):
+        return self.apply(gpu, self.cpu[bi], self.eager[bi] if self.any_eager else None, batch, ctx,
+                          self.any_eager)
 
 
 class DecodeStack:
@@ -275,7 +332,9 @@ class DecodeStack:
     candidate of every server) evaluates all its segments in one call rather than one per TP degree (~0.1 ms
     less a pass on 2 cores): per segment the same operations on the same values as its own table's call,
     its table's rows and constants gathered by its TP degree. Built only where the tables differ in nothing
-    but their rows and per-TP constants (the same shape, GPU and model constants, no engine terms)."""
+    but their rows and per-TP constants (the same shape, GPU and model constants, and the same engine terms
+    but their rows: :class:`_EngineRows`, the CPU time differs with the TP degree; with an engine profile whose
+    terms are not tabulated, not built)."""
 
     def __init__(self, tabs: dict):
         tps = sorted(tabs)
@@ -291,6 +350,11 @@ class DecodeStack:
         self.qr = np.array([tabs[tp].flops_per_ctx[0] for tp in tps])
         self.hd = np.array([tabs[tp].flops_per_ctx[1] for tp in tps])
         self.hbm, self.peak, self.floor, self.layers = first.hbm, first.peak, first.floor, first.layers
+        self.engine = first.engine_rows  # the engine's terms (its shared constants; the rows gathered below)
+        if self.engine is not None:
+            self.cpu = np.concatenate([tabs[tp].engine_rows.cpu for tp in tps])
+            self.eager = np.concatenate([tabs[tp].engine_rows.eager for tp in tps])
+            self.any_eager = any(tabs[tp].engine_rows.any_eager for tp in tps)
 
     @classmethod
     def build(cls, tabs: dict) -> "DecodeStack | None":
@@ -298,8 +362,11 @@ class DecodeStack:
         if len(tabs) < 2:
             return None
         ts = list(tabs.values())
+        rows = ts[0].engine_rows
         same = all(t.engine_step is None and t.post.shape == ts[0].post.shape and len(t.pre) == len(ts[0].pre)
                    and (t.hbm, t.peak, t.floor, t.layers) == (ts[0].hbm, ts[0].peak, ts[0].floor, ts[0].layers)
+                   and (t.engine_rows is None) == (rows is None)
+                   and (rows is None or t.engine_rows.key() == rows.key())
                    for t in ts)
         return cls(tabs) if same else None
 
@@ -319,6 +386,9 @@ class DecodeStack:
                                             + self.kv_write_s[at])
         for row in np.take(self.post, at, axis=1):
             out = out + row
+        if self.engine is not None:  # where a table has no eager step, where() changes none of its numbers
+            out = self.engine.apply(out, self.cpu[at], self.eager[at] if self.any_eager else None, batch, ctx,
+                                    self.any_eager)
         return out
 
 

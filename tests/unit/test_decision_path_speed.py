@@ -2,7 +2,8 @@
 ``orchestrrl bench planner``, issue 33):
 
 - the sort helpers against numpy's stable sort and lexsort; the deal onto two or four replicas against the heap's;
-- the stack of every TP degree's decode table against each table's call;
+- the stack of every TP degree's decode table against each table's call, with an engine profile's terms
+  tabulated against the cost model's step;
 - the KV peak against its plain form (lexsort and ``np.maximum.at``), and the KV-bounded batch with the peaks
   of the replicas that fit the cache skipped against every peak computed;
 - the batched within-replica quantiles and the batched snapshot loads against one load at a time;
@@ -274,8 +275,58 @@ def test_a_stack_of_decode_tables_is_each_tables_call():
         assert np.array_equal(got[m], est._decode_table(t)(batch[m], ctx[m]))
     assert not stack.covers(tp, np.r_[batch[:-1], 257.0], ctx)  # past a table: each TP's own path
     assert not stack.covers(np.r_[tp[:-1], 3], batch, ctx)
-    engine = Estimator(CostModel.for_engine("Qwen2.5-14B", "H800", EngineSettings()), 8, EngineSettings())
-    assert all(engine._dec.values()) and engine._stack is None  # tables with engine terms are not stacked
+
+
+@pytest.mark.parametrize("profile, seqs", [("vllm-v1", 1024), ("vllm-v1", 256), ("vllm-v1-async", 1024),
+                                           ("vllm-v0", 256), ("sglang", 512)])
+def test_a_stack_of_decode_tables_with_engine_terms_is_the_cost_models_step(profile, seqs):
+    """Engine profiles' tables tabulate the engine's terms per batch size and are stacked: every segment gets the
+    cost model's own step (its kernels with ``engine_step_s`` on them), to the bit, steps past the graph cap
+    (vllm-v1 at 1,024 sequences: a cap of 512; sglang's 256 below TP 4) and past vLLM V0's context limit among
+    them."""
+    st = EngineSettings(profile=profile, max_num_seqs=seqs)
+    cm = CostModel.for_engine("Qwen2.5-14B", "H800", st)
+    est = Estimator(cm, 8, st)
+    assert all(t and t.engine_rows is not None and t.engine_step is None for t in est._dec.values())
+    stack = est._stack
+    assert stack is not None and stack.engine is not None
+    rng = np.random.default_rng(17)
+    n = 20000
+    tp = rng.choice([1, 2, 4, 8], n)
+    batch = rng.integers(1, seqs + 1, n).astype(float)
+    ctx = batch * rng.integers(0, 20000, n) + rng.integers(0, 3, n)
+    ctx[:50] = batch[:50] * 8192.0  # on vLLM V0's context limit
+    assert stack.covers(tp, batch, ctx)
+    got = stack(tp, batch, ctx)
+    for t in (1, 2, 4, 8):
+        m = tp == t
+        want = cm.decode_step_s_array(batch[m], ctx[m], t)
+        assert np.array_equal(got[m], want)
+        assert np.array_equal(est._decode_table(t)(batch[m], ctx[m]), want)
+    eager = batch > min(cm.engine.graph_cap(t) for t in (1, 2, 4, 8))
+    assert eager.any() == (profile in ("vllm-v1", "vllm-v1-async", "sglang") and seqs > 256)
+
+
+def test_engine_terms_the_table_does_not_reproduce_take_the_cost_models_engine_step():
+    """A cost model whose engine step is not what the tabulated terms give: its tables keep the cost model's own
+    ``engine_step_s`` on the kernels' sum (the same numbers, to the bit), and they are not stacked."""
+    class Busier(CostModel):
+        def engine_step_s(self, gpu, batch, ctx, tokens, prefill_tokens, tp, xp=None):
+            out = super().engine_step_s(gpu, batch, ctx, tokens, prefill_tokens, tp, xp) if xp else \
+                super().engine_step_s(gpu, batch, ctx, tokens, prefill_tokens, tp)
+            return out + ctx * 1e-12  # a context-dependent CPU term
+
+    st = EngineSettings(max_num_seqs=256)
+    base = CostModel.for_engine("Qwen2.5-14B", "H800", st)
+    cm = Busier(base.model, base.gpu, engine=base._binding)
+    est = Estimator(cm, 8, st)
+    assert all(t and t.engine_rows is None and t.engine_step is not None for t in est._dec.values())
+    assert est._stack is None
+    rng = np.random.default_rng(5)
+    batch = rng.integers(1, 257, 3000).astype(float)
+    ctx = batch * rng.integers(0, 20000, 3000)
+    for t in (1, 2, 4, 8):
+        assert np.array_equal(est._decode_s(batch, ctx, t), cm.decode_step_s_array(batch, ctx, t))
 
 
 def test_moments_at_located_thresholds_are_the_piece_moments():
