@@ -420,10 +420,12 @@ def kv_slots(g: np.ndarray, c: np.ndarray, r: np.ndarray, cnt: np.ndarray, n_gro
     (``sum(c + r) <= kv``, no less than the peak) has its peak within the cache, so its ``a`` is 0 whatever the
     peak is, and only the other replicas' peaks are computed (with whole, non-negative token counts, as the
     estimator's are, every sum is exact, so a replica's peak is the one it gets alone)."""
+    a = np.clip((_peak_beyond(g, c, r, n_groups, kv) / kv - 1.0) / KV_BAND, 0.0, 1.0)
+    if not a.any():  # every replica runs all its requests (cnt x 1 + turnover x 0; a NaN ``a`` takes the formula)
+        return cnt.astype(float)
     tavg = np.bincount(g, weights=c * r + r * r / 2.0, minlength=n_groups) / np.maximum(
         np.bincount(g, weights=r, minlength=n_groups), 1.0)
     turnover = np.minimum(cnt, np.floor(kv / np.maximum(1.0, tavg)))
-    a = np.clip((_peak_beyond(g, c, r, n_groups, kv) / kv - 1.0) / KV_BAND, 0.0, 1.0)
     return np.floor(cnt * (1.0 - a) + turnover * a)
 
 
@@ -464,6 +466,17 @@ def stable_argsort(keys: np.ndarray) -> np.ndarray:
     if hi - lo < 1 << 16:
         return np.argsort(k.astype(np.uint16), kind="stable")
     return np.argsort(k * n + np.arange(n))
+
+
+def group_end_order(go: np.ndarray, end: np.ndarray, big: float, n_groups: int) -> np.ndarray:
+    """``stable_argsort(go x big + end)`` for the estimator's schedules (replicas ``go`` below ``n_groups``; ends
+    ``end``: whole numbers in [0, big), remaining lengths being rounded up): by replica, then end, then position.
+    Where both fit 16 bits, two stable radix sorts give it (the ends', then the replicas' in that order: ~25 us
+    less on a bench pass of 4,000 requests than the 64-bit keys' sort); otherwise :func:`stable_argsort`."""
+    if big <= 1 << 16 and n_groups <= 1 << 16:
+        by_end = np.argsort(end.astype(np.uint16), kind="stable")
+        return by_end[np.argsort(go[by_end].astype(np.uint16), kind="stable")]
+    return stable_argsort(go * big + end)
 
 
 def lexsort_by_group(key: np.ndarray, group: np.ndarray) -> np.ndarray:
@@ -528,6 +541,7 @@ class Estimator:
         self._prefill: dict[tuple, float] = {}
         self._memo: dict[tuple, tuple] = {}
         self._dec: dict[int, object] = {}
+        self._per_group: dict[tuple, tuple] = {}  # (layout, replicas) per block -> (KV, TP degree) per replica
         tp = 1
         while tp <= gpus:  # the decode tables and KV capacities of every TP degree, once here rather than in a tick
             if gpus % tp == 0:
@@ -606,9 +620,15 @@ class Estimator:
         cnt = np.bincount(g, minlength=n_groups)
         if isinstance(layout, Layout):
             kv, tp_g = self.kv_tokens(layout), None
-        else:  # (layout, replicas) per block
-            kv = np.repeat([self.kv_tokens(lay) for lay, _ in layout], [n for _, n in layout])
-            tp_g = np.repeat([lay.tp for lay, _ in layout], [n for _, n in layout])
+        else:  # (layout, replicas) per block: a pass's blocks recur tick after tick, their arrays made once
+            key = tuple(layout)
+            hit = self._per_group.get(key)
+            if hit is None:
+                if len(self._per_group) >= 256:
+                    self._per_group.clear()
+                hit = self._per_group[key] = (np.repeat([self.kv_tokens(lay) for lay, _ in layout], [n for _, n in layout]),
+                                              np.repeat([lay.tp for lay, _ in layout], [n for _, n in layout]))
+            kv, tp_g = hit
         bound = kv_slots(g, c, r, cnt, n_groups, kv)
         slots = np.maximum(1, np.minimum(self.settings.max_num_seqs, bound)).astype(np.int64)
         # order inside a replica: running requests first, then the queue, each in the given order
@@ -634,7 +654,7 @@ class Estimator:
         # the slots free up), so ``skey`` is sorted already
         skey = go * big + start_o
         ekey = go * big + end_o
-        e_order = stable_argsort(ekey)
+        e_order = group_end_order(go, end_o, big, n_groups)  # ``stable_argsort(ekey)``
         # the segments' bounds: every distinct start or end key, each with the number of starts and of ends at
         # or before it (what ``np.searchsorted(skey, k0, side="right")`` and the same in the sorted ends give),
         # from one merge of the two sorted runs
@@ -655,25 +675,22 @@ class Estimator:
         cs_end = np.concatenate(([0.0], np.cumsum(base[e_order])))
         mid = (k0 + k1) / 2.0 - g0 * big
         ctx = (cs_start[n_started] - cs_end[n_ended]) + active * mid
-        ok = same & (active > 0)
-        seg = np.zeros(len(k0))
+        okk = np.flatnonzero(same & (active > 0))  # the segments inside a replica with requests running
+        g0k = g0[okk]
+        b_ok, c_ok, steps = active[okk].astype(float), np.maximum(ctx[okk], 0.0), (k1 - k0)[okk]
         if tp_g is None:
-            seg[ok] = self._decode_s(active[ok].astype(float), np.maximum(ctx[ok], 0.0), layout.tp) \
-                * (k1 - k0)[ok]
+            seg = self._decode_s(b_ok, c_ok, layout.tp) * steps
         else:  # one cost-model pass over every TP degree's segments, or one per TP degree
-            okk = np.nonzero(ok)[0]
-            seg_tp = tp_g[g0[okk]]
-            b_ok, c_ok = active[okk].astype(float), np.maximum(ctx[okk], 0.0)
+            seg_tp = tp_g[g0k]
             if self._stack is not None and self._stack.covers(seg_tp, b_ok, c_ok):
-                seg[okk] = self._stack(seg_tp, b_ok, c_ok) * (k1 - k0)[okk]
+                seg = self._stack(seg_tp, b_ok, c_ok) * steps
             else:
+                seg = np.zeros(len(okk))
                 for tp in sorted({lay.tp for lay, _ in layout}):
-                    sel = okk[seg_tp == tp]
-                    if not len(sel):
-                        continue
-                    seg[sel] = self._decode_s(active[sel].astype(float), np.maximum(ctx[sel], 0.0), tp) \
-                        * (k1 - k0)[sel]
-        total += np.bincount(g0[ok], weights=seg[ok], minlength=n_groups)
+                    sel = seg_tp == tp
+                    if sel.any():
+                        seg[sel] = self._decode_s(b_ok[sel], c_ok[sel], tp) * steps[sel]
+        total += np.bincount(g0k, weights=seg, minlength=n_groups)
         waiting = ~f
         if waiting.any():  # the queue's prefills (recompute for preempted ones), once per replica
             nw = np.bincount(g[waiting], minlength=n_groups)
@@ -685,7 +702,7 @@ class Estimator:
             total += pre
         out["start"][idx[order]] = start_o
         out["end"][idx[order]] = end_o
-        out.update(seg_g=g0[ok], k0=k0[ok] - g0[ok] * big, k1=k1[ok] - g0[ok] * big, seg=seg[ok])
+        out.update(seg_g=g0k, k0=k0[okk] - g0k * big, k1=k1[okk] - g0k * big, seg=seg)
         return out
 
     def replica_s(self, layout: Layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None = None) -> float:

@@ -5,7 +5,8 @@
 - the stack of every TP degree's decode table against each table's call, with an engine profile's terms
   tabulated against the cost model's step;
 - the KV peak against its plain form (lexsort and ``np.maximum.at``), and the KV-bounded batch with the peaks
-  of the replicas that fit the cache skipped against every peak computed;
+  of the replicas that fit the cache skipped (and no turnover where none passes it) against every peak computed;
+- the schedules' ends ordered by two radix sorts against numpy's stable sort of their keys;
 - the batched within-replica quantiles and the batched snapshot loads against one load at a time;
 - the balancer's load indices from the planner's remembered pass against a fresh estimator's on the frozen
   loads;
@@ -26,8 +27,8 @@ from emulation.orchestration import EngineSettings
 from emulation.workload import LOG_QUANTILE_LEVELS
 from orchestrator_cases import _bench_state, _setup
 from testbed.orchestrator import forecast as fc
-from testbed.orchestrator.estimate import (KV_BAND, Estimator, ServerLoad, engine_deal, kv_slots, lexsort_by_group,
-                                          peak_kv, stable_argsort)
+from testbed.orchestrator.estimate import (KV_BAND, Estimator, ServerLoad, engine_deal, group_end_order, kv_slots,
+                                          lexsort_by_group, peak_kv, stable_argsort)
 from testbed.orchestrator.planner import ServerView, loads_from_snapshot, loads_from_snapshots
 
 
@@ -84,12 +85,24 @@ def test_kv_slots_skip_only_peaks_that_cannot_matter(whole):
         c += 0.25
     cnt = np.bincount(g, minlength=n_groups)
     fin = np.bincount(g, weights=c + r, minlength=n_groups)
-    for kv in (float(np.median(fin)), np.sort(fin)[::-1].copy(), 1e12):  # some replicas past the cache, or none
+    for kv in (float(np.median(fin)), np.sort(fin)[::-1].copy(), 1e12, np.inf):  # some past the cache, or none
         tavg = np.bincount(g, weights=c * r + r * r / 2.0, minlength=n_groups) / np.maximum(
             np.bincount(g, weights=r, minlength=n_groups), 1.0)
         turnover = np.minimum(cnt, np.floor(kv / np.maximum(1.0, tavg)))
         a = np.clip((_peak_kv_plain(g, c, r, n_groups) / kv - 1.0) / KV_BAND, 0.0, 1.0)
         assert np.array_equal(kv_slots(g, c, r, cnt, n_groups, kv), np.floor(cnt * (1.0 - a) + turnover * a))
+
+
+@pytest.mark.parametrize("span", [40, 16000, 65535, 65536, 200000])
+def test_the_ends_order_by_radix_sorts_is_the_stable_order_of_the_keys(span):
+    rng = np.random.default_rng(span)
+    n, n_groups = 4000, 60
+    go = np.sort(rng.integers(0, n_groups, n))
+    end = rng.integers(0, span, n).astype(float)
+    end[:200] = end[0]  # ties
+    big = float(end.max()) + 1.0
+    want = np.argsort(go * big + end, kind="stable")
+    assert np.array_equal(group_end_order(go, end, big, n_groups), want)
 
 
 def test_within_quantiles_of_many_loads_are_those_of_each_load():
