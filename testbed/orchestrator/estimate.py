@@ -204,14 +204,25 @@ class DecodeTable:
     floating-point operations on the same values: the same numbers, to the bit). :meth:`build` checks that
     against the cost model on a grid of batch sizes and contexts (both sides of the memory/compute bound) and
     returns None (the cost model is then called directly) when any number differs or the cost model is not
-    agents.costmodel.CostModel's kind."""
+    agents.costmodel.CostModel's kind.
+
+    With an engine profile (``cm.engine``) the step is the kernels' sum with the engine's terms on it
+    (``cm.engine_step_s``: the GPU side, no less than the eager launches where the step runs eagerly, and the
+    engine's CPU time, overlapped or in series). Of a decode step, the CPU time (``cpu_s`` of the batch) and
+    whether it runs eagerly by its tokens (the batch against the graph cap) depend on the batch alone, so they
+    are tabulated per batch size as well (:class:`_EngineRows`; a context limit on graphs, vLLM V0's, is the
+    one term evaluated per call): the same operations as ``engine_step_s`` on the same values. That makes the
+    tables of several TP degrees stackable (:class:`DecodeStack`) as the kernels-only ones are. The grid check
+    covers these terms too; a profile whose terms it does not reproduce keeps ``cm.engine_step_s`` itself on
+    the kernels' sum (``engine_step``: not stacked), and if that fails too the cost model is called directly."""
 
     def __init__(self, pre, post, read_b, kv_write_s, kv_gpu, flops_per_ctx, hbm, peak, floor, layers,
-                 engine_step=None):
+                 engine_step=None, engine_rows=None):
         self.pre, self.post, self.read_b, self.kv_write_s = pre, post, read_b, kv_write_s
         self.kv_gpu, self.flops_per_ctx, self.hbm, self.peak, self.floor, self.layers = \
             kv_gpu, flops_per_ctx, hbm, peak, floor, layers
         self.engine_step = engine_step  # the engine's terms on the kernels' sum (cm.engine_step_s), or None
+        self.engine_rows = engine_rows  # the same terms tabulated per batch size (_EngineRows), or None
 
     @classmethod
     def build(cls, cm, tp: int, max_batch: int) -> "DecodeTable | None":
@@ -235,20 +246,25 @@ class DecodeTable:
             read_b[1:] = 2.0 * b * lay.qr * m.head_dim * dt
             kv_write_s = np.zeros(max_batch + 1)
             kv_write_s[1:] = cm._elementwise(b * kv_gpu, cm.calib.rope)
-            engine_step = None
+            kernels = (pre, np.ascontiguousarray(rows[at + 1:]), read_b, kv_write_s, kv_gpu, (lay.qr, m.head_dim),
+                       cm.gpu.hbm_bytes_per_s * cm.eff.decode_hbm, cm.gpu.peak_flops * cm.eff.decode_mfu,
+                       cm.calib.gemm.floor_us * 1e-6, m.layers)
+            tries = [cls(*kernels)]
             if cm.engine is not None:
                 def engine_step(gpu, batch, ctx):
                     return cm.engine_step_s(gpu, batch, ctx, batch, 0.0, tp, _ARRAY)
-            tab = cls(pre, np.ascontiguousarray(rows[at + 1:]), read_b, kv_write_s, kv_gpu,
-                      (lay.qr, m.head_dim), cm.gpu.hbm_bytes_per_s * cm.eff.decode_hbm,
-                      cm.gpu.peak_flops * cm.eff.decode_mfu, cm.calib.gemm.floor_us * 1e-6, m.layers, engine_step)
-            # the check: every batch size, contexts from empty to far past the memory/compute crossover
+                # the tabulated terms first (stackable), else the cost model's own engine step on the table
+                tries = [cls(*kernels, engine_rows=_EngineRows.build(cm, tp, b)), cls(*kernels, engine_step)]
+            # the check: every batch size, contexts from empty to far past the memory/compute crossover (and
+            # past a graph context limit's: a batch's mean context from 0 to 131,072)
             bb = np.repeat(b, 8)
             ctx = bb * np.tile([0.0, 1.0, 37.0, 256.0, 1500.0, 4096.0, 20000.0, 131072.0], max_batch)
             ctx[1::5] += 3.0
-            if not np.array_equal(tab(bb, ctx), cm.decode_step_s_array(bb, ctx, tp)):
-                return None
-            return tab
+            want = cm.decode_step_s_array(bb, ctx, tp)
+            for tab in tries:
+                if np.array_equal(tab(bb, ctx), want):
+                    return tab
+            return None
         except Exception:  # noqa: BLE001 - another kind of cost model: it is called directly
             return None
 
@@ -265,9 +281,50 @@ class DecodeTable:
                                            + self.kv_write_s[bi])
         for row in np.take(self.post, bi, axis=1):  # (take: twice as fast as the fancy index post[:, bi])
             out = out + row
-        if self.engine_step is not None:
+        if self.engine_rows is not None:
+            out = self.engine_rows(out, bi, batch, ctx)
+        elif self.engine_step is not None:
             out = self.engine_step(out, batch, ctx)
         return out
+
+
+class _EngineRows:
+    """The engine's terms of a decode step (``cm.engine_step_s(gpu, batch, ctx, batch, 0.0, tp)``) tabulated per
+    batch size for one TP degree: its CPU time ``cpu[b]`` (``cpu_s(b, tp)``, elementwise: the same number as
+    asked of the segment's batch) and whether its tokens (its batch) take it past the CUDA-graph cap
+    (``eager[b]``); the context limit on graphs (vLLM V0's ``graph_max_context``) is evaluated per call, as the
+    cost model does. Applied as ``engine_step_s`` applies them: ``max(gpu, launch)`` where eager, then ``+ cpu``
+    (or ``max`` with it where the engine overlaps). :class:`DecodeTable`'s grid check is what vouches for it."""
+
+    def __init__(self, cpu, eager, launch, ctx_limit, overlap):
+        self.cpu, self.eager, self.launch, self.ctx_limit, self.overlap = cpu, eager, launch, ctx_limit, overlap
+        self.any_eager = bool(eager.any()) or ctx_limit is not None  # else the GPU side is the kernels' sum
+
+    @classmethod
+    def build(cls, cm, tp: int, b: np.ndarray) -> "_EngineRows":
+        e = cm.engine
+        p = e.profile
+        cpu = np.zeros(len(b) + 1)
+        cpu[1:] = e.cpu_s(b, tp, 0.0)
+        eager = np.zeros(len(b) + 1, bool)
+        eager[1:] = b > e.graph_cap(tp)  # a decode step's tokens are its batch; it has no prefill chunk
+        return cls(cpu, eager, cm.model.layers * p.eager_layer_us * 1e-6, p.graph_max_context or None, p.overlap)
+
+    def key(self) -> tuple:
+        """What every TP degree's rows must share to be stacked (their rows aside)."""
+        return self.launch, self.ctx_limit, self.overlap
+
+    def apply(self, gpu, cpu, eager, batch, ctx, any_eager: bool):
+        """The step from the kernels' sum ``gpu`` and the batch's gathered ``cpu`` and ``eager`` rows."""
+        if any_eager:
+            if self.ctx_limit is not None:
+                eager = eager | (ctx > self.ctx_limit * batch)
+            gpu = np.where(eager, np.maximum(gpu, self.launch), gpu)
+        return np.maximum(gpu, cpu) if self.overlap else gpu + cpu
+
+    def __call__(self, gpu, bi, batch, ctx):
+        return self.apply(gpu, self.cpu[bi], self.eager[bi] if self.any_eager else None, batch, ctx,
+                          self.any_eager)
 
 
 class DecodeStack:
@@ -275,7 +332,9 @@ class DecodeStack:
     candidate of every server) evaluates all its segments in one call rather than one per TP degree (~0.1 ms
     less a pass on 2 cores): per segment the same operations on the same values as its own table's call,
     its table's rows and constants gathered by its TP degree. Built only where the tables differ in nothing
-    but their rows and per-TP constants (the same shape, GPU and model constants, no engine terms)."""
+    but their rows and per-TP constants (the same shape, GPU and model constants, and the same engine terms
+    but their rows: :class:`_EngineRows`, the CPU time differs with the TP degree; with an engine profile whose
+    terms are not tabulated, not built)."""
 
     def __init__(self, tabs: dict):
         tps = sorted(tabs)
@@ -291,6 +350,11 @@ class DecodeStack:
         self.qr = np.array([tabs[tp].flops_per_ctx[0] for tp in tps])
         self.hd = np.array([tabs[tp].flops_per_ctx[1] for tp in tps])
         self.hbm, self.peak, self.floor, self.layers = first.hbm, first.peak, first.floor, first.layers
+        self.engine = first.engine_rows  # the engine's terms (its shared constants; the rows gathered below)
+        if self.engine is not None:
+            self.cpu = np.concatenate([tabs[tp].engine_rows.cpu for tp in tps])
+            self.eager = np.concatenate([tabs[tp].engine_rows.eager for tp in tps])
+            self.any_eager = any(tabs[tp].engine_rows.any_eager for tp in tps)
 
     @classmethod
     def build(cls, tabs: dict) -> "DecodeStack | None":
@@ -298,8 +362,11 @@ class DecodeStack:
         if len(tabs) < 2:
             return None
         ts = list(tabs.values())
+        rows = ts[0].engine_rows
         same = all(t.engine_step is None and t.post.shape == ts[0].post.shape and len(t.pre) == len(ts[0].pre)
                    and (t.hbm, t.peak, t.floor, t.layers) == (ts[0].hbm, ts[0].peak, ts[0].floor, ts[0].layers)
+                   and (t.engine_rows is None) == (rows is None)
+                   and (rows is None or t.engine_rows.key() == rows.key())
                    for t in ts)
         return cls(tabs) if same else None
 
@@ -319,6 +386,9 @@ class DecodeStack:
                                             + self.kv_write_s[at])
         for row in np.take(self.post, at, axis=1):
             out = out + row
+        if self.engine is not None:  # where a table has no eager step, where() changes none of its numbers
+            out = self.engine.apply(out, self.cpu[at], self.eager[at] if self.any_eager else None, batch, ctx,
+                                    self.any_eager)
         return out
 
 
@@ -350,10 +420,12 @@ def kv_slots(g: np.ndarray, c: np.ndarray, r: np.ndarray, cnt: np.ndarray, n_gro
     (``sum(c + r) <= kv``, no less than the peak) has its peak within the cache, so its ``a`` is 0 whatever the
     peak is, and only the other replicas' peaks are computed (with whole, non-negative token counts, as the
     estimator's are, every sum is exact, so a replica's peak is the one it gets alone)."""
+    a = np.clip((_peak_beyond(g, c, r, n_groups, kv) / kv - 1.0) / KV_BAND, 0.0, 1.0)
+    if not a.any():  # every replica runs all its requests (cnt x 1 + turnover x 0; a NaN ``a`` takes the formula)
+        return cnt.astype(float)
     tavg = np.bincount(g, weights=c * r + r * r / 2.0, minlength=n_groups) / np.maximum(
         np.bincount(g, weights=r, minlength=n_groups), 1.0)
     turnover = np.minimum(cnt, np.floor(kv / np.maximum(1.0, tavg)))
-    a = np.clip((_peak_beyond(g, c, r, n_groups, kv) / kv - 1.0) / KV_BAND, 0.0, 1.0)
     return np.floor(cnt * (1.0 - a) + turnover * a)
 
 
@@ -394,6 +466,17 @@ def stable_argsort(keys: np.ndarray) -> np.ndarray:
     if hi - lo < 1 << 16:
         return np.argsort(k.astype(np.uint16), kind="stable")
     return np.argsort(k * n + np.arange(n))
+
+
+def group_end_order(go: np.ndarray, end: np.ndarray, big: float, n_groups: int) -> np.ndarray:
+    """``stable_argsort(go x big + end)`` for the estimator's schedules (replicas ``go`` below ``n_groups``; ends
+    ``end``: whole numbers in [0, big), remaining lengths being rounded up): by replica, then end, then position.
+    Where both fit 16 bits, two stable radix sorts give it (the ends', then the replicas' in that order: ~25 us
+    less on a bench pass of 4,000 requests than the 64-bit keys' sort); otherwise :func:`stable_argsort`."""
+    if big <= 1 << 16 and n_groups <= 1 << 16:
+        by_end = np.argsort(end.astype(np.uint16), kind="stable")
+        return by_end[np.argsort(go[by_end].astype(np.uint16), kind="stable")]
+    return stable_argsort(go * big + end)
 
 
 def lexsort_by_group(key: np.ndarray, group: np.ndarray) -> np.ndarray:
@@ -458,6 +541,7 @@ class Estimator:
         self._prefill: dict[tuple, float] = {}
         self._memo: dict[tuple, tuple] = {}
         self._dec: dict[int, object] = {}
+        self._per_group: dict[tuple, tuple] = {}  # (layout, replicas) per block -> (KV, TP degree) per replica
         tp = 1
         while tp <= gpus:  # the decode tables and KV capacities of every TP degree, once here rather than in a tick
             if gpus % tp == 0:
@@ -536,9 +620,15 @@ class Estimator:
         cnt = np.bincount(g, minlength=n_groups)
         if isinstance(layout, Layout):
             kv, tp_g = self.kv_tokens(layout), None
-        else:  # (layout, replicas) per block
-            kv = np.repeat([self.kv_tokens(lay) for lay, _ in layout], [n for _, n in layout])
-            tp_g = np.repeat([lay.tp for lay, _ in layout], [n for _, n in layout])
+        else:  # (layout, replicas) per block: a pass's blocks recur tick after tick, their arrays made once
+            key = tuple(layout)
+            hit = self._per_group.get(key)
+            if hit is None:
+                if len(self._per_group) >= 256:
+                    self._per_group.clear()
+                hit = self._per_group[key] = (np.repeat([self.kv_tokens(lay) for lay, _ in layout], [n for _, n in layout]),
+                                              np.repeat([lay.tp for lay, _ in layout], [n for _, n in layout]))
+            kv, tp_g = hit
         bound = kv_slots(g, c, r, cnt, n_groups, kv)
         slots = np.maximum(1, np.minimum(self.settings.max_num_seqs, bound)).astype(np.int64)
         # order inside a replica: running requests first, then the queue, each in the given order
@@ -564,7 +654,7 @@ class Estimator:
         # the slots free up), so ``skey`` is sorted already
         skey = go * big + start_o
         ekey = go * big + end_o
-        e_order = stable_argsort(ekey)
+        e_order = group_end_order(go, end_o, big, n_groups)  # ``stable_argsort(ekey)``
         # the segments' bounds: every distinct start or end key, each with the number of starts and of ends at
         # or before it (what ``np.searchsorted(skey, k0, side="right")`` and the same in the sorted ends give),
         # from one merge of the two sorted runs
@@ -585,25 +675,22 @@ class Estimator:
         cs_end = np.concatenate(([0.0], np.cumsum(base[e_order])))
         mid = (k0 + k1) / 2.0 - g0 * big
         ctx = (cs_start[n_started] - cs_end[n_ended]) + active * mid
-        ok = same & (active > 0)
-        seg = np.zeros(len(k0))
+        okk = np.flatnonzero(same & (active > 0))  # the segments inside a replica with requests running
+        g0k = g0[okk]
+        b_ok, c_ok, steps = active[okk].astype(float), np.maximum(ctx[okk], 0.0), (k1 - k0)[okk]
         if tp_g is None:
-            seg[ok] = self._decode_s(active[ok].astype(float), np.maximum(ctx[ok], 0.0), layout.tp) \
-                * (k1 - k0)[ok]
+            seg = self._decode_s(b_ok, c_ok, layout.tp) * steps
         else:  # one cost-model pass over every TP degree's segments, or one per TP degree
-            okk = np.nonzero(ok)[0]
-            seg_tp = tp_g[g0[okk]]
-            b_ok, c_ok = active[okk].astype(float), np.maximum(ctx[okk], 0.0)
+            seg_tp = tp_g[g0k]
             if self._stack is not None and self._stack.covers(seg_tp, b_ok, c_ok):
-                seg[okk] = self._stack(seg_tp, b_ok, c_ok) * (k1 - k0)[okk]
+                seg = self._stack(seg_tp, b_ok, c_ok) * steps
             else:
+                seg = np.zeros(len(okk))
                 for tp in sorted({lay.tp for lay, _ in layout}):
-                    sel = okk[seg_tp == tp]
-                    if not len(sel):
-                        continue
-                    seg[sel] = self._decode_s(active[sel].astype(float), np.maximum(ctx[sel], 0.0), tp) \
-                        * (k1 - k0)[sel]
-        total += np.bincount(g0[ok], weights=seg[ok], minlength=n_groups)
+                    sel = seg_tp == tp
+                    if sel.any():
+                        seg[sel] = self._decode_s(b_ok[sel], c_ok[sel], tp) * steps[sel]
+        total += np.bincount(g0k, weights=seg, minlength=n_groups)
         waiting = ~f
         if waiting.any():  # the queue's prefills (recompute for preempted ones), once per replica
             nw = np.bincount(g[waiting], minlength=n_groups)
@@ -615,7 +702,7 @@ class Estimator:
             total += pre
         out["start"][idx[order]] = start_o
         out["end"][idx[order]] = end_o
-        out.update(seg_g=g0[ok], k0=k0[ok] - g0[ok] * big, k1=k1[ok] - g0[ok] * big, seg=seg[ok])
+        out.update(seg_g=g0k, k0=k0[okk] - g0k * big, k1=k1[okk] - g0k * big, seg=seg)
         return out
 
     def replica_s(self, layout: Layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None = None) -> float:

@@ -2,9 +2,11 @@
 ``orchestrrl bench planner``, issue 33):
 
 - the sort helpers against numpy's stable sort and lexsort; the deal onto two or four replicas against the heap's;
-- the stack of every TP degree's decode table against each table's call;
+- the stack of every TP degree's decode table against each table's call, with an engine profile's terms
+  tabulated against the cost model's step;
 - the KV peak against its plain form (lexsort and ``np.maximum.at``), and the KV-bounded batch with the peaks
-  of the replicas that fit the cache skipped against every peak computed;
+  of the replicas that fit the cache skipped (and no turnover where none passes it) against every peak computed;
+- the schedules' ends ordered by two radix sorts against numpy's stable sort of their keys;
 - the batched within-replica quantiles and the batched snapshot loads against one load at a time;
 - the balancer's load indices from the planner's remembered pass against a fresh estimator's on the frozen
   loads;
@@ -25,8 +27,8 @@ from emulation.orchestration import EngineSettings
 from emulation.workload import LOG_QUANTILE_LEVELS
 from orchestrator_cases import _bench_state, _setup
 from testbed.orchestrator import forecast as fc
-from testbed.orchestrator.estimate import (KV_BAND, Estimator, ServerLoad, engine_deal, kv_slots, lexsort_by_group,
-                                          peak_kv, stable_argsort)
+from testbed.orchestrator.estimate import (KV_BAND, Estimator, ServerLoad, engine_deal, group_end_order, kv_slots,
+                                          lexsort_by_group, peak_kv, stable_argsort)
 from testbed.orchestrator.planner import ServerView, loads_from_snapshot, loads_from_snapshots
 
 
@@ -83,12 +85,24 @@ def test_kv_slots_skip_only_peaks_that_cannot_matter(whole):
         c += 0.25
     cnt = np.bincount(g, minlength=n_groups)
     fin = np.bincount(g, weights=c + r, minlength=n_groups)
-    for kv in (float(np.median(fin)), np.sort(fin)[::-1].copy(), 1e12):  # some replicas past the cache, or none
+    for kv in (float(np.median(fin)), np.sort(fin)[::-1].copy(), 1e12, np.inf):  # some past the cache, or none
         tavg = np.bincount(g, weights=c * r + r * r / 2.0, minlength=n_groups) / np.maximum(
             np.bincount(g, weights=r, minlength=n_groups), 1.0)
         turnover = np.minimum(cnt, np.floor(kv / np.maximum(1.0, tavg)))
         a = np.clip((_peak_kv_plain(g, c, r, n_groups) / kv - 1.0) / KV_BAND, 0.0, 1.0)
         assert np.array_equal(kv_slots(g, c, r, cnt, n_groups, kv), np.floor(cnt * (1.0 - a) + turnover * a))
+
+
+@pytest.mark.parametrize("span", [40, 16000, 65535, 65536, 200000])
+def test_the_ends_order_by_radix_sorts_is_the_stable_order_of_the_keys(span):
+    rng = np.random.default_rng(span)
+    n, n_groups = 4000, 60
+    go = np.sort(rng.integers(0, n_groups, n))
+    end = rng.integers(0, span, n).astype(float)
+    end[:200] = end[0]  # ties
+    big = float(end.max()) + 1.0
+    want = np.argsort(go * big + end, kind="stable")
+    assert np.array_equal(group_end_order(go, end, big, n_groups), want)
 
 
 def test_within_quantiles_of_many_loads_are_those_of_each_load():
@@ -274,8 +288,58 @@ def test_a_stack_of_decode_tables_is_each_tables_call():
         assert np.array_equal(got[m], est._decode_table(t)(batch[m], ctx[m]))
     assert not stack.covers(tp, np.r_[batch[:-1], 257.0], ctx)  # past a table: each TP's own path
     assert not stack.covers(np.r_[tp[:-1], 3], batch, ctx)
-    engine = Estimator(CostModel.for_engine("Qwen2.5-14B", "H800", EngineSettings()), 8, EngineSettings())
-    assert all(engine._dec.values()) and engine._stack is None  # tables with engine terms are not stacked
+
+
+@pytest.mark.parametrize("profile, seqs", [("vllm-v1", 1024), ("vllm-v1", 256), ("vllm-v1-async", 1024),
+                                           ("vllm-v0", 256), ("sglang", 512)])
+def test_a_stack_of_decode_tables_with_engine_terms_is_the_cost_models_step(profile, seqs):
+    """Engine profiles' tables tabulate the engine's terms per batch size and are stacked: every segment gets the
+    cost model's own step (its kernels with ``engine_step_s`` on them), to the bit, steps past the graph cap
+    (vllm-v1 at 1,024 sequences: a cap of 512; sglang's 256 below TP 4) and past vLLM V0's context limit among
+    them."""
+    st = EngineSettings(profile=profile, max_num_seqs=seqs)
+    cm = CostModel.for_engine("Qwen2.5-14B", "H800", st)
+    est = Estimator(cm, 8, st)
+    assert all(t and t.engine_rows is not None and t.engine_step is None for t in est._dec.values())
+    stack = est._stack
+    assert stack is not None and stack.engine is not None
+    rng = np.random.default_rng(17)
+    n = 20000
+    tp = rng.choice([1, 2, 4, 8], n)
+    batch = rng.integers(1, seqs + 1, n).astype(float)
+    ctx = batch * rng.integers(0, 20000, n) + rng.integers(0, 3, n)
+    ctx[:50] = batch[:50] * 8192.0  # on vLLM V0's context limit
+    assert stack.covers(tp, batch, ctx)
+    got = stack(tp, batch, ctx)
+    for t in (1, 2, 4, 8):
+        m = tp == t
+        want = cm.decode_step_s_array(batch[m], ctx[m], t)
+        assert np.array_equal(got[m], want)
+        assert np.array_equal(est._decode_table(t)(batch[m], ctx[m]), want)
+    eager = batch > min(cm.engine.graph_cap(t) for t in (1, 2, 4, 8))
+    assert eager.any() == (profile in ("vllm-v1", "vllm-v1-async", "sglang") and seqs > 256)
+
+
+def test_engine_terms_the_table_does_not_reproduce_take_the_cost_models_engine_step():
+    """A cost model whose engine step is not what the tabulated terms give: its tables keep the cost model's own
+    ``engine_step_s`` on the kernels' sum (the same numbers, to the bit), and they are not stacked."""
+    class Busier(CostModel):
+        def engine_step_s(self, gpu, batch, ctx, tokens, prefill_tokens, tp, xp=None):
+            out = super().engine_step_s(gpu, batch, ctx, tokens, prefill_tokens, tp, xp) if xp else \
+                super().engine_step_s(gpu, batch, ctx, tokens, prefill_tokens, tp)
+            return out + ctx * 1e-12  # a context-dependent CPU term
+
+    st = EngineSettings(max_num_seqs=256)
+    base = CostModel.for_engine("Qwen2.5-14B", "H800", st)
+    cm = Busier(base.model, base.gpu, engine=base._binding)
+    est = Estimator(cm, 8, st)
+    assert all(t and t.engine_rows is None and t.engine_step is not None for t in est._dec.values())
+    assert est._stack is None
+    rng = np.random.default_rng(5)
+    batch = rng.integers(1, 257, 3000).astype(float)
+    ctx = batch * rng.integers(0, 20000, 3000)
+    for t in (1, 2, 4, 8):
+        assert np.array_equal(est._decode_s(batch, ctx, t), cm.decode_step_s_array(batch, ctx, t))
 
 
 def test_moments_at_located_thresholds_are_the_piece_moments():
