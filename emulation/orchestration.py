@@ -238,13 +238,16 @@ class PolicySpec:
     ``planner`` and ``balancer`` (``none``: off), each a registered name, a path ``package.module:Class`` or an
     entry point; ``params``: per part, its parameters (``{planner: {threshold: 1.05}}``), validated against the
     plug-in's own ``Params`` when the testbed resolves it (testbed.orchestrator.policies), before anything
-    starts. Without a planner the servers keep one layout (the tuned static one in a comparison)."""
+    starts. Without a planner the servers keep one layout (the tuned static one in a comparison). ``start``: the
+    layout a planner's servers are loaded in before its first step (a name such as ``TP1x8``; None: the tuned
+    static layout)."""
 
     name: str
     dispatch: str | None = None
     planner: str = "none"
     balancer: str = "none"
     params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    start: str | None = None
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and bool(NAME_RE.match(self.name)), "name",
@@ -258,6 +261,10 @@ class PolicySpec:
             require(role in POLICY_ROLES, f"params.{role}", f"unknown part (known: {', '.join(POLICY_ROLES)})")
             if getattr(self, role) in (None, "none"):
                 raise SpecError(f"params.{role}", f"the policy has no {role} to take parameters")
+        if self.start is not None:
+            require(isinstance(self.start, str) and bool(self.start), "start", f"must be a layout name, got {self.start!r}")
+            require(self.planner not in (None, "none"), "start",
+                    "only a policy with a planner starts elsewhere than the tuned static layout")
 
 
 def _check_policies(specs: tuple[PolicySpec, ...]) -> None:

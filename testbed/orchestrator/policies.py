@@ -149,9 +149,12 @@ def parse_policy_arg(text: str) -> PolicySpec | str:
         key, eq, val = item.partition("=")
         key = key.strip()
         role, dot, param = key.partition(".")
+        if eq and key == "start":
+            data["start"] = val.strip()
+            continue
         if not eq or role not in POLICY_ROLES:
-            raise SpecError("--policies", f"{text!r}: expected role=ref or role.param=value with a role of "
-                                          f"{', '.join(POLICY_ROLES)}, got {item!r}")
+            raise SpecError("--policies", f"{text!r}: expected role=ref, role.param=value (a role of "
+                                          f"{', '.join(POLICY_ROLES)}) or start=LAYOUT, got {item!r}")
         if dot:
             data["params"].setdefault(role, {})[param] = yaml.safe_load(val)
         else:
@@ -201,7 +204,14 @@ def make_policy(name: str | PolicySpec, layouts: list[Layout], gpus: int, tuned:
     if spec is not None:
         field = f"--policies.{spec.name}" if isinstance(name, PolicySpec) else f"policy {spec.name!r}"
         base = tuned if tuned is not None else Policy("static-low", low)
-        return compose(spec, field, base.layout, base.max_num_seqs)
+        pol = compose(spec, field, base.layout, base.max_num_seqs)
+        if spec.start is not None:
+            start = Layout.parse(spec.start, gpus, f"{field}.start")
+            if start not in layouts:
+                raise SpecError(f"{field}.start", f"{spec.start}: that layout does not hold the model and the "
+                                                  f"longest response")
+            pol = dataclasses.replace(pol, start=start)
+        return pol
     if name == "static-low":
         return Policy(name, low)
     if name == "static-high":

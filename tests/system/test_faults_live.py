@@ -58,14 +58,19 @@ def test_kill_during_generation(tmp_path):
     _check(fault_run(SCN, "generation", tmp_path, victim=3))
 
 
-# a longer tail and an eager planner: both generators switch to TP8x1 in the first second (simulated: at 1.0 s)
+# a longer tail and an eager planner loaded in TP1x8 (the tuned static is TP8x1@64, where no switch pays) and
+# kept there at the step's start (a wide initial margin): both generators switch to TP8x1 live in the first
+# second (simulated: at 1.0 s)
 SCN_SWITCH = dataclasses.replace(
     SCN, workload=dataclasses.replace(SCN.workload, max_response_tokens=3000, response_sigma=1.0),
-    orchestrator=orchestrator_settings({**to_dict(SCN.orchestrator), "planner": {"min_gain_s": 0.2, "gain_margin": 0.02, "cooldown_s": 0.5}}))
+    orchestrator=orchestrator_settings({
+        **to_dict(SCN.orchestrator),
+        "planner": {"min_gain_s": 0.2, "gain_margin": 0.02, "cooldown_s": 0.5, "initial_margin": 0.9},
+        "policies": [{"name": "planner-from-tp1", "planner": "forecast", "start": "TP1x8"}]}))
 
 
 def test_kill_during_a_layout_switch(tmp_path):
-    got = fault_run(SCN_SWITCH, "layout_switch", tmp_path)
+    got = fault_run(SCN_SWITCH, "layout_switch", tmp_path, policy="planner-from-tp1")
     _check(got)
 
 

@@ -412,3 +412,20 @@ def test_an_alias_the_grid_found_identical_is_reported_not_run_again(tmp_path, m
     names = exp.default_policies()
     assert names[:2] == [f"static-{hi}@64", f"static-{lo}@{mns}"]  # tuned, static-low; static-high not again
     assert f"static-{hi}@{mns}" not in names
+
+
+def test_a_planner_policy_may_name_its_start():
+    from emulation.orchestration import PolicySpec
+    from emulation.validation import SpecError
+    from testbed.orchestrator.policies import make_policy, parse_policy_arg
+
+    lays = [Layout(2), Layout(4), Layout(8)]
+    tuned = make_policy("static-TP8x1@256", lays, 8)
+    spec = parse_policy_arg("mine[planner=forecast,start=TP2x4]")
+    assert spec.start == "TP2x4"
+    pol = make_policy(spec, lays, 8, tuned)
+    assert pol.start == Layout(2) and pol.layout is None and pol.max_num_seqs == 256
+    with pytest.raises(SpecError, match="start"):  # a layout that does not hold the model
+        make_policy(parse_policy_arg("mine[planner=forecast,start=TP1x8]"), lays, 8, tuned)
+    with pytest.raises(SpecError, match="start"):  # nothing to start elsewhere without a planner
+        PolicySpec("mine", balancer="load-index", start="TP2x4")
