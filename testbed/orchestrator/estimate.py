@@ -73,6 +73,11 @@ class ServerLoad:
     def n(self) -> int:
         return len(self.rem)
 
+    @property
+    def kv_held(self) -> float:
+        """Tokens of KV the running requests hold (what a layout switch moves)."""
+        return float(np.sum(self.ctx0[self.running])) if self.n else 0.0
+
     def _pick(self, keep) -> "ServerLoad":
         pick = (lambda a: None if a is None else a[keep])
         return ServerLoad(self.ctx0[keep], self.rem[keep], self.running[keep], self.replica[keep],

@@ -118,7 +118,7 @@ class Planner(LayoutPlanner):
         skip = frozenset((lay, s) for (lay, s), until in self._pruned.items()
                          if prune and until > self._ticks and s in views and lay != views[s].layout)
         times = est.servers_s_many(lays, loads, currents, skip)
-        kv = {s: float(np.sum(v.load.ctx0[v.load.running])) if v.load.n else 0.0 for s, v in views.items()}
+        kv = {s: v.load.kv_held for s, v in views.items()}
         for lay in lays:
             t = times[lay]
             for s, v in views.items():
@@ -237,7 +237,7 @@ class Planner(LayoutPlanner):
             for lay, ld in zip(self.candidates, ahead):
                 if not ld.n:
                     continue
-                kv = float(np.sum(ld.ctx0[ld.running]))
+                kv = ld.kv_held
                 for to in self.candidates:
                     if to == lay:
                         continue
@@ -250,11 +250,9 @@ class Planner(LayoutPlanner):
 def loads_from_snapshot(snap: dict, forecast, shift: np.ndarray | None = None) -> ServerLoad:
     """A server's :class:`ServerLoad` from an engine snapshot (agents.engine.Engine.snapshot) and a forecast:
     expected remaining tokens (conditional mean), plus what the estimator's stratified quantiles need;
-    ``shift``: each request's log-offset from its prompt group (forecast.prompt_shifts; None: none)."""
-    g = snap["generated"].astype(np.float64)
-    return ServerLoad(ctx0=(snap["prompt"] + snap["generated"]).astype(np.float64),
-                      rem=np.maximum(forecast.remaining(g, shift), 1.0), running=snap["running"].astype(bool),
-                      replica=snap["replica"].astype(np.int64), gen=g, key=request_levels(snap["rid"]), shift=shift)
+    ``shift``: each request's log-offset from its prompt group (forecast.prompt_shifts; None: none).
+    :func:`loads_from_snapshots` of the one server."""
+    return loads_from_snapshots({0: snap}, forecast, {0: shift})[0]
 
 
 def loads_from_snapshots(snaps: dict, forecast, shifts: dict | None = None) -> dict:

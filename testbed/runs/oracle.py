@@ -247,7 +247,7 @@ class Oracle:
                     if not live.any():
                         continue
                     load = ServerLoad(ctx0[live] + got[live], left[live], got[live] > 0, np.full(int(live.sum()), -1))
-                    kv = float(np.sum(load.ctx0[load.running]))
+                    kv = load.kv_held
                     for lay2 in self.layouts:
                         if lay2 == lay:
                             continue
