@@ -62,7 +62,7 @@ class Experiment:
         """Every layout x max_num_seqs of the grid on the simulated backend (cached: testbed.runs.tuning)."""
         if self._grid is None:
             self._grid = tune(self.scn, self.layouts, self.gpus, self.steps, self._simulate, self.grid_values,
-                              self.use_cache, progress, kv_blocks=self._kv_blocks)
+                              self.use_cache, progress, kv_blocks=self._kv_blocks, fits=self._fits)
         return self._grid
 
     def oracle(self, progress=None) -> dict:
@@ -88,6 +88,15 @@ class Experiment:
                                   max_num_batched_tokens=max(e.max_num_batched_tokens, max_num_seqs))
         cm = CostModel.for_engine(self.scn.workload.model, self.scn.workload.gpu, eng)
         return ModelledCost(cm, self.gpus).kv_capacity_tokens(layout, eng.gpu_memory_utilization) // eng.block_size
+
+    def _fits(self, layout, max_num_seqs: int) -> bool:
+        """Whether a replica of ``layout`` at ``max_num_seqs`` holds one request of the prompt and the cap (the
+        engine's own check, agents.engine): the activation workspace follows max_num_seqs, so a layout that
+        holds one at 256 may not at 1024 (Qwen2.5-32B on TP1x8 of H800: 1,074 blocks at 256, 1,036 at 512 for
+        the 1,040 a 256 + 16,384-token request needs)."""
+        w = self.scn.workload
+        return self._kv_blocks(layout, max_num_seqs) >= -(-(w.prompt_tokens + w.max_response_tokens)
+                                                          // self.settings.engine.block_size)
 
     def _simulate(self, layout, max_num_seqs: int):
         """One static configuration on the simulated backend (no files): the result, and what bound its engines

@@ -125,13 +125,16 @@ class Bounds:
 
 def tune(scenario, layouts: list, gpus: int, steps: int, run: Callable, grid: tuple[int, ...] = GRID,
          use_cache: bool = True, progress: Callable[[str], None] | None = None,
-         kv_blocks: Callable | None = None) -> list[GridPoint]:
+         kv_blocks: Callable | None = None, fits: Callable | None = None) -> list[GridPoint]:
     """The tuning grid of ``scenario``: every layout of ``layouts`` x every ``max_num_seqs`` of ``grid``.
 
     ``run(layout, max_num_seqs) -> (result, bounds)`` runs one static configuration for ``steps`` steps on
     the simulated backend (``result``: the driver's result dict; ``bounds``: a :class:`Bounds`, or a bool:
     whether max_num_seqs ever kept a waiting request out, see the module docstring); ``kv_blocks(layout,
-    max_num_seqs)``: the KV blocks of one replica there (None: the cache does not depend on max_num_seqs)."""
+    max_num_seqs)``: the KV blocks of one replica there (None: the cache does not depend on max_num_seqs).
+    ``fits(layout, max_num_seqs)``: whether a replica there holds one request of the longest length; a
+    configuration that does not is left out of the grid (the engine would refuse its requests), and so is every
+    larger ``max_num_seqs`` of that layout (its activation workspace grows, its KV cache only shrinks)."""
     grid = tuple(sorted(set(int(x) for x in grid)))
     key = cache_key(scenario, steps, grid)
     path = cache_dir() / f"{key}.json"
@@ -149,6 +152,10 @@ def tune(scenario, layouts: list, gpus: int, steps: int, run: Callable, grid: tu
         prev: GridPoint | None = None
         prev_bounds = Bounds(True)
         for mns in grid:
+            if fits is not None and not fits(lay, mns):
+                log.info("tuning grid: %s left out from max_num_seqs %d: a replica's KV cache there does not hold "
+                         "one request of the longest length", name, mns)
+                break
             if prev is not None and prev_bounds.same_at(None if kv_blocks is None else kv_blocks(lay, mns)):
                 out.append(GridPoint(name, mns, prev.makespan_s, prev.step_makespan_s, prev.gen_s,
                                      prev.same_as or prev.max_num_seqs))

@@ -1,4 +1,5 @@
 """Issue 13's units: the balancer's one estimator, a charged step-boundary switch, the tuning grid, the oracle."""
+import dataclasses
 import json
 
 import numpy as np
@@ -223,6 +224,39 @@ def test_the_tuning_grid_picks_the_best_and_skips_only_identical_runs(tmp_path, 
     assert [p.to_json() for p in again] == [p.to_json() for p in grid] and len(ran) == len(times)
     tuning.tune(_tiny(prompt_sigma=0.3), lays, 8, 1, run, grid=(64, 128, 256))
     assert len(ran) == 2 * len(times)
+
+
+def test_a_configuration_whose_kv_cache_cannot_hold_the_longest_request_is_left_out_of_the_grid(tmp_path,
+                                                                                                monkeypatch):
+    monkeypatch.setenv("ORCHESTRRL_CACHE_DIR", str(tmp_path))
+    ran = []
+
+    def run(lay, mns):
+        ran.append((lay.name(8), mns))
+        return {"step_makespan_s": [10.0 + mns / 1000], "phases": [{"gen_s": 1.0}]}, True
+
+    # TP1x8 holds a longest request up to max_num_seqs 128 only (its workspace grows with max_num_seqs)
+    fits = lambda lay, mns: lay.tp > 1 or mns <= 128  # noqa: E731
+    grid = tuning.tune(_tiny(), [Layout(1), Layout(8)], 8, 1, run, grid=(64, 128, 256, 512), fits=fits)
+    assert {p.name for p in grid} == {"static-TP1x8@64", "static-TP1x8@128", "static-TP8x1@64", "static-TP8x1@128",
+                                      "static-TP8x1@256", "static-TP8x1@512"}
+    assert ("TP1x8", 256) not in ran and ("TP1x8", 512) not in ran
+
+
+def test_the_grid_asks_the_engine_s_own_fit_at_each_max_num_seqs():
+    """Qwen2.5-32B on H800 at a 16k cap (the map's model panel): TP1x8 holds a 256 + 16,384-token request at
+    max_num_seqs 256 and not at 512 (the grid ran it there and the engine refused every request)."""
+    from testbed.runs.experiment import Experiment
+
+    w = WorkloadSpec(model="Qwen2.5-32B", gpu="H800", prompts_per_step=8, samples_per_prompt=4, prompt_tokens=256,
+                     response_median_tokens=1500, max_response_tokens=16384, steps=1)
+    scn = dataclasses.replace(_tiny(), workload=w)
+    exp = Experiment(scn, "simulated")
+    blocks = -(-(256 + 16384) // exp.settings.engine.block_size)
+    for mns in (64, 128, 256, 512, 1024):
+        assert exp._fits(Layout(1), mns) == (exp._kv_blocks(Layout(1), mns) >= blocks)
+        assert exp._fits(Layout(8), mns)
+    assert exp._fits(Layout(1), 256) and not exp._fits(Layout(1), 512)
 
 
 def test_the_tuning_grid_on_the_simulated_backend_and_the_oracle_bounds_it(tmp_path, monkeypatch):
