@@ -4,6 +4,9 @@
 step has shown so far (online), then the planner's evaluation of every generator server (every candidate
 layout, with its one-interval lookahead) and the balancer's moves, for ``requests`` in-flight requests spread
 over the scenario's generator servers at a mid-step state (a seeded mix of progress, some waiting).
+Each tick runs under the priority the driver gives its ticks (testbed/decision_priority.py: ``SCHED_RR`` for
+the tick's thread where allowed; ``tick_priority`` says which), so the figures are a tick's own time and not
+the run queue's on a machine shared with other work.
 
 The ticks start from the heap the driver's decision path starts from (testbed.driver.settle_heap: collected
 and frozen after the imports and the set-up): the process's first full collection after its imports takes
@@ -27,6 +30,7 @@ from agents.costmodel import CostModel
 from agents.engine import ModelledCost
 from emulation.metrics import Scraper, serve_free
 from emulation.scenario import Scenario
+from testbed.decision_priority import raised_priority
 from testbed.driver import Timeline, settle_heap
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator
@@ -64,7 +68,7 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
     balancer = Balancer(est, st.balancer)
     fc0 = LengthForecast.from_workload(w, 0)
     rng = np.random.default_rng(seed)
-    times, plan_ms, bal_ms, online_ms, sample_ms = [], [], [], [], []
+    times, plan_ms, bal_ms, online_ms, sample_ms, raised = [], [], [], [], [], []
     timeline = Timeline()
     dm = scraper = None
     if metrics:  # on a free port: a benchmark takes no default one
@@ -86,28 +90,31 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
         gen[~running] = 0
         server = np.arange(n) % len(servers)
         done = rng.lognormal(np.log(w.response_median_tokens), w.response_sigma, n // 2).astype(np.int64) + 1
-        t0 = time.perf_counter()
-        fc = fc0.updated(np.minimum(done, w.max_response_tokens).astype(float), gen[running].astype(float),
-                         st.forecast) if st.forecast.online_update else fc0
-        t1 = time.perf_counter()
-        est.use_forecast(fc)
-        snaps = {}
-        for j, s in enumerate(servers):
-            m = server == j
-            snaps[s] = {"rid": np.nonzero(m)[0].astype(np.int64) + 1000 * k, "generated": gen[m],
-                        "prompt": np.full(int(m.sum()), w.prompt_tokens), "running": running[m].astype(np.int8),
-                        "replica": np.arange(int(m.sum())) % r}
-        views = {s: ServerView(s, lay, ld) for s, ld in loads_from_snapshots(snaps, fc).items()}  # as the driver
-        rids = {s: snap["rid"] for s, snap in snaps.items()}
-        ts = time.perf_counter()
-        timeline.sample(_tick_sample(10.0, views, lay, gpus))  # the driver samples a tick before deciding
-        sample_s = time.perf_counter() - ts  # timed apart: not part of the decision (as in the driver)
-        decisions = planner.evaluate_all(views, now=10.0, interval=st.planning_interval_s)
-        timeline.event(10.0, "plan", step=0, gain_s={s: round(d.gain_s, 3) for s, d in decisions.items()},
-                       switch=[s for s, d in decisions.items() if d.switch])
-        t2 = time.perf_counter()
-        balancer.decide(views, rids, now=10.0)
-        t3 = time.perf_counter()
+        # under the priority the driver gives a tick (testbed/planning.py): first on a shared CPU
+        with raised_priority() as up:
+            t0 = time.perf_counter()
+            fc = fc0.updated(np.minimum(done, w.max_response_tokens).astype(float), gen[running].astype(float),
+                             st.forecast) if st.forecast.online_update else fc0
+            t1 = time.perf_counter()
+            est.use_forecast(fc)
+            snaps = {}
+            for j, s in enumerate(servers):
+                m = server == j
+                snaps[s] = {"rid": np.nonzero(m)[0].astype(np.int64) + 1000 * k, "generated": gen[m],
+                            "prompt": np.full(int(m.sum()), w.prompt_tokens), "running": running[m].astype(np.int8),
+                            "replica": np.arange(int(m.sum())) % r}
+            views = {s: ServerView(s, lay, ld) for s, ld in loads_from_snapshots(snaps, fc).items()}  # as the driver
+            rids = {s: snap["rid"] for s, snap in snaps.items()}
+            ts = time.perf_counter()
+            timeline.sample(_tick_sample(10.0, views, lay, gpus))  # the driver samples a tick before deciding
+            sample_s = time.perf_counter() - ts  # timed apart: not part of the decision (as in the driver)
+            decisions = planner.evaluate_all(views, now=10.0, interval=st.planning_interval_s)
+            timeline.event(10.0, "plan", step=0, gain_s={s: round(d.gain_s, 3) for s, d in decisions.items()},
+                           switch=[s for s, d in decisions.items() if d.switch])
+            t2 = time.perf_counter()
+            balancer.decide(views, rids, now=10.0)
+            t3 = time.perf_counter()
+        raised.append(up)
         times.append((t3 - t0 - sample_s) * 1e3)
         online_ms.append((t1 - t0) * 1e3)
         plan_ms.append((t2 - t1 - sample_s) * 1e3)
@@ -124,5 +131,5 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
             "ticks": ticks, "decision_ms_p50": pct(times, 50), "decision_ms_p99": pct(times, 99),
             "online_forecast_ms_p50": pct(online_ms, 50), "planner_ms_p50": pct(plan_ms, 50),
             "planner_ms_p99": pct(plan_ms, 99), "balancer_ms_p50": pct(bal_ms, 50), "balancer_ms_p99": pct(bal_ms, 99),
-            "gc_full_collections": len(full), "metrics": bool(metrics), "sample_ms_p50": pct(sample_ms, 50),
+            "gc_full_collections": len(full), "tick_priority": "SCHED_RR" if all(raised) else "fair", "metrics": bool(metrics), "sample_ms_p50": pct(sample_ms, 50),
             "sample_ms_p99": pct(sample_ms, 99), "scrapes": scraper.scrapes if metrics else None}
