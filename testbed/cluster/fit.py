@@ -18,13 +18,22 @@ inside that budget, as far as the smallest message a phase sends stays at least 
 (below it a message is a packet or two, the clamps in the agents' collectives bind, and its time is no longer
 its bytes over the rate); what is left is taken by a larger ``time_dilation`` (slower, not smaller). An
 unfitted run that will not fit says so before it starts.
+
+What the planned traffic cannot see (docs/emulation.md "Known limits"): a phase that overlaps generation (the
+asynchronous step mode's train and sync beside the next step's streams) runs below its rate on a 2-core machine
+even inside the budget. So every emulated run's verdict is remembered per scenario (:func:`remember_outcome`,
+under the cache folder), and the next run of the same scenario at the same fitted numbers on the same
+capacity measurement says before it starts what the last one found (:attr:`Fit.expectation`): faithful, or
+how many runs the monitor flagged and the time dilation it named.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import math
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -68,6 +77,11 @@ class Fit:
     fitted_time_dilation: float
     fits: bool  # the busiest phase inside the budget at the numbers the run uses (None budget: unknown)
     message: str
+    # what the last emulated run of this scenario found at the same fitted numbers and capacity (None: none on
+    # record), its summary for the first line, and the key the run's own verdict is remembered under
+    last_run: dict | None = None
+    expectation: str | None = None
+    outcome_key: str | None = None
 
     @property
     def changed(self) -> bool:
@@ -79,7 +93,7 @@ class Fit:
 
     def line(self) -> str:
         """One line for the top of a run's output."""
-        return f"emulation fit ({self.mode}): {self.message}"
+        return f"emulation fit ({self.mode}): {self.message}" + (f"; {self.expectation}" if self.expectation else "")
 
 
 def planned_traffic(scn) -> tuple[dict, float]:
@@ -176,9 +190,77 @@ def fit_scenario(scn, mode: str | None = None, measure=None):
     planned, smallest = planned_traffic(scn)
     f = scn.fabric
     fit = plan_fit(mode, f.scale, f.time_dilation, planned, smallest, measured)
+    key = outcome_key(scn)
+    last = last_outcome(key)
+    fit = dataclasses.replace(fit, last_run=last, expectation=expectation(fit, last), outcome_key=key)
     if fit.changed:
         scn = with_fit(scn, fit.fitted_scale, fit.fitted_time_dilation)
     return scn, fit
+
+
+def outcome_key(scn) -> str:
+    """The key a scenario's emulated verdicts are remembered under: its content as given (before the fit), less
+    its metrics endpoints (a port taken by another process moves them, not the emulation)."""
+    from testbed.runs.tuning import cache_key
+
+    return cache_key(dataclasses.replace(scn, metrics=type(scn.metrics)()), 0, ())
+
+
+def outcome_path(key: str) -> Path:
+    """Where the verdict of the scenario ``key`` names is remembered (beside the tuning cache)."""
+    from testbed.runs.tuning import cache_dir
+
+    return cache_dir().parent / "fidelity" / f"{key}.json"
+
+
+def last_outcome(key: str) -> dict | None:
+    """The remembered verdict of the last emulated run of the scenario ``key`` names (None: none, or unreadable)."""
+    from emulation.registry import read_json
+
+    doc = read_json(outcome_path(key))
+    need = ("scale", "time_dilation", "capacity_gbps", "runs", "flagged", "tdf_needed", "verdict", "at")
+    if doc is None or any(k not in doc for k in need):
+        return None
+    return doc
+
+
+def remember_outcome(fit: Fit | None, fidelities: dict) -> dict | None:
+    """Remember the fidelity verdicts of a finished emulated run or comparison (``fidelities``: run name -> its
+    ``fidelity`` dict) under ``fit.outcome_key``, with the numbers it ran at. Returns the record (None: nothing
+    judged, no fit, or the cache folder not writable: logged)."""
+    from emulation.files import write_json_atomic
+
+    judged = {n: f for n, f in fidelities.items() if isinstance(f, dict) and "distorted" in f}
+    if fit is None or fit.outcome_key is None or not judged:
+        return None
+    bad = {n: f for n, f in judged.items() if f["distorted"]}
+    need = [float(f["tdf_needed"]) for f in bad.values() if f.get("tdf_needed") is not None]
+    rec = {"scale": fit.fitted_scale, "time_dilation": fit.fitted_time_dilation, "capacity_gbps": fit.capacity_gbps,
+           "runs": len(judged), "flagged": len(bad), "tdf_needed": max(need) if need else None,
+           "verdict": next(iter(bad.values()))["verdict"] if bad else "faithful",
+           "at": time.strftime("%Y-%m-%d %H:%M")}
+    try:
+        write_json_atomic(outcome_path(fit.outcome_key), rec, indent=1, fsync=False, mkdir=True)
+    except OSError as e:
+        log.warning("could not remember this run's fidelity verdict: %s", e)
+        return None
+    return rec
+
+
+def expectation(fit: Fit, last: dict | None) -> str | None:
+    """What the last run of the same scenario says of this one, when it ran at the same fitted scale and
+    dilation on the same capacity measurement (None otherwise: nothing to go by)."""
+    if last is None or (last["scale"], last["time_dilation"], last["capacity_gbps"]) != (
+            fit.fitted_scale, fit.fitted_time_dilation, fit.capacity_gbps):
+        return None
+    if not last["flagged"]:
+        return (f"the last emulated run of this scenario here ({last['at']}, the same numbers) was faithful in "
+                f"{last['runs']} of {last['runs']} runs")
+    tdf = fit.fitted_time_dilation
+    more = (f"; time dilation >= {last['tdf_needed']:g} would remove it (~{last['tdf_needed'] / tdf:.1f}x the "
+            f"emulated steps' wall time)" if last["tdf_needed"] and last["tdf_needed"] > tdf else "")
+    return (f"expect it NOT faithful: the last emulated run of this scenario here ({last['at']}, the same numbers) "
+            f"had {last['flagged']} of {last['runs']} runs flagged by the fidelity monitor{more}")
 
 
 def with_fit(scn, scale: float, time_dilation: float):

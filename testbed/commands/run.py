@@ -235,6 +235,7 @@ def _run(args) -> int:
         res, files = exp.run(policy, steps, out, progress=lambda msg, frac: (bar.set_postfix_str(msg), bar.update(
             round(frac * steps) - bar.n)))
         bar.update(steps - bar.n)
+    _remember(exp, {policy.name: res.get("fidelity")})
     print(f"{policy.name} on {exp.backend_name}: step makespans " + ", ".join(f"{x:.2f}" for x in res["step_makespan_s"])
           + f" s; {res['throughput_tokens_per_s']:.0f} tokens/s; {res['layout_switches']} layout switches, "
           f"{res['migrations']} migrations, {res['lost_requests']} lost")
@@ -279,10 +280,20 @@ def _compare(args) -> int:
 
         report, files = exp.compare(policies, steps, out, progress=progress, on_policy=next_policy)
         bar.update(bar.total - bar.n)
+    _remember(exp, {n: p.get("fidelity") for n, p in report["policies"].items()})
     print(format_table(report))
     print(f"report: {files['report']}  plot: {files['makespan_png']}  (per policy: {out}/<policy>/: run.json, "
           f"timeline.json, trace-<policy>.json for chrome://tracing or ui.perfetto.dev, timeline and load plots)")
     return 0
+
+
+def _remember(exp, fidelities: dict) -> None:
+    """An emulated run's fidelity verdicts, remembered for the next run of its scenario to say before it starts
+    (testbed/cluster/fit.py ``remember_outcome``)."""
+    if exp.fit is not None:
+        from testbed.cluster.fit import remember_outcome
+
+        remember_outcome(exp.fit, fidelities)
 
 
 def tokens_line(res: dict) -> str:

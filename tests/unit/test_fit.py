@@ -75,3 +75,43 @@ def test_time_dilation_flag_takes_auto_or_a_number():
     with pytest.raises(SpecError) as e:
         dataclasses.replace(load_scenario("scenarios/default.yaml").fabric, fit="sometimes")
     assert e.value.field == "fit"
+
+
+def _verdict(distorted: bool, tdf_needed: float = 0.25) -> dict:
+    return {"distorted": distorted, "tdf_needed": tdf_needed,
+            "verdict": "distorted: a phase's transfers ran at 40% ..." if distorted else "faithful: ..."}
+
+
+def test_the_next_run_of_a_scenario_says_before_it_starts_what_the_last_one_found(monkeypatch, tmp_path):
+    monkeypatch.setenv("ORCHESTRRL_CAPACITY_FILE", str(tmp_path / "cap.json"))
+    monkeypatch.setenv("ORCHESTRRL_CACHE_DIR", str(tmp_path / "cache"))
+    from emulation import capacity
+
+    capacity.save_capacity(6.0, 0.95, "test")
+    scn = load_scenario("scenarios/default-small.yaml")
+    auto = dataclasses.replace(scn, fabric=dataclasses.replace(scn.fabric, fit="auto"))
+    _, first = fit.fit_scenario(auto)
+    assert first.last_run is None and first.expectation is None and first.outcome_key  # nothing on record yet
+    # a comparison of three runs, two flagged (one naming TDF 0.6, one 0.5)
+    rec = fit.remember_outcome(first, {"a": _verdict(False), "b": _verdict(True, 0.6), "c": _verdict(True, 0.5),
+                                       "simulated": {}})
+    assert rec["runs"] == 3 and rec["flagged"] == 2 and rec["tdf_needed"] == 0.6
+    _, again = fit.fit_scenario(auto)
+    assert again.last_run == rec and "NOT faithful" in again.line() and "2 of 3 runs flagged" in again.line()
+    assert f"time dilation >= 0.6 would remove it (~{0.6 / again.fitted_time_dilation:.1f}x" in again.expectation
+    assert again.to_json()["last_run"] == rec
+    # the same scenario at other numbers (or on another capacity measurement): the record says nothing of it
+    other = dataclasses.replace(auto, fabric=dataclasses.replace(auto.fabric, time_dilation=2.0))
+    _, f2 = fit.fit_scenario(other)
+    assert f2.outcome_key != again.outcome_key and f2.expectation is None
+    capacity.save_capacity(3.0, 0.95, "test")
+    _, f3 = fit.fit_scenario(auto)
+    assert f3.last_run == rec and f3.expectation is None
+    # a faithful run is remembered as one
+    fit.remember_outcome(f3, {"a": _verdict(False)})
+    _, f4 = fit.fit_scenario(auto)
+    assert "was faithful in 1 of 1 runs" in f4.expectation
+    # a run the monitor did not judge (no fidelity) changes nothing; an unreadable record is ignored
+    assert fit.remember_outcome(f4, {"a": None}) is None
+    fit.outcome_path(f4.outcome_key).write_text("{not json")
+    assert fit.last_outcome(f4.outcome_key) is None
