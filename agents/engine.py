@@ -654,6 +654,12 @@ class ServerRequests:
         out.detached = tuple(got)
 
 
+
+def kv_blocks_needed(prompt: int, target: int, block_size: int) -> int:
+    """KV blocks one request of ``prompt`` + ``target`` tokens holds at its longest (whole blocks): a replica
+    whose cache has fewer refuses it (:meth:`Engine._check_fits`)."""
+    return -(-(int(prompt) + int(target)) // int(block_size))
+
 class Engine(ServerRequests):
     """One server's replicas. Not thread-safe: the caller serialises calls (the agent holds a lock)."""
 
@@ -721,7 +727,7 @@ class Engine(ServerRequests):
         return out
 
     def _check_fits(self, prompt: int, target: int, kv_blocks: int, layout: Layout) -> None:
-        need = -(-(prompt + target) // self.settings.block_size)
+        need = kv_blocks_needed(prompt, target, self.settings.block_size)
         if need > kv_blocks:
             raise SpecError("target", f"a request of {prompt} + {target} tokens needs {need} KV blocks; a replica of "
                                       f"{layout.name(self.gpus)} holds {kv_blocks}")

@@ -131,5 +131,6 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
             "ticks": ticks, "decision_ms_p50": pct(times, 50), "decision_ms_p99": pct(times, 99),
             "online_forecast_ms_p50": pct(online_ms, 50), "planner_ms_p50": pct(plan_ms, 50),
             "planner_ms_p99": pct(plan_ms, 99), "balancer_ms_p50": pct(bal_ms, 50), "balancer_ms_p99": pct(bal_ms, 99),
-            "gc_full_collections": len(full), "tick_priority": "SCHED_RR" if all(raised) else "fair", "metrics": bool(metrics), "sample_ms_p50": pct(sample_ms, 50),
+            "gc_full_collections": len(full), "tick_priority": "SCHED_RR" if all(raised) else "fair",
+            "metrics": bool(metrics), "sample_ms_p50": pct(sample_ms, 50),
             "sample_ms_p99": pct(sample_ms, 99), "scrapes": scraper.scrapes if metrics else None}

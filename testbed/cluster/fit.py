@@ -77,19 +77,23 @@ class Fit:
     fitted_time_dilation: float
     fits: bool  # the busiest phase inside the budget at the numbers the run uses (None budget: unknown)
     message: str
-    # what the last emulated run of this scenario found at the same fitted numbers and capacity (None: none on
-    # record), its summary for the first line, and the key the run's own verdict is remembered under
+    # what the last emulated run of this scenario found (None: none on record), and the key this run's own
+    # verdict is remembered under
     last_run: dict | None = None
-    expectation: str | None = None
     outcome_key: str | None = None
+
+    @property
+    def expectation(self) -> str | None:
+        """What the last run of this scenario says of this one (:func:`expectation`), for the first line."""
+        return expectation(self, self.last_run)
 
     @property
     def changed(self) -> bool:
         return (self.fitted_scale, self.fitted_time_dilation) != (self.scale, self.time_dilation)
 
     def to_json(self) -> dict:
-        return {**dataclasses.asdict(self), "changed": self.changed, "headroom": HEADROOM,
-                "min_message_bytes": MIN_MESSAGE_BYTES}
+        return {**dataclasses.asdict(self), "changed": self.changed, "expectation": self.expectation,
+                "headroom": HEADROOM, "min_message_bytes": MIN_MESSAGE_BYTES}
 
     def line(self) -> str:
         """One line for the top of a run's output."""
@@ -192,7 +196,7 @@ def fit_scenario(scn, mode: str | None = None, measure=None):
     fit = plan_fit(mode, f.scale, f.time_dilation, planned, smallest, measured)
     key = outcome_key(scn)
     last = last_outcome(key)
-    fit = dataclasses.replace(fit, last_run=last, expectation=expectation(fit, last), outcome_key=key)
+    fit = dataclasses.replace(fit, last_run=last, outcome_key=key)
     if fit.changed:
         scn = with_fit(scn, fit.fitted_scale, fit.fitted_time_dilation)
     return scn, fit

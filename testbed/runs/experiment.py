@@ -53,6 +53,7 @@ class Experiment:
         self.use_cache = use_cache
         self.grid_values = grid
         self._grid: list[GridPoint] | None = None
+        self._kv_memo: dict = {}  # (layout, max_num_seqs) -> KV blocks per replica (_kv_blocks)
         self._stack = contextlib.ExitStack()
         self.cluster = None
         self.fit = None  # testbed.cluster.fit.Fit: what an emulated run was fitted to (set by the CLI)
@@ -80,7 +81,14 @@ class Experiment:
         return self.policy(pt.name)
 
     def _kv_blocks(self, layout, max_num_seqs: int) -> int:
-        """KV blocks of one replica of ``layout`` at ``max_num_seqs`` (the engine's cache sizing)."""
+        """KV blocks of one replica of ``layout`` at ``max_num_seqs`` (the engine's cache sizing; remembered: the
+        grid asks it and :meth:`_fits` of every configuration)."""
+        key = (layout, max_num_seqs)
+        if key not in self._kv_memo:
+            self._kv_memo[key] = self._kv_blocks_of(layout, max_num_seqs)
+        return self._kv_memo[key]
+
+    def _kv_blocks_of(self, layout, max_num_seqs: int) -> int:
         from agents.engine import ModelledCost
 
         e = self.settings.engine
@@ -94,9 +102,11 @@ class Experiment:
         engine's own check, agents.engine): the activation workspace follows max_num_seqs, so a layout that
         holds one at 256 may not at 1024 (Qwen2.5-32B on TP1x8 of H800: 1,074 blocks at 256, 1,036 at 512 for
         the 1,040 a 256 + 16,384-token request needs)."""
+        from agents.engine import kv_blocks_needed
+
         w = self.scn.workload
-        return self._kv_blocks(layout, max_num_seqs) >= -(-(w.prompt_tokens + w.max_response_tokens)
-                                                          // self.settings.engine.block_size)
+        need = kv_blocks_needed(w.prompt_tokens, w.max_response_tokens, self.settings.engine.block_size)
+        return self._kv_blocks(layout, max_num_seqs) >= need
 
     def _simulate(self, layout, max_num_seqs: int):
         """One static configuration on the simulated backend (no files): the result, and what bound its engines

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agents.costmodel import CostModel
-from agents.engine import Engine, Layout, ModelledCost, NewRequest
+from agents.engine import Engine, Layout, ModelledCost, NewRequest, kv_blocks_needed
 from emulation.orchestration import EngineSettings
 from emulation.workload import LengthSchedule
 from testbed.orchestrator.estimate import Estimator, ServerLoad
@@ -198,7 +198,7 @@ class Oracle:
     def _fits(self, cfg: Config, lengths: np.ndarray) -> bool:
         kv = self._cost(cfg.max_num_seqs).kv_capacity_tokens(cfg.layout, self.settings.engine.gpu_memory_utilization)
         bs = self.settings.engine.block_size
-        return bool(len(lengths) == 0 or -(-(self.w.prompt_tokens + int(lengths.max())) // bs) * bs <= kv)
+        return bool(len(lengths) == 0 or kv_blocks_needed(self.w.prompt_tokens, int(lengths.max()), bs) * bs <= kv)
 
     # ---- the searches ----
     def static(self, lengths, placed, cfg: Config) -> float:
