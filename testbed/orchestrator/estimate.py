@@ -45,6 +45,7 @@ What the last four gave (with the balancer's and the forecast's share of issue 3
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from dataclasses import dataclass
@@ -59,7 +60,9 @@ from emulation.orchestration import EngineSettings
 class ServerLoad:
     """What a server holds, as the orchestrator sees it (targets unknown): per request its KV footprint now,
     its expected remaining tokens, whether it is running (has its KV) and the replica it is on; with a
-    forecast, also its generated tokens and a fixed key in (0, 1) (see :meth:`Estimator.replica_times`)."""
+    forecast, also its generated tokens and a fixed key in (0, 1) (see :meth:`Estimator.replica_times`);
+    ``rid``: the request ids, the order in which the engine re-deals running requests after a layout switch
+    (:func:`engine_deal`; None: the given order)."""
 
     ctx0: np.ndarray
     rem: np.ndarray
@@ -68,6 +71,7 @@ class ServerLoad:
     gen: np.ndarray | None = None
     key: np.ndarray | None = None
     shift: np.ndarray | None = None  # per request, the log-offset of its length its prompt group shows (None: 0)
+    rid: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -81,7 +85,7 @@ class ServerLoad:
     def _pick(self, keep) -> "ServerLoad":
         pick = (lambda a: None if a is None else a[keep])
         return ServerLoad(self.ctx0[keep], self.rem[keep], self.running[keep], self.replica[keep],
-                          pick(self.gen), pick(self.key), pick(self.shift))
+                          pick(self.gen), pick(self.key), pick(self.shift), pick(self.rid))
 
     def without(self, i: int) -> "ServerLoad":
         keep = np.ones(self.n, bool)
@@ -96,58 +100,73 @@ class ServerLoad:
             other.shift[i] if other.shift is not None else 0.0]
         return ServerLoad(np.r_[self.ctx0, other.ctx0[i]], np.r_[self.rem, other.rem[i]],
                           np.r_[self.running, other.running[i]], np.r_[self.replica, replica],
-                          cat(self.gen, other.gen), cat(self.key, other.key), shift)
+                          cat(self.gen, other.gen), cat(self.key, other.key), shift, cat(self.rid, other.rid))
 
 
-def engine_deal(load: ServerLoad, r: int, slots: int) -> np.ndarray:
-    """Replicas of a server's requests after a layout switch, as agents.engine.Engine does it: running
-    requests (in their given order) each onto the replica with the least KV held that has a slot left (of
-    ``slots``); the rest, and the waiting ones, onto the replica with the fewest requests. The engine cannot
-    see remaining lengths, so neither does this deal. Ties go to the lowest replica: a heap of (KV held,
-    replica) gives the same picks as an argmin over the replicas; once every replica is full they all hold
-    ``slots`` and the fewest-requests rule goes round them in order, and the waiting ones fill the replicas
-    with the fewest requests level by level (the lowest replica first at each level)."""
+def engine_deal(load: ServerLoad, r: int, slots: int, kv_blocks: float = math.inf,
+                block_size: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """(replica of every request, whether it runs) after a layout switch to ``r`` replicas, as
+    agents.engine's ``_deal_after_switch`` does it: the running requests, by request id (``load.rid``; without
+    ids, in the given order), each keep their KV on the replica holding the fewest KV blocks (of
+    ``block_size`` tokens; ``ceil((ctx + 1) / block_size)`` a request) that has a slot left (of ``slots``)
+    and room for it (of ``kv_blocks``); one that fits nowhere waits and will recompute, queued on the replica
+    with the fewest requests (running and queued), as the waiting ones are after them. The engine cannot see
+    remaining lengths, so neither does this deal. Ties go to the lowest replica. The replicas are alike, so
+    the one holding the fewest blocks among those with a slot has the most room: if a request does not fit
+    there it fits nowhere, and a heap of (blocks held, replica) gives the engine's picks. Where no replica
+    can fill up (fewer running requests than ``slots``, all of their blocks within one replica's cache), two
+    or four replicas are dealt by comparisons (~2.5x faster than the heap)."""
     rep = np.zeros(load.n, np.int64)
-    if r <= 1 or load.n == 0:
-        return rep
-    run = np.nonzero(load.running)[0]
-    ctx = load.ctx0[run].tolist()
-    room = [(0.0, j) for j in range(r)]  # replicas with a slot left, by (KV held, replica)
-    picks = []
-    push = heapq.heapreplace
-    if len(ctx) < slots and r in (2, 4) and np.isfinite(load.ctx0[run]).all():
-        # no replica can fill up, and two or four of them: the heap's picks by comparisons (~2.5x faster; NaN
-        # contexts, never seen, keep the heap's own order)
-        picks = _least_held_2(ctx) if r == 2 else _least_held_4(ctx)
-    elif len(ctx) < slots:  # no replica can fill up
-        for c in ctx:
+    running = np.asarray(load.running, bool).copy()
+    if load.n == 0:
+        return rep, running
+    run = np.nonzero(running)[0]
+    if load.rid is not None and len(run) > 1:
+        run = run[np.argsort(load.rid[run], kind="stable")]
+    need = np.ceil((np.asarray(load.ctx0, float)[run] + 1.0) / block_size)
+    fits_all = float(np.sum(need)) <= kv_blocks if len(run) else True
+    count = [0] * r
+    queued = [0] * r
+    if len(run) < slots and fits_all and r == 1:
+        count = [len(run)]
+    elif len(run) < slots and fits_all and r in (2, 4) and np.isfinite(need).all():
+        picks = _least_held_2(need.tolist()) if r == 2 else _least_held_4(need.tolist())
+        rep[run] = picks
+        count = np.bincount(rep[run], minlength=r).tolist()
+    elif len(run) < slots and fits_all:  # no replica can fill up
+        room = [(0.0, j) for j in range(r)]
+        picks = []
+        for c in need.tolist():
             kv, j = room[0]
-            push(room, (kv + c, j))
+            heapq.heapreplace(room, (kv + c, j))
             picks.append(j)
+        rep[run] = picks
+        count = np.bincount(rep[run], minlength=r).tolist()
     else:
-        count = [0] * r
-        for q, c in enumerate(ctx):
-            kv, j = room[0]
-            count[j] += 1
-            if count[j] < slots:
-                push(room, (kv + c, j))
-            else:
-                heapq.heappop(room)
-            picks.append(j)
-            if not room:  # every replica holds ``slots``: the rest go round them
-                picks.extend(np.arange(len(ctx) - q - 1) % r)
-                break
-    rep[run] = picks
-    wait = np.nonzero(~load.running)[0]
+        room = [(0.0, j) for j in range(r)]  # replicas with a slot left, by (blocks held, replica)
+        for i, c in zip(run.tolist(), need.tolist()):
+            if room and room[0][0] + c <= kv_blocks:
+                kv, j = room[0]
+                count[j] += 1
+                if count[j] < slots:
+                    heapq.heapreplace(room, (kv + c, j))
+                else:
+                    heapq.heappop(room)
+            else:  # no slot, or no room for its KV anywhere: it waits (its KV dropped)
+                j = min(range(r), key=lambda q: (count[q] + queued[q], q))
+                queued[j] += 1
+                running[i] = False
+            rep[i] = j
+    wait = np.nonzero(~np.asarray(load.running, bool))[0]
     if len(wait):
         # the waiting ones, one by one onto the replica with the fewest requests (the lowest of equals):
         # the len(wait) smallest (count level, replica) pairs above each replica's count, in that order
-        count = np.bincount(rep[run], minlength=r)
+        held = np.asarray(count) + np.asarray(queued)
         w = len(wait)
-        levels = count[:, None] + np.arange(w)[None, :]
+        levels = held[:, None] + np.arange(w)[None, :]
         keys = np.sort((levels * r + np.arange(r)[:, None]).ravel())[:w]
         rep[wait] = keys % r
-    return rep
+    return rep, running
 
 
 def _least_held_2(ctx: list) -> list:
@@ -592,9 +611,15 @@ class Estimator:
         return tab
 
     def kv_tokens(self, layout: Layout) -> float:
+        """KV-cache tokens one replica of ``layout`` holds (as the engine sizes it: agents.engine.ModelledCost)."""
         if layout not in self._kv:
-            self._kv[layout] = self.cm.kv_capacity_tokens(layout.tp, reserve=1.0 - self.settings.gpu_memory_utilization)
+            self._kv[layout] = self.cm.kv_capacity_tokens(layout.tp, reserve=1.0 - self.settings.gpu_memory_utilization,
+                                                          ep=layout.ep)
         return self._kv[layout]
+
+    def kv_blocks(self, layout: Layout) -> int:
+        """KV blocks one replica of ``layout`` holds, as agents.engine.Engine counts them."""
+        return int(self.kv_tokens(layout)) // self.settings.block_size
 
     def _grouped(self, layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None,
                  group: np.ndarray, n_groups: int) -> dict:
@@ -758,7 +783,15 @@ class Estimator:
 
     def placement(self, layout: Layout, load: ServerLoad, current: Layout | None = None) -> np.ndarray:
         """Replica of every request under ``layout``: where it is (current layout; an arrival, replica -1,
-        goes to the replica with the least remaining work) or where the engine would put it after a switch."""
+        goes to the replica with the least remaining work) or where the engine would put it after a switch
+        (:meth:`dealt`)."""
+        return self.dealt(layout, load, current)[0]
+
+    def dealt(self, layout: Layout, load: ServerLoad, current: Layout | None = None) -> tuple:
+        """(:meth:`placement`, the load as the server would hold it there): under the current layout the load
+        itself; after a switch, the running requests that find no slot or no room for their KV on the new
+        replicas wait and recompute (:func:`engine_deal`), so a candidate layout is predicted on what the
+        engine would run, not on more running requests than it has slots for."""
         r = layout.replicas(self.gpus)
         new = load.replica < 0
         if current is not None and layout == current and bool((load.replica[~new] < r).all()):
@@ -769,8 +802,12 @@ class Estimator:
                     j = int(np.argmin(tot))
                     rep[i] = j
                     tot[j] += load.rem[i]
-            return rep
-        return engine_deal(load, r, self.settings.max_num_seqs)
+            return rep, load
+        rep, running = engine_deal(load, r, self.settings.max_num_seqs, self.kv_blocks(layout),
+                                   self.settings.block_size)
+        if not np.array_equal(running, load.running):
+            load = dataclasses.replace(load, running=running)  # the other arrays shared (stratified once)
+        return rep, load
 
     def replica_times(self, layout: Layout, load: ServerLoad, current: Layout | None = None,
                       rep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -787,7 +824,7 @@ class Estimator:
         done = [self._recall(lay, load, cur) for lay, load, cur in items]
         todo = [k for k, (d, _) in enumerate(done) if d is None]
         if todo:
-            blocks = [(items[k][0], items[k][1], self.placement(*items[k])) for k in todo]
+            blocks = [(items[k][0],) + self.dealt(*items[k])[::-1] for k in todo]
             for k, d in zip(todo, self._blocks(blocks, joint=False)):
                 self._remember(done[k][1], d)
                 done[k] = (d, None)
@@ -849,11 +886,12 @@ class Estimator:
         """:meth:`stratified` of every load of ``loads``, concatenated: a load that stands in several blocks (one
         server under every candidate layout) is stratified once, all in one call of the forecast (which is
         elementwise: the same numbers as load by load)."""
-        first: dict[int, int] = {}  # id(load) -> its index among the distinct loads
+        first: dict[tuple, int] = {}  # the arrays it reads -> the load's index among the distinct loads
         distinct: list = []
+        ident = (lambda ld: (id(ld.gen), id(ld.key), id(ld.shift)))  # noqa: E731 - a load re-dealt shares them
         for ld in loads:
-            if id(ld) not in first:
-                first[id(ld)] = len(distinct)
+            if ident(ld) not in first:
+                first[ident(ld)] = len(distinct)
                 distinct.append(ld)
         block = np.concatenate([np.full(ld.n, k, np.int64) for k, ld in enumerate(distinct)])
         shifts = None if all(ld.shift is None for ld in distinct) else np.concatenate(
@@ -861,7 +899,7 @@ class Estimator:
         flat = self._stratified(np.concatenate([ld.gen for ld in distinct]),
                                 np.concatenate([ld.key for ld in distinct]), block, len(distinct), shifts)
         ends = np.cumsum([0] + [ld.n for ld in distinct])
-        return np.concatenate([flat[ends[first[id(ld)]]:ends[first[id(ld)] + 1]] for ld in loads])
+        return np.concatenate([flat[ends[first[ident(ld)]]:ends[first[ident(ld)] + 1]] for ld in loads])
 
     def _blocks(self, blocks: list, joint: bool, store: tuple = ()) -> list:
         """Every (layout, load, rep) of ``blocks`` in one grouped pass: a :class:`_Done` per block (the remaining
@@ -914,7 +952,8 @@ class Estimator:
     @staticmethod
     def _fingerprint(load: ServerLoad) -> tuple:
         return tuple(None if a is None else (a.dtype.str, a.shape, a.tobytes())
-                     for a in (load.ctx0, load.rem, load.running, load.replica, load.gen, load.key, load.shift))
+                     for a in (load.ctx0, load.rem, load.running, load.replica, load.gen, load.key, load.shift,
+                               load.rid))
 
     def _recall(self, layout: Layout, load: ServerLoad, current: Layout | None) -> tuple:
         """(the remembered :class:`_Done` of ``load`` under ``layout``, or None; its memo key). Results are
@@ -951,7 +990,7 @@ class Estimator:
         cells = [(lay, s) for lay in layouts for s in keys if (lay, s) not in skip]
         store = tuple((k, self._recall(lay, loads[s], currents[s])[1]) for k, (lay, s) in enumerate(cells)
                       if lay == currents[s])
-        done = self._blocks([(lay, loads[s], self.placement(lay, loads[s], currents[s])) for lay, s in cells],
+        done = self._blocks([(lay,) + self.dealt(lay, loads[s], currents[s])[::-1] for lay, s in cells],
                             joint=True, store=store)
         for (lay, s), d in zip(cells, done):
             out[lay][s] = float(d.times.max())
@@ -983,8 +1022,8 @@ class Estimator:
         done = [self._recall(items[k][0], items[k][1], items[k][0]) for k in todo]
         miss = [q for q, (d, _) in enumerate(done) if d is None]
         if miss:
-            blocks = [(items[todo[q]][0], items[todo[q]][1], self.placement(items[todo[q]][0], items[todo[q]][1],
-                                                                            items[todo[q]][0])) for q in miss]
+            blocks = [(items[todo[q]][0],) + self.dealt(items[todo[q]][0], items[todo[q]][1], items[todo[q]][0])[::-1]
+                      for q in miss]
             for q, d in zip(miss, self._blocks(blocks, joint=False)):
                 self._remember(done[q][1], d)
                 done[q] = (d, None)
@@ -1010,7 +1049,8 @@ class Estimator:
             new_rem = left[cut[q]:cut[q + 1]] if cond else np.maximum(load.rem - gained, 1.0)[keep]
             out[k] = ServerLoad(ctx0=(load.ctx0 + gained)[keep], rem=new_rem,
                                 running=(load.running | (gained > 0))[keep], replica=d.rep[keep], gen=gens[q],
-                                key=load.key[keep], shift=None if load.shift is None else load.shift[keep])
+                                key=load.key[keep], shift=None if load.shift is None else load.shift[keep],
+                                rid=None if load.rid is None else load.rid[keep])
         return out
 
     def _progress_of(self, done: list, dt: float) -> np.ndarray:

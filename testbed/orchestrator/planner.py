@@ -276,5 +276,5 @@ def loads_from_snapshots(snaps: dict, forecast, shifts: dict | None = None) -> d
             snap, lo, hi = snaps[s], ends[q], ends[q + 1]
             out[s] = ServerLoad(ctx0=(snap["prompt"] + snap["generated"]).astype(np.float64), rem=rem[lo:hi],
                                 running=snap["running"].astype(bool), replica=snap["replica"].astype(np.int64),
-                                gen=gens[q], key=key[lo:hi], shift=shifts.get(s))
+                                gen=gens[q], key=key[lo:hi], shift=shifts.get(s), rid=snap["rid"].astype(np.int64))
     return {s: out[s] for s in snaps}

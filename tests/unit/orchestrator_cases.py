@@ -5,7 +5,9 @@ replicas and exact lengths) and everything the planner, the balancer and the est
 ``PYTHONPATH=.:tests/unit python tests/unit/orchestrator_cases.py OUT.json`` writes the results; the pinned
 file (tests/unit/data/orchestrator_pinned.json) was written by the implementation of commit d7f5f6f, before
 the decision path was optimised, so the test checks that the faster code decides exactly as the old one did;
-it was re-written once, deliberately, when the stratified quantiles moved from per replica to per server.
+it was re-written once, deliberately, when the stratified quantiles moved from per replica to per server,
+and again (2026-12-06) when a candidate layout's deal became the engine's own (by request id, on KV blocks,
+the running requests that find no slot or KV room waiting to recompute).
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@
 test_orchestrator_pinned.py checks the decisions themselves."""
 import dataclasses
 import heapq
+import math
 
 import numpy as np
 import pytest
@@ -202,10 +203,11 @@ def test_lexsort_by_group_is_numpys_lexsort(dup):
 
 
 def _deal_heap(ctx, r):
+    """The engine's deal where no replica fills up: each onto the replica holding the fewest KV blocks."""
     room, picks = [(0.0, j) for j in range(r)], []
     for c in ctx:
         kv, j = room[0]
-        heapq.heapreplace(room, (kv + c, j))
+        heapq.heapreplace(room, (kv + math.ceil((c + 1) / 16) if math.isfinite(c) else math.inf, j))
         picks.append(j)
     return picks
 
@@ -216,7 +218,8 @@ def test_a_deal_onto_two_or_four_replicas_picks_as_the_heap_does(r):
     for ctx in (rng.integers(0, 5, 300).astype(float), rng.integers(256, 4000, 257).astype(float),
                 np.r_[np.zeros(5), 1.0, np.inf, 3.0, np.inf, 2.0, np.inf, 0.0, np.inf], np.zeros(0)):
         ld = ServerLoad(ctx, np.ones(len(ctx)), np.ones(len(ctx), bool), np.zeros(len(ctx), np.int64))
-        assert engine_deal(ld, r, 1024).tolist() == _deal_heap(ctx.tolist(), r)
+        rep, running = engine_deal(ld, r, 1024)
+        assert rep.tolist() == _deal_heap(ctx.tolist(), r) and running.all()
 
 
 def _layout_switch_plain(cm, from_tp, to_tp, kv_tokens, from_ep=1, to_ep=1, gpus=8, fixed_s=None):

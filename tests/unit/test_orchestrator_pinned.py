@@ -141,21 +141,32 @@ from emulation.orchestration import EngineSettings
 from testbed.orchestrator.estimate import DecodeTable, Estimator, ServerLoad, engine_deal  # noqa: E402
 
 
-def _deal_by_argmin(load, r, slots):
-    """The engine's deal as agents.engine.Engine states it: an argmin over the replicas per request."""
-    rep = np.empty(load.n, np.int64)
-    kv, count = np.zeros(r), np.zeros(r, np.int64)
-    for i in np.nonzero(load.running)[0]:
-        room = count < slots
-        j = int(np.argmin(np.where(room, kv, np.inf))) if room.any() else int(np.argmin(count))
+def _deal_by_argmin(load, r, slots, kv_blocks=math.inf, block_size=16):
+    """The engine's deal after a layout switch as agents.engine._deal_after_switch states it: per running
+    request (by id) an argmin over the replicas with a slot and room for its KV blocks; what fits nowhere
+    waits on the replica with the fewest requests, as the waiting ones do after them."""
+    rep, running = np.empty(load.n, np.int64), load.running.copy()
+    used, count, queued = np.zeros(r), np.zeros(r, np.int64), np.zeros(r, np.int64)
+    run = np.nonzero(load.running)[0]
+    if load.rid is not None:
+        run = run[np.argsort(load.rid[run], kind="stable")]
+    for i in run:
+        need = math.ceil((load.ctx0[i] + 1) / block_size)
+        room = (count < slots) & (used + need <= kv_blocks)
+        if room.any():
+            j = int(np.argmin(np.where(room, used, np.inf)))
+            used[j] += need
+            count[j] += 1
+        else:
+            j = int(np.argmin(count + queued))
+            queued[j] += 1
+            running[i] = False
         rep[i] = j
-        kv[j] += load.ctx0[i]
-        count[j] += 1
     for i in np.nonzero(~load.running)[0]:
-        j = int(np.argmin(count))
+        j = int(np.argmin(count + queued))
         rep[i] = j
-        count[j] += 1
-    return rep
+        queued[j] += 1
+    return rep, running
 
 
 def test_engine_deal_picks_as_an_argmin_per_request_does():
@@ -163,8 +174,55 @@ def test_engine_deal_picks_as_an_argmin_per_request_does():
     for t in range(400):
         n, r, slots = int(rng.integers(0, 300)), int(rng.choice([1, 2, 4, 8])), int(rng.integers(1, 80))
         ctx = rng.choice([256.0, 300.0, 512.0], n) if t % 2 else rng.integers(256, 3000, n).astype(float)
-        ld = ServerLoad(ctx, np.ones(n), rng.random(n) < rng.random(), -np.ones(n, np.int64))
-        assert (engine_deal(ld, r, slots) == _deal_by_argmin(ld, r, slots)).all()
+        rid = rng.permutation(n) if t % 3 else None
+        kv = [math.inf, float(rng.integers(20, 3000))][t % 4 == 0]  # a cache that binds, every fourth
+        ld = ServerLoad(ctx, np.ones(n), rng.random(n) < rng.random(), -np.ones(n, np.int64), rid=rid)
+        got, want = engine_deal(ld, r, slots, kv), _deal_by_argmin(ld, r, slots, kv)
+        assert (got[0] == want[0]).all() and (got[1] == want[1]).all()
+
+
+def test_engine_deal_is_the_engines_deal_after_a_switch(monkeypatch):
+    """On the engine's own states (a server part-way through a step, switched to each other layout): the
+    estimator's deal puts every request on the replica the engine puts it on, running or waiting as there."""
+    import agents.engine as eng
+    from agents.engine import Engine, ModelledCost, NewRequest
+
+    seen = []
+    real = eng._deal_after_switch
+
+    def spy(running, waiting, reps, max_num_seqs):
+        before = ([(q.rid, q.prompt + q.generated, True) for q in running]
+                  + [(q.rid, q.prompt + q.generated, False) for q in waiting])
+        real(running, waiting, reps, max_num_seqs)
+        after = {}
+        for rp in reps:
+            for k in range(rp.n):
+                after[int(rp.rid[k])] = (rp.index, True)
+            for q in rp.waiting:
+                after[q.rid] = (rp.index, False)
+        seen.append((before, after, reps[0].kv_blocks))
+
+    monkeypatch.setattr(eng, "_deal_after_switch", spy)
+    st = EngineSettings(max_num_seqs=48, profile="vllm-v0")
+    cm = CostModel.for_engine("Qwen2.5-14B", "H800", st)
+    est = Estimator(cm, 8, st)
+    rng = np.random.default_rng(2)
+    n = 600
+    target = rng.integers(200, 6000, n)
+    for frm, to in ((Layout(1), Layout(2)), (Layout(2), Layout(1)), (Layout(1), Layout(4)), (Layout(4), Layout(8))):
+        e = Engine(ModelledCost(cm, 8), 8, frm, st)
+        e.add([NewRequest(i, int(rng.integers(100, 900)), int(target[i])) for i in range(n)], 0.0, chunked=True)
+        e.run_until(12.0)
+        sw = e.set_layout(to, 12.0)
+        e.run_until(sw.start + 1e-9)
+        before, after, kvb = seen[-1]
+        assert kvb == est.kv_blocks(to)
+        rid = np.array([b[0] for b in before])
+        ld = ServerLoad(np.array([b[1] for b in before], float), np.ones(len(before)),
+                        np.array([b[2] for b in before]), np.zeros(len(before), np.int64), rid=rid)
+        rep, running = engine_deal(ld, to.replicas(8), st.max_num_seqs, est.kv_blocks(to), st.block_size)
+        assert [after[x] for x in rid.tolist()] == list(zip(rep.tolist(), running.tolist()))
+        assert (~running[ld.running]).any() or to.replicas(8) >= frm.replicas(8)  # some find no slot on fewer replicas
 
 
 @pytest.mark.parametrize("model", ["Qwen2.5-7B", "Qwen2.5-32B", "Qwen3-30B-A3B"])
