@@ -153,6 +153,10 @@ class PlannerSettings:
       (was 0.10): with the plans of one later switch, short-7b's start plan (TP1x8, then TP8x1) is predicted
       5.5% faster than the tuned TP8x1@512 and the switch oracle measures 5.4-6.3%; docs/orchestrator.md
       "Measured" has the sweep.
+    confirm_draws: a switch the tick's estimate finds worth it is judged again on this many draws of which
+      requests are the long ones (the stratified levels dealt by other hashes of the request ids) and made
+      only if its mean gain exceeds the margin (1: this tick's draw alone). 4 since 2026-12-06: on one draw
+      the planner flapped under vllm-v0 (24 switches in a step of 4 servers); docs/orchestrator.md.
     initial_switch_points: at a step's start each layout is judged by its best plan of at most one later
       switch, the switch tried after 1/(n+1), ..., n/(n+1) of the step's predicted time (the throughput
       layout for the bulk, a latency layout for the tail: the switch oracle's plan, on the forecast); 0:
@@ -171,8 +175,11 @@ class PlannerSettings:
     # the decision path is the estimator's passes (0 ticks: every candidate every tick)
     prune_ratio: float = 1.25
     prune_ticks: int = 5
+    confirm_draws: int = 4
 
     def __post_init__(self) -> None:
+        require(isinstance(self.confirm_draws, int) and 1 <= self.confirm_draws <= 16, "confirm_draws",
+                f"must be in 1..16, got {self.confirm_draws!r}")
         for n in ("min_gain_s", "gain_margin", "cooldown_s"):
             v = getattr(self, n)
             require(math.isfinite(v) and v >= 0, n, f"must be a finite number >= 0, got {v}")

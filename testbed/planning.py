@@ -49,7 +49,7 @@ class PlanningTick:
         self.timeline, self.recovery = timeline, recovery
         self.w = w
         self.gpus = est.gpus
-        self.ctx = policy_context(scenario, backend, settings, est)
+        self.ctx = policy_context(scenario, backend, settings, est, balanced=policy.balancer is not None)
         self.planner = policy.planner.create(self.ctx) if policy.planner else None
         self.balancer = policy.balancer.create(self.ctx) if policy.balancer else None
         dispatch = policy.dispatch or scenario_dispatch(settings)
@@ -277,7 +277,9 @@ class PlanningTick:
             self.timeline.event(b.now(), "layout_switch", server=s, step=req.step, frm=d.current.name(self.gpus),
                                 to=d.best.name(self.gpus),
                                 gain_s=round(d.gain_s, 3), cost_s=round(d.switch_cost_s, 3), start=sw.start,
-                                end=sw.end, predicted=d.predicted_s, reason=d.reason, tick=round(now, 6))
+                                end=sw.end, predicted=d.predicted_s, reason=d.reason, tick=round(now, 6),
+                                **({} if getattr(d, "judged_gain_s", None) is None
+                                   else {"judged_gain_s": round(d.judged_gain_s, 3)}))
         return n
 
     def _migrate(self, now: float, req: StepRequests, moves: list) -> list:
@@ -392,10 +394,11 @@ def backend_cost(cm, gpus: int, engine):
     return ModelledCost(cm, gpus, engine.switch_reinit_s)
 
 
-def policy_context(scenario, backend: Backend, settings: OrchestratorSettings, est: Estimator) -> PolicyContext:
+def policy_context(scenario, backend: Backend, settings: OrchestratorSettings, est: Estimator,
+                   balanced: bool = False) -> PolicyContext:
     """What a run's plug-ins see (interfaces.PolicyContext): never the true lengths."""
     w, cm = scenario.workload, est.cm
     feasible = feasible_layouts(cm, est.gpus, settings.engine, w.prompt_tokens, w.max_response_tokens)
     return PolicyContext(est, backend_cost(cm, est.gpus, settings.engine), cm, est.gpus, tuple(feasible),
                          cm.model.is_moe, settings, tuple(backend.gen_servers), w.prompt_tokens,
-                         w.max_response_tokens, backend.now, np.random.default_rng([scenario.seed, 3]))
+                         w.max_response_tokens, backend.now, np.random.default_rng([scenario.seed, 3]), balanced)

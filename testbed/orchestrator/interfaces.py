@@ -36,7 +36,9 @@ class PolicyContext:
     ``gpus`` per server, ``layouts`` (those a server may take: they hold the model and a longest response),
     ``moe``, ``settings`` (the scenario's orchestrator settings, with this policy's engine settings),
     ``servers`` (the generator servers), ``prompt_tokens`` and ``max_response_tokens`` (the workload's
-    prompt length and cap), ``clock()`` (backend seconds) and ``rng`` (seeded from the scenario)."""
+    prompt length and cap), ``clock()`` (backend seconds), ``rng`` (seeded from the scenario) and ``balanced``
+    (whether the policy runs a balancer beside its planner: the built-in planner then leaves to it the gain
+    a better placement of the current layout would bring)."""
 
     estimator: Any
     cost: Any
@@ -50,6 +52,7 @@ class PolicyContext:
     max_response_tokens: int
     clock: Callable[[], float]
     rng: np.random.Generator = field(repr=False, default_factory=lambda: np.random.default_rng(0))
+    balanced: bool = False  # a balancer runs beside the planner in this policy (on the same servers)
 
     def seats(self, layout) -> int:
         """Requests a server in ``layout`` runs at once at most (``max_num_seqs`` per replica)."""

@@ -15,6 +15,8 @@ as an option to add (docs/orchestrator.md), not implemented.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass, field
 
@@ -28,9 +30,10 @@ from .estimate import Estimator, ServerLoad
 from .interfaces import LayoutPlanner, PolicyContext
 
 
-def request_levels(rids: np.ndarray) -> np.ndarray:
-    """A fixed level in (0, 1) per request id (splitmix64 hash): the stratified sample's quantile level."""
-    x = np.asarray(rids, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+def request_levels(rids: np.ndarray, draw: int = 0) -> np.ndarray:
+    """A fixed level in (0, 1) per request id (splitmix64 hash): the stratified sample's quantile level.
+    ``draw`` > 0: another, independent assignment of the levels to the requests (the hash of another seed)."""
+    x = np.asarray(rids, dtype=np.uint64) + np.uint64((0x9E3779B97F4A7C15 * (1 + 2 * draw)) % (1 << 64))
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     x = x ^ (x >> np.uint64(31))
@@ -69,6 +72,9 @@ class Decision:
     switch_cost_s: float
     reason: str
     near_switch: bool = False  # a switch in progress, cooling down, or worth making but held by the lookahead
+    # the gain a tempting switch was judged on again (Planner._judge_again: over several draws of the long
+    # requests, against the current layout re-placed); None: not judged again. ``gain_s`` stays the tick's own.
+    judged_gain_s: float | None = None
 
     @classmethod
     def stay(cls, view: ServerView, reason: str) -> "Decision":
@@ -90,11 +96,12 @@ class Planner(LayoutPlanner):
     settings: PlannerSettings = field(default_factory=PlannerSettings)
     moe: bool = False
     allowed: tuple = ()  # layouts that hold the model and a longest request (settings.feasible_layouts); () = all
+    beside_balancer: bool = False  # a balancer runs on the same servers (PolicyContext.balanced): see _judge_again
 
     @classmethod
     def create(cls, ctx: PolicyContext, params=None) -> "Planner":
         """The built-in planner of a run: its settings are the scenario's ``orchestrator.planner``."""
-        return cls(ctx.estimator, ctx.cost, ctx.settings.planner, ctx.moe, tuple(ctx.layouts))
+        return cls(ctx.estimator, ctx.cost, ctx.settings.planner, ctx.moe, tuple(ctx.layouts), ctx.balanced)
 
     def __post_init__(self) -> None:
         self._ticks = 0
@@ -160,10 +167,13 @@ class Planner(LayoutPlanner):
                 reason, switch = f"gain {gain:.2f} s does not exceed {need:.2f} s", False
             else:
                 reason, switch = f"gain {gain:.2f} s beyond the switch cost {best_cost:.2f} s", True
-                if self.settings.lookahead and interval:
-                    tempted[s] = best_t
             near = switch or v.busy_until > now or now - v.last_switch_end < self.settings.cooldown_s
             out[s] = Decision(s, cur, best, pred, switch, gain, best_cost, reason, near)
+        switching = [s for s, d in out.items() if d.switch]
+        if switching and (self.beside_balancer or self.settings.confirm_draws > 1):
+            self._judge_again(views, out, times, switching, now)
+        if self.settings.lookahead and interval:
+            tempted = {s: times[s][out[s].best][0] for s in switching if out[s].switch}
         if tempted:  # would it pay to wait one interval and switch then (to the then-best layout)?
             # loads that all carry what stratifying needs are estimated on the forecast's quantiles, never on
             # their rem, so it is not asked of the forecast for them (Estimator.advance_many's mean)
@@ -178,8 +188,57 @@ class Planner(LayoutPlanner):
                     d = out[s]
                     out[s] = Decision(s, d.current, d.best, d.predicted_s, False, d.gain_s, d.switch_cost_s,
                                       f"gain {d.gain_s:.2f} s now, but {interval:g} s later {l2.name(gpus)} is predicted "
-                                      f"to finish {best_t - interval - t2[s][l2][0]:.2f} s sooner: waiting", True)
+                                      f"to finish {best_t - interval - t2[s][l2][0]:.2f} s sooner: waiting", True,
+                                      d.judged_gain_s)
         return out
+
+    def _judge_again(self, views: dict, out: dict, times: dict, servers: list, now: float) -> None:
+        """The switches the tick's estimate finds worth it (``servers``), judged again before they are made;
+        a switch stays only if its gain, as below and averaged over the draws, still exceeds the margin:
+
+        * over ``confirm_draws`` draws of which requests are the long ones: the stratified levels dealt by
+          other hashes of the request ids (:func:`request_levels`). One draw makes some requests the long
+          ones, and the current placement and a candidate's deal co-locate them differently: a gain that is
+          one draw's luck does not hold over several (a planner that switched on it flapped: 24 switches in
+          a step of 4 servers under vllm-v0, each predicted to gain 16-56 s; docs/orchestrator.md);
+        * beside a balancer (``beside_balancer``), against the better of the current placement and the
+          current layout with its requests re-dealt as the engine deals them after a switch: the balancer
+          reaches a better placement without a switch, so only the rest of the gain is the layout's (a
+          switching server is out of the balancer's reach while it switches)."""
+        est = self.estimator
+        draws = self.settings.confirm_draws
+        for s in servers:
+            v, d = views[s], out[s]
+            cur, best = v.layout, d.best
+            busy = max(0.0, v.busy_until - now)
+            cost = times[s][best][1]
+            lds = [v.load]
+            if draws > 1 and v.load.rid is not None and v.load.key is not None:
+                lds += [dataclasses.replace(v.load, key=request_levels(v.load.rid, k)) for k in range(1, draws)]
+            loads, currents = {}, {}
+            for k, ld in enumerate(lds):
+                loads[(k, 0)], currents[(k, 0)] = ld, cur  # as it is placed
+                if self.beside_balancer:
+                    loads[(k, 1)], currents[(k, 1)] = ld, None  # re-dealt as after a switch
+            t = est.servers_s_many([cur, best], loads, currents)
+            gains = []
+            for k in range(len(lds)):
+                base = t[cur][(k, 0)]
+                if self.beside_balancer:
+                    base = min(base, t[cur][(k, 1)])
+                gains.append(base - (t[best][(k, 0)] + cost))
+            gain = float(np.mean(gains))
+            need = max(self.settings.min_gain_s, self.settings.gain_margin * times[s][cur][0])
+            what = (f"{gain:.2f} s over {len(gains)} draws of the lengths" if len(gains) > 1 else f"{gain:.2f} s")
+            what += " against the current layout re-placed" if self.beside_balancer else ""
+            if gain <= need:
+                out[s] = Decision(s, cur, best, d.predicted_s, False, d.gain_s, d.switch_cost_s,
+                                  f"gain {d.gain_s:.2f} s on this tick's estimate, {what}: does not exceed "
+                                  f"{need:.2f} s", True, gain)
+            else:
+                out[s] = Decision(s, cur, best, d.predicted_s, True, d.gain_s, d.switch_cost_s,
+                                  f"gain {d.gain_s:.2f} s on this tick's estimate, {what}, beyond the switch cost "
+                                  f"{d.switch_cost_s:.2f} s", True, gain)
 
     def evaluate(self, view: ServerView, now: float, interval: float | None = None) -> Decision:
         """Whether ``view``'s server should switch now, and to which layout: the candidate with the smallest

@@ -7,7 +7,8 @@ file (tests/unit/data/orchestrator_pinned.json) was written by the implementatio
 the decision path was optimised, so the test checks that the faster code decides exactly as the old one did;
 it was re-written once, deliberately, when the stratified quantiles moved from per replica to per server,
 and again (2026-12-06) when a candidate layout's deal became the engine's own (by request id, on KV blocks,
-the running requests that find no slot or KV room waiting to recompute).
+the running requests that find no slot or KV room waiting to recompute) and a tempting switch is judged
+again over 4 draws of the long requests (12 of the file's switch decisions moved).
 """
 from __future__ import annotations
 

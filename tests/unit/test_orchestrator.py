@@ -248,3 +248,54 @@ def test_driver_on_the_simulated_backend_completes_every_response_once(mode, tmp
     assert set(files) >= {"run", "timeline", "trace", "timeline_png"}
     if mode == "async":
         assert res["idle_s"] is not None and res["step_mode"] == "async"
+
+
+def test_planner_beside_a_balancer_leaves_a_placement_gain_to_it():
+    """Beside a balancer (orchestrrl) a switch is judged against the current layout re-dealt as the engine
+    deals it: a server whose requests sit badly on its replicas is the balancer's to fix, and a switch that
+    gains only that placement is not made; the planner alone makes it (no one else can)."""
+    n = 96
+    v = ServerView(4, Layout(2), load(np.full(n, 500), np.full(n, 2000), np.zeros(n, int)))  # all on replica 0
+    alone = planner(confirm_draws=1).evaluate(v, now=10.0)
+    assert alone.switch and alone.gain_s > 0.3 * alone.predicted_s["TP2x4"]
+    p = Planner(Estimator(CM, 8, SETTINGS), ModelledCost(CM, 8), PlannerSettings(lookahead=False, confirm_draws=1),
+                beside_balancer=True)
+    d = p.evaluate(v, now=10.0)
+    redealt = p.estimator.server_s(Layout(2), v.load)  # no current layout: dealt as after a switch
+    assert redealt < alone.predicted_s["TP2x4"] / 2
+    want = min(alone.predicted_s["TP2x4"], redealt) - alone.predicted_s[alone.best.name(8)]
+    assert d.judged_gain_s == pytest.approx(want, rel=1e-9) and d.gain_s == alone.gain_s
+    assert not d.switch and "re-placed" in d.reason
+
+
+def test_planner_judges_a_switch_over_several_draws_of_the_long_requests():
+    """confirm_draws: a tempting switch's gain is averaged over other stratified draws (the levels dealt by
+    other hashes of the request ids), each computed as the tick's own is."""
+    import dataclasses
+    import math
+
+    from testbed.orchestrator.forecast import LengthForecast
+    from testbed.orchestrator.planner import request_levels
+
+    rid = np.arange(1000, 1008)
+    ld = ServerLoad(np.full(8, 1256.0), np.full(8, 3000.0), np.ones(8, bool), np.arange(8), gen=np.full(8, 1000.0),
+                    key=request_levels(rid), rid=rid)
+    assert not np.array_equal(request_levels(rid, 1), request_levels(rid))
+    assert ((request_levels(np.arange(5000), 2) > 0) & (request_levels(np.arange(5000), 2) < 1)).all()
+    fc = LengthForecast(step=0, mu=math.log(3000), sigma=0.9, cap=16384, mu_se=0.05, method="test")
+    v = ServerView(4, Layout(1), ld)
+    one = planner(confirm_draws=1)
+    one.estimator.use_forecast(fc)
+    d1 = one.evaluate(v, now=10.0)
+    assert d1.switch and d1.best == Layout(8)
+    three = planner(confirm_draws=3)
+    three.estimator.use_forecast(fc)
+    d3 = three.evaluate(v, now=10.0)
+    est = three.estimator
+    cost = d1.predicted_s["TP8x1"] - est.server_s(Layout(8), ld, Layout(1))
+    gains = []
+    for k in range(3):
+        lk = dataclasses.replace(ld, key=request_levels(rid, k))
+        gains.append(est.server_s(Layout(1), lk, Layout(1)) - est.server_s(Layout(8), lk, Layout(1)) - cost)
+    assert d3.judged_gain_s == pytest.approx(float(np.mean(gains)), rel=1e-9) and d3.gain_s == d1.gain_s
+    assert d3.switch == (d3.judged_gain_s > max(0.5, 0.05 * d1.predicted_s["TP1x8"])) and "3 draws" in d3.reason
