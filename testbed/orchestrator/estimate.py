@@ -114,8 +114,9 @@ def engine_deal(load: ServerLoad, r: int, slots: int, kv_blocks: float = math.in
     remaining lengths, so neither does this deal. Ties go to the lowest replica. The replicas are alike, so
     the one holding the fewest blocks among those with a slot has the most room: if a request does not fit
     there it fits nowhere, and a heap of (blocks held, replica) gives the engine's picks. Where no replica
-    can fill up (fewer running requests than ``slots``, all of their blocks within one replica's cache), two
-    or four replicas are dealt by comparisons (~2.5x faster than the heap)."""
+    can fill up (fewer running requests than ``slots``) the deal is made without the cache first (two or four
+    replicas by comparisons, ~2.5x faster than the heap) and kept if no replica ends above its cache (then
+    none was above it when it took a request, so none was turned away); otherwise it is made again with it."""
     rep = np.zeros(load.n, np.int64)
     running = np.asarray(load.running, bool).copy()
     if load.n == 0:
@@ -124,24 +125,29 @@ def engine_deal(load: ServerLoad, r: int, slots: int, kv_blocks: float = math.in
     if load.rid is not None and len(run) > 1:
         run = run[np.argsort(load.rid[run], kind="stable")]
     need = np.ceil((np.asarray(load.ctx0, float)[run] + 1.0) / block_size)
-    fits_all = float(np.sum(need)) <= kv_blocks if len(run) else True
     count = [0] * r
     queued = [0] * r
-    if len(run) < slots and fits_all and r == 1:
-        count = [len(run)]
-    elif len(run) < slots and fits_all and r in (2, 4) and np.isfinite(need).all():
-        picks = _least_held_2(need.tolist()) if r == 2 else _least_held_4(need.tolist())
+    picks = None
+    if len(run) < slots:  # no replica can fill up: each onto the replica holding the fewest blocks
+        if r == 1:
+            picks = np.zeros(len(run), np.int64)
+        elif r in (2, 4) and np.isfinite(need).all():
+            picks = np.asarray(_least_held_2(need.tolist()) if r == 2 else _least_held_4(need.tolist()), np.int64)
+        else:
+            room = [(0.0, j) for j in range(r)]
+            out = []
+            for c in need.tolist():
+                kv, j = room[0]
+                heapq.heapreplace(room, (kv + c, j))
+                out.append(j)
+            picks = np.asarray(out, np.int64)
+        # every pick went to the replica holding the fewest blocks, so if no replica ends above the cache none
+        # was over it when it took a request: no request was turned away, and these are the engine's picks
+        if len(run) and not float(np.bincount(picks, weights=need, minlength=r).max()) <= kv_blocks:
+            picks = None
+    if picks is not None:
         rep[run] = picks
-        count = np.bincount(rep[run], minlength=r).tolist()
-    elif len(run) < slots and fits_all:  # no replica can fill up
-        room = [(0.0, j) for j in range(r)]
-        picks = []
-        for c in need.tolist():
-            kv, j = room[0]
-            heapq.heapreplace(room, (kv + c, j))
-            picks.append(j)
-        rep[run] = picks
-        count = np.bincount(rep[run], minlength=r).tolist()
+        count = np.bincount(picks, minlength=r).tolist()
     else:
         room = [(0.0, j) for j in range(r)]  # replicas with a slot left, by (blocks held, replica)
         for i, c in zip(run.tolist(), need.tolist()):

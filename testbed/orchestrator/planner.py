@@ -207,26 +207,37 @@ class Planner(LayoutPlanner):
           switching server is out of the balancer's reach while it switches)."""
         est = self.estimator
         draws = self.settings.confirm_draws
+        loads, currents, todo = {}, {}, {}
+        for s in servers:  # every server's other draws (and re-deals) in one pass of the estimator
+            v = views[s]
+            ks = range(1, draws) if draws > 1 and v.load.rid is not None and v.load.key is not None else ()
+            todo[s] = list(ks)
+            for k in ks:
+                ld = dataclasses.replace(v.load, key=request_levels(v.load.rid, k))
+                loads[(s, k, 0)], currents[(s, k, 0)] = ld, v.layout  # as it is placed
+                if self.beside_balancer:
+                    loads[(s, k, 1)], currents[(s, k, 1)] = ld, None  # re-dealt as after a switch
+            if self.beside_balancer:  # this tick's draw re-dealt (as placed, and the candidate: the tick's own)
+                loads[(s, 0, 1)], currents[(s, 0, 1)] = v.load, None
+        lays = list(dict.fromkeys(lay for s in servers for lay in (views[s].layout, out[s].best)))
+        skip = frozenset((lay, key) for lay in lays for key in loads
+                         if lay not in (views[key[0]].layout, out[key[0]].best)
+                         or (key[2] == 1 and lay != views[key[0]].layout))
+        t = est.servers_s_many(lays, loads, currents, skip) if loads else {}
         for s in servers:
             v, d = views[s], out[s]
             cur, best = v.layout, d.best
             busy = max(0.0, v.busy_until - now)
             cost = times[s][best][1]
-            lds = [v.load]
-            if draws > 1 and v.load.rid is not None and v.load.key is not None:
-                lds += [dataclasses.replace(v.load, key=request_levels(v.load.rid, k)) for k in range(1, draws)]
-            loads, currents = {}, {}
-            for k, ld in enumerate(lds):
-                loads[(k, 0)], currents[(k, 0)] = ld, cur  # as it is placed
+            base0 = times[s][cur][0] - busy
+            if self.beside_balancer:
+                base0 = min(base0, t[cur][(s, 0, 1)])
+            gains = [base0 - (times[s][best][0] - busy)]
+            for k in todo[s]:
+                base = t[cur][(s, k, 0)]
                 if self.beside_balancer:
-                    loads[(k, 1)], currents[(k, 1)] = ld, None  # re-dealt as after a switch
-            t = est.servers_s_many([cur, best], loads, currents)
-            gains = []
-            for k in range(len(lds)):
-                base = t[cur][(k, 0)]
-                if self.beside_balancer:
-                    base = min(base, t[cur][(k, 1)])
-                gains.append(base - (t[best][(k, 0)] + cost))
+                    base = min(base, t[cur][(s, k, 1)])
+                gains.append(base - (t[best][(s, k, 0)] + cost))
             gain = float(np.mean(gains))
             need = max(self.settings.min_gain_s, self.settings.gain_margin * times[s][cur][0])
             what = (f"{gain:.2f} s over {len(gains)} draws of the lengths" if len(gains) > 1 else f"{gain:.2f} s")
