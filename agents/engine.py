@@ -654,11 +654,11 @@ class ServerRequests:
         out.detached = tuple(got)
 
 
-
 def kv_blocks_needed(prompt: int, target: int, block_size: int) -> int:
     """KV blocks one request of ``prompt`` + ``target`` tokens holds at its longest (whole blocks): a replica
     whose cache has fewer refuses it (:meth:`Engine._check_fits`)."""
     return -(-(int(prompt) + int(target)) // int(block_size))
+
 
 class Engine(ServerRequests):
     """One server's replicas. Not thread-safe: the caller serialises calls (the agent holds a lock)."""

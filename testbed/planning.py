@@ -278,8 +278,7 @@ class PlanningTick:
                                 to=d.best.name(self.gpus),
                                 gain_s=round(d.gain_s, 3), cost_s=round(d.switch_cost_s, 3), start=sw.start,
                                 end=sw.end, predicted=d.predicted_s, reason=d.reason, tick=round(now, 6),
-                                **({} if getattr(d, "judged_gain_s", None) is None
-                                   else {"judged_gain_s": round(d.judged_gain_s, 3)}))
+                                **({} if d.judged_gain_s is None else {"judged_gain_s": round(d.judged_gain_s, 3)}))
         return n
 
     def _migrate(self, now: float, req: StepRequests, moves: list) -> list:

@@ -815,6 +815,11 @@ class Estimator:
             load = dataclasses.replace(load, running=running)  # the other arrays shared (stratified once)
         return rep, load
 
+    def _block(self, layout: Layout, load: ServerLoad, current: Layout | None) -> tuple:
+        """(layout, load as dealt, placement): a block of :meth:`_blocks`."""
+        rep, dealt = self.dealt(layout, load, current)
+        return layout, dealt, rep
+
     def replica_times(self, layout: Layout, load: ServerLoad, current: Layout | None = None,
                       rep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(replica of every request, remaining time of every replica) under ``layout``."""
@@ -830,7 +835,7 @@ class Estimator:
         done = [self._recall(lay, load, cur) for lay, load, cur in items]
         todo = [k for k, (d, _) in enumerate(done) if d is None]
         if todo:
-            blocks = [(items[k][0],) + self.dealt(*items[k])[::-1] for k in todo]
+            blocks = [self._block(*items[k]) for k in todo]
             for k, d in zip(todo, self._blocks(blocks, joint=False)):
                 self._remember(done[k][1], d)
                 done[k] = (d, None)
@@ -996,8 +1001,7 @@ class Estimator:
         cells = [(lay, s) for lay in layouts for s in keys if (lay, s) not in skip]
         store = tuple((k, self._recall(lay, loads[s], currents[s])[1]) for k, (lay, s) in enumerate(cells)
                       if lay == currents[s])
-        done = self._blocks([(lay,) + self.dealt(lay, loads[s], currents[s])[::-1] for lay, s in cells],
-                            joint=True, store=store)
+        done = self._blocks([self._block(lay, loads[s], currents[s]) for lay, s in cells], joint=True, store=store)
         for (lay, s), d in zip(cells, done):
             out[lay][s] = float(d.times.max())
         return out
@@ -1028,8 +1032,7 @@ class Estimator:
         done = [self._recall(items[k][0], items[k][1], items[k][0]) for k in todo]
         miss = [q for q, (d, _) in enumerate(done) if d is None]
         if miss:
-            blocks = [(items[todo[q]][0],) + self.dealt(items[todo[q]][0], items[todo[q]][1], items[todo[q]][0])[::-1]
-                      for q in miss]
+            blocks = [self._block(items[todo[q]][0], items[todo[q]][1], items[todo[q]][0]) for q in miss]
             for q, d in zip(miss, self._blocks(blocks, joint=False)):
                 self._remember(done[q][1], d)
                 done[q] = (d, None)

@@ -15,10 +15,8 @@ as an option to add (docs/orchestrator.md), not implemented.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -186,10 +184,9 @@ class Planner(LayoutPlanner):
                 l2 = min(t2[s], key=lambda lay: t2[s][lay][0])
                 if interval + t2[s][l2][0] < best_t:
                     d = out[s]
-                    out[s] = Decision(s, d.current, d.best, d.predicted_s, False, d.gain_s, d.switch_cost_s,
-                                      f"gain {d.gain_s:.2f} s now, but {interval:g} s later {l2.name(gpus)} is predicted "
-                                      f"to finish {best_t - interval - t2[s][l2][0]:.2f} s sooner: waiting", True,
-                                      d.judged_gain_s)
+                    out[s] = replace(d, switch=False, near_switch=True, reason=(
+                        f"gain {d.gain_s:.2f} s now, but {interval:g} s later {l2.name(gpus)} is predicted "
+                        f"to finish {best_t - interval - t2[s][l2][0]:.2f} s sooner: waiting"))
         return out
 
     def _judge_again(self, views: dict, out: dict, times: dict, servers: list, now: float) -> None:
@@ -213,7 +210,7 @@ class Planner(LayoutPlanner):
             ks = range(1, draws) if draws > 1 and v.load.rid is not None and v.load.key is not None else ()
             todo[s] = list(ks)
             for k in ks:
-                ld = dataclasses.replace(v.load, key=request_levels(v.load.rid, k))
+                ld = replace(v.load, key=request_levels(v.load.rid, k))
                 loads[(s, k, 0)], currents[(s, k, 0)] = ld, v.layout  # as it is placed
                 if self.beside_balancer:
                     loads[(s, k, 1)], currents[(s, k, 1)] = ld, None  # re-dealt as after a switch
@@ -242,14 +239,11 @@ class Planner(LayoutPlanner):
             need = max(self.settings.min_gain_s, self.settings.gain_margin * times[s][cur][0])
             what = (f"{gain:.2f} s over {len(gains)} draws of the lengths" if len(gains) > 1 else f"{gain:.2f} s")
             what += " against the current layout re-placed" if self.beside_balancer else ""
-            if gain <= need:
-                out[s] = Decision(s, cur, best, d.predicted_s, False, d.gain_s, d.switch_cost_s,
-                                  f"gain {d.gain_s:.2f} s on this tick's estimate, {what}: does not exceed "
-                                  f"{need:.2f} s", True, gain)
-            else:
-                out[s] = Decision(s, cur, best, d.predicted_s, True, d.gain_s, d.switch_cost_s,
-                                  f"gain {d.gain_s:.2f} s on this tick's estimate, {what}, beyond the switch cost "
-                                  f"{d.switch_cost_s:.2f} s", True, gain)
+            verdict = (f"does not exceed {need:.2f} s" if gain <= need
+                       else f"beyond the switch cost {d.switch_cost_s:.2f} s")
+            sep = ":" if gain <= need else ","
+            out[s] = replace(d, switch=gain > need, near_switch=True, judged_gain_s=gain,
+                             reason=f"gain {d.gain_s:.2f} s on this tick's estimate, {what}{sep} {verdict}")
 
     def evaluate(self, view: ServerView, now: float, interval: float | None = None) -> Decision:
         """Whether ``view``'s server should switch now, and to which layout: the candidate with the smallest
