@@ -570,6 +570,7 @@ class Estimator:
         self._kv: dict[Layout, float] = {}
         self._prefill: dict[tuple, float] = {}
         self._memo: dict[tuple, tuple] = {}
+        self._deals: dict[tuple, tuple] = {}  # engine_deal's results by what they depend on (see :meth:`dealt`)
         self._dec: dict[int, object] = {}
         self._per_group: dict[tuple, tuple] = {}  # (layout, replicas) per block -> (KV, TP degree) per replica
         tp = 1
@@ -809,11 +810,28 @@ class Estimator:
                     rep[i] = j
                     tot[j] += load.rem[i]
             return rep, load
-        rep, running = engine_deal(load, r, self.settings.max_num_seqs, self.kv_blocks(layout),
-                                   self.settings.block_size)
+        rep, running = self._engine_deal(layout, load)
         if not np.array_equal(running, load.running):
             load = dataclasses.replace(load, running=running)  # the other arrays shared (stratified once)
         return rep, load
+
+    def _engine_deal(self, layout: Layout, load: ServerLoad) -> tuple:
+        """:func:`engine_deal` of ``load`` onto ``layout``'s replicas, remembered: the deal reads the requests'
+        footprints, running flags and ids only, not their lengths, so a tick's re-estimates of one server under
+        other draws of its long requests (the planner's judgement) find the planner's pass's deal. Remembered by
+        content (those arrays byte for byte), layout and settings, as :meth:`_recall` does; a hit is returned as
+        copies (a caller may change its placement)."""
+        fp = tuple(None if a is None else (a.dtype.str, a.shape, a.tobytes())
+                   for a in (load.ctx0, load.running, load.rid))
+        key = (layout, fp)
+        hit = self._deals.get(key)
+        if hit is None or hit[0] is not self.settings:
+            rep, running = engine_deal(load, layout.replicas(self.gpus), self.settings.max_num_seqs,
+                                       self.kv_blocks(layout), self.settings.block_size)
+            while len(self._deals) >= MEMO_SIZE:
+                self._deals.pop(next(iter(self._deals)))
+            self._deals[key] = hit = (self.settings, rep, running)
+        return hit[1].copy(), hit[2].copy()
 
     def _block(self, layout: Layout, load: ServerLoad, current: Layout | None) -> tuple:
         """(layout, load as dealt, placement): a block of :meth:`_blocks`."""
