@@ -1008,17 +1008,20 @@ class Estimator:
         """:meth:`server_s` of many servers under one ``layout`` at once (``loads[s]``, its ``currents[s]``)."""
         return self.servers_s_many([layout], loads, currents)[layout]
 
-    def servers_s_many(self, layouts: list, loads: dict, currents: dict, skip: frozenset = frozenset()) -> dict:
+    def servers_s_many(self, layouts: list, loads: dict, currents: dict, skip: frozenset = frozenset(),
+                       remember: bool = True) -> dict:
         """:meth:`servers_s` under every layout of ``layouts`` at once: {layout: {server: time}}, in one grouped
         pass (one cost-model evaluation per TP degree). ``skip``: (layout, server) cells not to compute (their
-        time is inf)."""
+        time is inf). ``remember``: the loads under their current layouts are remembered for later calls
+        (:meth:`_recall`); False for loads no later call asks for (the planner's other draws), which are then
+        not fingerprinted either."""
         keys = [s for s in loads if loads[s].n]
         out = {lay: {s: (math.inf if (lay, s) in skip else 0.0) for s in loads} for lay in layouts}
         if not keys:
             return out
         cells = [(lay, s) for lay in layouts for s in keys if (lay, s) not in skip]
         store = tuple((k, self._recall(lay, loads[s], currents[s])[1]) for k, (lay, s) in enumerate(cells)
-                      if lay == currents[s])
+                      if remember and lay == currents[s])
         done = self._blocks([self._block(lay, loads[s], currents[s]) for lay, s in cells], joint=True, store=store)
         for (lay, s), d in zip(cells, done):
             out[lay][s] = float(d.times.max())

@@ -220,7 +220,7 @@ class Planner(LayoutPlanner):
         skip = frozenset((lay, key) for lay in lays for key in loads
                          if lay not in (views[key[0]].layout, out[key[0]].best)
                          or (key[2] == 1 and lay != views[key[0]].layout))
-        t = est.servers_s_many(lays, loads, currents, skip) if loads else {}
+        t = est.servers_s_many(lays, loads, currents, skip, remember=False) if loads else {}
         for s in servers:
             v, d = views[s], out[s]
             cur, best = v.layout, d.best
