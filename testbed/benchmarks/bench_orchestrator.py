@@ -64,7 +64,9 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
     servers = scn.layout.gen_servers(scn.fabric)
     est = Estimator(cm, gpus, st.engine)
     lays = feasible_layouts(cm, gpus, st.engine, w.prompt_tokens, w.max_response_tokens)
-    planner = Planner(est, ModelledCost(cm, gpus), st.planner, cm.model.is_moe, tuple(lays))
+    # composed as the orchestrrl policy composes them: the planner knows a balancer runs beside it (its
+    # judgement of a tempting switch then also re-deals the current layout: Planner._judge_again)
+    planner = Planner(est, ModelledCost(cm, gpus), st.planner, cm.model.is_moe, tuple(lays), beside_balancer=True)
     balancer = Balancer(est, st.balancer)
     fc0 = LengthForecast.from_workload(w, 0)
     rng = np.random.default_rng(seed)
@@ -127,7 +129,7 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
         scraper.stop()
         dm.stop()
     pct = lambda xs, q: round(float(np.percentile(xs, q)), 3)  # noqa: E731
-    return {"scenario": scn.name, "engine_profile": st.engine.profile, "requests": requests, "servers": len(servers), "layouts": [x.name(gpus) for x in lays],
+    return {"scenario": scn.name, "policy": "orchestrrl", "engine_profile": st.engine.profile, "requests": requests, "servers": len(servers), "layouts": [x.name(gpus) for x in lays],
             "ticks": ticks, "decision_ms_p50": pct(times, 50), "decision_ms_p99": pct(times, 99),
             "online_forecast_ms_p50": pct(online_ms, 50), "planner_ms_p50": pct(plan_ms, 50),
             "planner_ms_p99": pct(plan_ms, 99), "balancer_ms_p50": pct(bal_ms, 50), "balancer_ms_p99": pct(bal_ms, 99),
