@@ -32,7 +32,8 @@ changes). What makes it fast:
 - memoised prefills (a pure function of few distinct arguments) and per-server results under the current
   layout (:meth:`Estimator._recall`: by the load's content, the forecast object and the settings), so the
   balancer's load indices (with the stratified lengths they were computed on) and the lookahead's progress
-  reuse the planner's pass;
+  reuse the planner's pass; the deals after a switch by what they read (:meth:`Estimator._engine_deal`), so
+  the planner's judgement over other draws of the long requests reuses its pass's deals;
 - the pass's sorts as numpy's SIMD quicksort or 16-bit radix sort with the stable sort's order
   (:func:`stable_argsort`, :func:`lexsort_by_group`), and the KV peak only for replicas whose requests do not
   all fit the cache at once (:func:`kv_slots`);
