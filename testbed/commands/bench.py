@@ -243,6 +243,15 @@ def _planner(args: argparse.Namespace) -> int:
     from testbed.benchmarks.bench_orchestrator import bench_planner
 
     scn = load_scenario(args.scenario)
+    if args.set:  # the planner's or balancer's settings changed for the bench, validated as a scenario's are
+        import dataclasses
+
+        from testbed.benchmarks.bench_policies import with_settings
+
+        bad = [x for x in args.set if "=" not in x or not x.partition("=")[0].strip()]
+        if bad:
+            raise UsageError(f"--set takes KEY=VALUE (e.g. planner.confirm_draws=2), got {bad[0]!r}")
+        scn = dataclasses.replace(scn, orchestrator=with_settings(scn.orchestrator, args.set))
     if not 1 <= args.requests <= 1_000_000:
         raise UsageError(f"--requests must be in 1..1000000, got {args.requests}")
     if not 1 <= args.ticks <= 100_000:
@@ -250,6 +259,7 @@ def _planner(args: argparse.Namespace) -> int:
     with tqdm(total=args.ticks, desc="planner", file=sys.stderr, disable=args.quiet) as bar:
         res = bench_planner(scn, args.requests, args.ticks, progress=lambda n: bar.update(n - bar.n),
                             metrics=args.metrics == "on")
+    res["settings_changed"] = list(args.set)
     _emit(res, args.json)
     return 0
 
@@ -288,6 +298,9 @@ def register_orchestrator(bsub) -> None:
     p.add_argument("--metrics", choices=("on", "off"), default="off",
                    help="on: the run's metrics observer sees every tick's sample and plan event, served to a "
                         "scraper every second, as in a run with metrics (default off)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an orchestrator setting changed for the bench, e.g. planner.confirm_draws=2 or "
+                        "planner.lookahead=false (YAML values, as in the scenario's orchestrator section; repeatable)")
     p.add_argument("--json", action="store_true")
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=_planner)

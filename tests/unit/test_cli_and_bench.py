@@ -24,6 +24,9 @@ from controller.ocs import Matching, diff
     (["bench", "alltoall", "scenarios/default-small.yaml"], "trains without expert parallelism"),
     (["bench", "collectives", "--host-tcp-cc", "vegas"], "--host-tcp-cc: invalid choice: 'vegas'"),
     (["bench", "alltoall", "--host-tcp-cc", "BBR"], "--host-tcp-cc: invalid choice: 'BBR'"),
+    (["bench", "planner", "--set", "confirm_draws"], "--set takes KEY=VALUE"),
+    (["bench", "planner", "--set", "planner.nosuch=2"], "orchestrator.planner.nosuch: unknown key"),
+    (["bench", "planner", "--set", "planner.confirm_draws=0"], "orchestrator.planner.confirm_draws: must be in 1..16"),
 ])
 def test_bad_input_exits_2_naming_the_problem(argv, needle, run_cli):
     rc, out = run_cli(argv)
@@ -95,3 +98,31 @@ def test_no_command_imports_the_cli_back():
             if any(n == "testbed.cli" or n.startswith("testbed.cli.") for n in names):
                 back.append(f"{path.name}:{node.lineno}")
     assert back == [], f"commands importing testbed.cli: {back}"
+
+
+def test_bench_planner_times_the_settings_it_is_given(run_cli, monkeypatch):
+    """``--set`` changes the orchestrator settings the bench's planner runs with, and the JSON says what changed."""
+    import json
+
+    from testbed.benchmarks import bench_orchestrator
+
+    seen = []
+    real = bench_orchestrator.bench_planner
+
+    def spy(scn, *a, **k):
+        seen.append(scn.orchestrator.planner)
+        return real(scn, *a, **k)
+
+    monkeypatch.setattr(bench_orchestrator, "bench_planner", spy)
+    rc, out = run_cli(["bench", "planner", "--requests", "64", "--ticks", "2", "--json", "-q",
+                       "--set", "planner.confirm_draws=2", "--set", "planner.lookahead=false"])
+    assert rc == 0, out.err
+    doc = json.loads(out.out)
+    assert doc["settings_changed"] == ["planner.confirm_draws=2", "planner.lookahead=false"]
+    assert doc["policy"] == "orchestrrl"
+    assert (seen[0].confirm_draws, seen[0].lookahead) == (2, False)
+    rc, out = run_cli(["bench", "planner", "--requests", "64", "--ticks", "2", "--json", "-q"])
+    assert rc == 0 and json.loads(out.out)["settings_changed"] == []
+    from emulation.scenario import load_scenario
+
+    assert seen[1] == load_scenario("scenarios/default.yaml").orchestrator.planner  # the scenario's own

@@ -12,7 +12,8 @@
   loads;
 - the forecast's shared shapes, its EM moments and its moments of located thresholds against their plain forms;
 - a layout switch priced from its KV-independent plan against the cost model's arithmetic in one piece;
-- the lookahead's loads without the forecast's mean estimated as those with it.
+- the lookahead's loads without the forecast's mean estimated as those with it;
+- the deal after a switch remembered by what it reads (another draw's lengths find it) against engine_deal.
 
 test_orchestrator_pinned.py checks the decisions themselves."""
 import dataclasses
@@ -352,3 +353,31 @@ def test_moments_at_located_thresholds_are_the_piece_moments():
     plain = sh._piece_moments(wa, sh.hi[k], sh.alpha[k], sh.beta[k]) + sh._suffix[:, k + 1]
     for got, want in zip(sh._moments_at(k, wa), plain):
         assert np.array_equal(got, want, equal_nan=True)
+
+
+def test_the_estimators_deal_is_remembered_by_what_it_reads(monkeypatch):
+    """Estimator.dealt remembers engine_deal's result by footprints, running flags and ids: a load that differs
+    only in its lengths or keys (another draw of the long requests) finds it, one that differs in what the
+    deal reads does not, and a caller changing the placement it got changes nothing remembered."""
+    import testbed.orchestrator.estimate as estmod
+
+    st = EngineSettings(max_num_seqs=24)
+    est = Estimator(CostModel.for_names("Qwen2.5-7B", "H800"), 8, st)
+    rng = np.random.default_rng(4)
+    n = 200
+    ld = ServerLoad(rng.integers(256, 3000, n).astype(float), rng.integers(1, 900, n).astype(float),
+                    rng.random(n) < 0.7, np.zeros(n, np.int64), rid=rng.permutation(n))
+    calls = []
+    real = estmod.engine_deal
+    monkeypatch.setattr(estmod, "engine_deal", lambda *a, **k: calls.append(1) or real(*a, **k))
+    want = real(ld, 4, 24, est.kv_blocks(Layout(2)), st.block_size)
+    rep, dealt = est.dealt(Layout(2), ld, Layout(1))
+    assert len(calls) == 1 and (rep == want[0]).all() and (dealt.running == want[1]).all()
+    rep[:] = 3  # the caller's copy
+    other = dataclasses.replace(ld, rem=ld.rem + 5.0, key=rng.random(n))
+    rep2, dealt2 = est.dealt(Layout(2), other, Layout(1))
+    assert len(calls) == 1 and (rep2 == want[0]).all() and (dealt2.running == want[1]).all()
+    est.dealt(Layout(4), ld, Layout(1))  # another layout
+    moved = dataclasses.replace(ld, ctx0=ld.ctx0 + 1.0)  # what the deal reads
+    est.dealt(Layout(2), moved, Layout(1))
+    assert len(calls) == 3

@@ -14,7 +14,6 @@ moves inside a server were judged with the quantiles dealt inside each replica (
 a fourth (2026-12-06) when a step's start began judging each layout by its best plan of one later switch
 (Planner._plans) and its margin came down from 0.10 to 0.05: only the ``initial`` decisions moved, every
 tick's decision and estimate stayed the same."""
-import dataclasses
 import json
 import math
 import os
@@ -224,34 +223,6 @@ def test_engine_deal_is_the_engines_deal_after_a_switch(monkeypatch):
         rep, running = engine_deal(ld, to.replicas(8), st.max_num_seqs, est.kv_blocks(to), st.block_size)
         assert [after[x] for x in rid.tolist()] == list(zip(rep.tolist(), running.tolist()))
         assert (~running[ld.running]).any() or to.replicas(8) >= frm.replicas(8)  # some find no slot on fewer replicas
-
-
-def test_the_estimators_deal_is_remembered_by_what_it_reads(monkeypatch):
-    """Estimator.dealt remembers engine_deal's result by footprints, running flags and ids: a load that differs
-    only in its lengths or keys (another draw of the long requests) finds it, one that differs in what the
-    deal reads does not, and a caller changing the placement it got changes nothing remembered."""
-    import testbed.orchestrator.estimate as estmod
-
-    st = EngineSettings(max_num_seqs=24)
-    est = Estimator(CostModel.for_names("Qwen2.5-7B", "H800"), 8, st)
-    rng = np.random.default_rng(4)
-    n = 200
-    ld = ServerLoad(rng.integers(256, 3000, n).astype(float), rng.integers(1, 900, n).astype(float),
-                    rng.random(n) < 0.7, np.zeros(n, np.int64), rid=rng.permutation(n))
-    calls = []
-    real = estmod.engine_deal
-    monkeypatch.setattr(estmod, "engine_deal", lambda *a, **k: calls.append(1) or real(*a, **k))
-    want = real(ld, 4, 24, est.kv_blocks(Layout(2)), st.block_size)
-    rep, dealt = est.dealt(Layout(2), ld, Layout(1))
-    assert len(calls) == 1 and (rep == want[0]).all() and (dealt.running == want[1]).all()
-    rep[:] = 3  # the caller's copy
-    other = dataclasses.replace(ld, rem=ld.rem + 5.0, key=rng.random(n))
-    rep2, dealt2 = est.dealt(Layout(2), other, Layout(1))
-    assert len(calls) == 1 and (rep2 == want[0]).all() and (dealt2.running == want[1]).all()
-    est.dealt(Layout(4), ld, Layout(1))  # another layout
-    moved = dataclasses.replace(ld, ctx0=ld.ctx0 + 1.0)  # what the deal reads
-    est.dealt(Layout(2), moved, Layout(1))
-    assert len(calls) == 3
 
 
 @pytest.mark.parametrize("model", ["Qwen2.5-7B", "Qwen2.5-32B", "Qwen3-30B-A3B"])
