@@ -571,7 +571,7 @@ class Estimator:
         self._kv: dict[Layout, float] = {}
         self._prefill: dict[tuple, float] = {}
         self._memo: dict[tuple, tuple] = {}
-        self._deals: dict[tuple, tuple] = {}  # engine_deal's results by what they depend on (see :meth:`dealt`)
+        self._deals: dict[tuple, tuple] = {}  # engine_deal's results by what they read (:meth:`_engine_deal`)
         self._dec: dict[int, object] = {}
         self._per_group: dict[tuple, tuple] = {}  # (layout, replicas) per block -> (KV, TP degree) per replica
         tp = 1
