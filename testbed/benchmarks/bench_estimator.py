@@ -7,7 +7,12 @@ time of the estimator's pick over the engine's best); then the worst regret and 
 case. The cases span the models, loads, length distributions and max_num_seqs of the map (long responses
 where KV capacity binds at small TP and where it does not).
 
-    .venv/bin/python testbed/benchmarks/bench_estimator.py [--cases 0,3,7]
+    .venv/bin/python testbed/benchmarks/bench_estimator.py [--cases 0,3,7] [--profile vllm-v0]
+
+``--profile``: the engine profile both sides run on (agents/data/engines.yaml: the engine's CPU time per step,
+graph caps, chunked prefill; ``CostModel.for_engine``, as a scenario's ``orchestrator.engine.profile`` makes
+them); without it, the kernels-only cost model with the engine's default settings (what this bench measured
+before the engine profiles, kept so its figures stay comparable).
 
 A benchmark reports; it asserts nothing. Deterministic: the same cases give the same figures.
 """
@@ -61,10 +66,13 @@ def lengths(n: int, median: float, sigma: float, cap: int, cap_share: float, see
 
 
 def run_case(model: str, n: int, median: float, sigma: float, cap: int, cap_share: float, mns: int,
-             seed: int) -> dict:
+             seed: int, profile: str | None = None) -> dict:
     target = lengths(n, median, sigma, cap, cap_share, seed)
-    cm = CostModel.for_names(model, "H800")
-    st = EngineSettings(max_num_seqs=mns)
+    if profile is None:
+        cm, st = CostModel.for_names(model, "H800"), EngineSettings(max_num_seqs=mns)
+    else:
+        st = EngineSettings(max_num_seqs=mns, profile=profile)
+        cm = CostModel.for_engine(model, "H800", st)
     cost = ModelledCost(cm, 8)
     est = Estimator(cm, 8, st)
     load = ServerLoad(np.full(n, float(PROMPT)), target.astype(float), np.zeros(n, bool), np.full(n, -1),
@@ -91,7 +99,15 @@ def run_case(model: str, n: int, median: float, sigma: float, cap: int, cap_shar
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=None, help="comma-separated case indices (default: all)")
+    ap.add_argument("--profile", default=None, help="an engine profile both sides run on (vllm-v1, vllm-v0, sglang, "
+                                                     "...; default: the kernels-only cost model)")
     a = ap.parse_args(argv)
+    if a.profile is not None:
+        try:
+            EngineSettings(profile=a.profile)
+        except SpecError as e:
+            print(f"--profile: {e}", file=sys.stderr)
+            return 2
     try:
         idx = list(range(len(CASES))) if a.cases is None else [int(x) for x in a.cases.split(",") if x]
         bad = [i for i in idx if not 0 <= i < len(CASES)]
@@ -100,8 +116,8 @@ def main(argv=None) -> int:
     if bad or not idx:
         print(f"--cases: unknown {bad or 'empty'} (0..{len(CASES) - 1})", file=sys.stderr)
         return 2
-    out = [run_case(*CASES[i]) for i in tqdm(idx, desc="estimator vs engine", file=sys.stderr)]
-    doc = {"cases": out, "worst_regret": max(c["regret"] for c in out),
+    out = [run_case(*CASES[i], profile=a.profile) for i in tqdm(idx, desc="estimator vs engine", file=sys.stderr)]
+    doc = {"profile": a.profile or "kernels-only", "cases": out, "worst_regret": max(c["regret"] for c in out),
            "median_max_error": float(np.median([c["max_error"] for c in out])),
            "max_error": max(c["max_error"] for c in out)}
     print(json.dumps(doc, indent=1))
