@@ -126,3 +126,30 @@ def test_bench_planner_times_the_settings_it_is_given(run_cli, monkeypatch):
     from emulation.scenario import load_scenario
 
     assert seen[1] == load_scenario("scenarios/default.yaml").orchestrator.planner  # the scenario's own
+
+
+def test_bench_estimator_runs_both_sides_on_the_profile_it_is_given(capsys, monkeypatch):
+    """``bench_estimator.py --profile``: the engine and the estimator run on the profile's cost model (the
+    kernels-only one without it); an unknown profile exits 2 naming the known ones."""
+    import json
+
+    from agents.costmodel import CostModel
+    from testbed.benchmarks import bench_estimator
+
+    assert bench_estimator.main(["--profile", "vllm-v9"]) == 2
+    assert "vllm-v0" in capsys.readouterr().err
+    made = []
+    real = CostModel.for_engine.__func__
+
+    def spy(cls, model, gpu, settings):
+        made.append(settings.profile)
+        return real(cls, model, gpu, settings)
+
+    monkeypatch.setattr(CostModel, "for_engine", classmethod(spy))
+    monkeypatch.setattr(bench_estimator, "CASES", [("Qwen2.5-7B", 32, 300, 0.5, 4096, 0.0, 64, 0)])
+    assert bench_estimator.main(["--profile", "vllm-v0"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["profile"] == "vllm-v0" and made == ["vllm-v0"]
+    assert set(doc["cases"][0]["layouts"]) <= {"TP1x8", "TP2x4", "TP4x2", "TP8x1"} and doc["cases"][0]["layouts"]
+    assert bench_estimator.main([]) == 0 and json.loads(capsys.readouterr().out)["profile"] == "kernels-only"
+    assert made == ["vllm-v0"]  # the default stays on the kernels-only model
