@@ -822,16 +822,12 @@ class Estimator:
         other draws of its long requests (the planner's judgement) find the planner's pass's deal. Remembered by
         content (those arrays byte for byte), layout and settings, as :meth:`_recall` does; a hit is returned as
         copies (a caller may change its placement)."""
-        fp = tuple(None if a is None else (a.dtype.str, a.shape, a.tobytes())
-                   for a in (load.ctx0, load.running, load.rid))
-        key = (layout, fp)
+        key = (layout, _content_key(load.ctx0, load.running, load.rid))
         hit = self._deals.get(key)
         if hit is None or hit[0] is not self.settings:
             rep, running = engine_deal(load, layout.replicas(self.gpus), self.settings.max_num_seqs,
                                        self.kv_blocks(layout), self.settings.block_size)
-            while len(self._deals) >= MEMO_SIZE:
-                self._deals.pop(next(iter(self._deals)))
-            self._deals[key] = hit = (self.settings, rep, running)
+            hit = _put_bounded(self._deals, key, (self.settings, rep, running))
         return hit[1].copy(), hit[2].copy()
 
     def _block(self, layout: Layout, load: ServerLoad, current: Layout | None) -> tuple:
@@ -981,9 +977,8 @@ class Estimator:
     # ---- remembered results -------------------------------------------------------------------------------
     @staticmethod
     def _fingerprint(load: ServerLoad) -> tuple:
-        return tuple(None if a is None else (a.dtype.str, a.shape, a.tobytes())
-                     for a in (load.ctx0, load.rem, load.running, load.replica, load.gen, load.key, load.shift,
-                               load.rid))
+        return _content_key(load.ctx0, load.rem, load.running, load.replica, load.gen, load.key, load.shift,
+                            load.rid)
 
     def _recall(self, layout: Layout, load: ServerLoad, current: Layout | None) -> tuple:
         """(the remembered :class:`_Done` of ``load`` under ``layout``, or None; its memo key). Results are
@@ -1000,10 +995,7 @@ class Estimator:
     def _remember(self, key: tuple, done: "_Done") -> None:
         if key is None:
             return
-        self._memo.pop(key, None)
-        while len(self._memo) >= MEMO_SIZE:
-            self._memo.pop(next(iter(self._memo)))
-        self._memo[key] = (self.forecast, self.settings, done)
+        _put_bounded(self._memo, key, (self.forecast, self.settings, done))
 
     def servers_s(self, layout: Layout, loads: dict, currents: dict) -> dict:
         """:meth:`server_s` of many servers under one ``layout`` at once (``loads[s]``, its ``currents[s]``)."""
@@ -1105,6 +1097,20 @@ class Estimator:
 
 
 MEMO_SIZE = 64  # remembered results (a tick's servers under their current layouts, and their lookahead)
+
+
+def _content_key(*arrays) -> tuple:
+    """What a remembered result is keyed by: each array's dtype, shape and bytes (None stays None)."""
+    return tuple(None if a is None else (a.dtype.str, a.shape, a.tobytes()) for a in arrays)
+
+
+def _put_bounded(store: dict, key, value):
+    """``store[key] = value`` as the newest entry, the oldest dropped beyond MEMO_SIZE; returns ``value``."""
+    store.pop(key, None)
+    while len(store) >= MEMO_SIZE:
+        store.pop(next(iter(store)))
+    store[key] = value
+    return value
 
 
 @dataclass

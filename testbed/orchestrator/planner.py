@@ -207,7 +207,7 @@ class Planner(LayoutPlanner):
         loads, currents, todo = {}, {}, {}
         for s in servers:  # every server's other draws (and re-deals) in one pass of the estimator
             v = views[s]
-            ks = range(1, draws) if draws > 1 and v.load.rid is not None and v.load.key is not None else ()
+            ks = range(1, draws) if v.load.rid is not None and v.load.key is not None else ()
             todo[s] = list(ks)
             for k in ks:
                 ld = replace(v.load, key=request_levels(v.load.rid, k))
