@@ -47,12 +47,8 @@ def _ours_in_tmp() -> set[str]:
 def _records(state: Path, role: str) -> list[dict]:
     out = []
     for p in state.glob("proc-*.json"):
-        with open(p) as f:
-            try:
-                rec = json.load(f)
-            except ValueError:
-                continue  # being written
-        if rec.get("role", "").startswith(role):
+        rec = registry.read_json(p)  # None: being written, or gone (its process exited) since the glob
+        if rec is not None and rec.get("role", "").startswith(role):
             out.append(rec)
     return out
 
