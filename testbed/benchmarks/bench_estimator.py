@@ -14,11 +14,21 @@ graph caps, chunked prefill; ``CostModel.for_engine``, as a scenario's ``orchest
 them); without it, the kernels-only cost model with the engine's default settings (what this bench measured
 before the engine profiles, kept so its figures stay comparable).
 
+``--midstep``: the same cases from inside a step instead of its start, where the planner decides: the engine
+runs each layout A to ``--at`` of its own makespan (default 0.3 and 0.6); from that state the estimate of every
+layout B (the switch's cost, ``ModelledCost.switch_s`` for the KV then held, plus ``server_s(B, load,
+current=A)`` on the true remaining lengths: no forecast error) against the engine run on from a copy of that
+state, switched to B (A: kept). Per state: each layout's seconds and ratio, the estimate's pick, its regret, and
+the error in the predicted gain of every switch (the stay's time minus the switch's); summed up over all states
+and apart for switches to a smaller and to a larger TP degree (a smaller one has less KV per replica: the
+regime where the engine preempts). ~4 minutes a profile for the 15 cases.
+
 A benchmark reports; it asserts nothing. Deterministic: the same cases give the same figures.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
@@ -65,14 +75,27 @@ def lengths(n: int, median: float, sigma: float, cap: int, cap_share: float, see
     return x.astype(np.int64)
 
 
-def run_case(model: str, n: int, median: float, sigma: float, cap: int, cap_share: float, mns: int,
-             seed: int, profile: str | None = None) -> dict:
-    target = lengths(n, median, sigma, cap, cap_share, seed)
+def _setup(model: str, mns: int, profile: str | None):
+    """(cost model, engine settings) of a case: the profile's (``CostModel.for_engine``) or the kernels-only."""
     if profile is None:
         cm, st = CostModel.for_names(model, "H800"), EngineSettings(max_num_seqs=mns)
     else:
         st = EngineSettings(max_num_seqs=mns, profile=profile)
         cm = CostModel.for_engine(model, "H800", st)
+    return cm, st
+
+
+def _started(cost, lay, st, target) -> Engine:
+    """An engine on ``lay`` with every request of ``target`` queued at its prompt at time 0."""
+    e = Engine(cost, 8, lay, st)
+    e.add([NewRequest(i, PROMPT, int(t)) for i, t in enumerate(target)], 0.0, chunked=True)
+    return e
+
+
+def run_case(model: str, n: int, median: float, sigma: float, cap: int, cap_share: float, mns: int,
+             seed: int, profile: str | None = None) -> dict:
+    target = lengths(n, median, sigma, cap, cap_share, seed)
+    cm, st = _setup(model, mns, profile)
     cost = ModelledCost(cm, 8)
     est = Estimator(cm, 8, st)
     load = ServerLoad(np.full(n, float(PROMPT)), target.astype(float), np.zeros(n, bool), np.full(n, -1),
@@ -80,8 +103,7 @@ def run_case(model: str, n: int, median: float, sigma: float, cap: int, cap_shar
     rows = {}
     for lay in dense_layouts(8):
         try:
-            e = Engine(cost, 8, lay, st)
-            e.add([NewRequest(i, PROMPT, int(target[i])) for i in range(n)], 0.0, chunked=True)
+            e = _started(cost, lay, st, target)
         except SpecError:  # the layout does not hold the model or a longest request
             continue
         e.run_until(1e12)
@@ -96,11 +118,87 @@ def run_case(model: str, n: int, median: float, sigma: float, cap: int, cap_shar
             "max_error": round(max(abs(r["ratio"] - 1.0) for r in rows.values()), 4)}
 
 
+def run_midstep_case(model: str, n: int, median: float, sigma: float, cap: int, cap_share: float, mns: int,
+                     seed: int, profile: str | None = None, at: tuple = (0.3, 0.6)) -> dict:
+    """One case of ``--midstep``: every layout A at every share ``at`` of A's own makespan (see the module's
+    docstring)."""
+    target = lengths(n, median, sigma, cap, cap_share, seed)
+    cm, st = _setup(model, mns, profile)
+    cost = ModelledCost(cm, 8)
+    est = Estimator(cm, 8, st)
+    full = {}
+    for lay in dense_layouts(8):
+        try:
+            e = _started(cost, lay, st, target)
+        except SpecError:  # the layout does not hold the model or a longest request
+            continue
+        e.run_until(1e12)
+        full[lay] = e.last_end
+    states = []
+    for a in full:
+        for f in at:
+            t0 = f * full[a]
+            e = _started(cost, a, st, target)
+            e.run_until(t0)
+            snap = e.snapshot()
+            rid = snap["rid"].astype(np.int64)
+            ctx = (snap["prompt"] + snap["generated"]).astype(float)
+            running = snap["running"].astype(bool)
+            load = ServerLoad(ctx, np.maximum(target[rid] - snap["generated"], 0).astype(float), running,
+                              snap["replica"].astype(np.int64), rid=rid)
+            kv = float(ctx[running].sum())
+            rows = {}
+            for b in full:
+                e2 = copy.deepcopy(e)
+                if b != a:
+                    e2.set_layout(b, t0)
+                e2.run_until(1e12)
+                pred = (0.0 if b == a else float(cost.switch_s(a, b, kv))) + est.server_s(b, load, current=a)
+                act = e2.last_end - t0
+                rows[b.name(8)] = {"engine_s": round(act, 3), "estimate_s": round(pred, 3), "ratio": round(pred / act, 4),
+                                   "tp": b.tp}
+            stay = rows[a.name(8)]
+            for r in rows.values():
+                r["gain_engine_s"] = round(stay["engine_s"] - r["engine_s"], 3)
+                r["gain_estimate_s"] = round(stay["estimate_s"] - r["estimate_s"], 3)
+            best = min(rows, key=lambda k: rows[k]["engine_s"])
+            pick = min(rows, key=lambda k: rows[k]["estimate_s"])
+            states.append({"from": a.name(8), "tp": a.tp, "at": f, "t0_s": round(t0, 3), "layouts": rows,
+                           "engine_best": best, "estimator_pick": pick,
+                           "regret": round(rows[pick]["engine_s"] / rows[best]["engine_s"], 4)})
+    return {"model": model, "requests": n, "median": median, "sigma": sigma, "cap": cap, "cap_share": cap_share,
+            "max_num_seqs": mns, "seed": seed, "states": states}
+
+
+def midstep_summary(cases: list) -> dict:
+    """Worst and mean regret, misranked states, and the ratio's range and the gain's largest error (as a share
+    of the engine's time for the stay) for staying, switching to a smaller TP degree and to a larger one."""
+    states = [s for c in cases for s in c["states"]]
+    out = {"states": len(states), "worst_regret": max(s["regret"] for s in states),
+           "mean_regret": round(float(np.mean([s["regret"] for s in states])), 4),
+           "misranked": sum(s["regret"] > 1.0 for s in states)}
+    for kind, keep in (("stay", lambda s, r: r["tp"] == s["tp"]), ("to_smaller_tp", lambda s, r: r["tp"] < s["tp"]),
+                       ("to_larger_tp", lambda s, r: r["tp"] > s["tp"])):
+        rs = [(s, r) for s in states for r in s["layouts"].values() if keep(s, r)]
+        if not rs:
+            continue
+        stay = {id(s): s["layouts"][s["from"]]["engine_s"] for s in states}
+        out[kind] = {"n": len(rs), "min_ratio": min(r["ratio"] for _, r in rs), "max_ratio": max(r["ratio"] for _, r in rs),
+                     "median_abs_error": round(float(np.median([abs(r["ratio"] - 1.0) for _, r in rs])), 4),
+                     "max_gain_error": round(max(abs(r["gain_estimate_s"] - r["gain_engine_s"]) / stay[id(s)]
+                                                 for s, r in rs), 4)}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=None, help="comma-separated case indices (default: all)")
     ap.add_argument("--profile", default=None, help="an engine profile both sides run on (vllm-v1, vllm-v0, sglang, "
                                                      "...; default: the kernels-only cost model)")
+    ap.add_argument("--midstep", action="store_true", help="from states inside a step (every layout, switched "
+                                                               "or kept) instead of a fresh step")
+    ap.add_argument("--at", default=None, help="--midstep: the shares of each layout's makespan to start "
+                                                    "from (default 0.3,0.6)")
     a = ap.parse_args(argv)
     if a.profile is not None:
         try:
@@ -116,6 +214,22 @@ def main(argv=None) -> int:
     if bad or not idx:
         print(f"--cases: unknown {bad or 'empty'} (0..{len(CASES) - 1})", file=sys.stderr)
         return 2
+    if a.at is not None and not a.midstep:
+        print("--at: only with --midstep", file=sys.stderr)
+        return 2
+    if a.midstep:
+        try:
+            at = tuple(float(x) for x in (a.at or "0.3,0.6").split(",") if x.strip())
+        except ValueError:
+            at = ()
+        if not at or not all(0.0 < x < 1.0 for x in at):
+            print(f"--at: {a.at!r} is not a comma-separated list of shares in (0, 1)", file=sys.stderr)
+            return 2
+        out = [run_midstep_case(*CASES[i], profile=a.profile, at=at)
+               for i in tqdm(idx, desc="estimator vs engine, mid-step", file=sys.stderr)]
+        print(json.dumps({"profile": a.profile or "kernels-only", "midstep": True, "at": list(at), "cases": out,
+                          **midstep_summary(out)}, indent=1))
+        return 0
     out = [run_case(*CASES[i], profile=a.profile) for i in tqdm(idx, desc="estimator vs engine", file=sys.stderr)]
     doc = {"profile": a.profile or "kernels-only", "cases": out, "worst_regret": max(c["regret"] for c in out),
            "median_max_error": float(np.median([c["max_error"] for c in out])),

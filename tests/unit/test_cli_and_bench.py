@@ -153,3 +153,33 @@ def test_bench_estimator_runs_both_sides_on_the_profile_it_is_given(capsys, monk
     assert set(doc["cases"][0]["layouts"]) <= {"TP1x8", "TP2x4", "TP4x2", "TP8x1"} and doc["cases"][0]["layouts"]
     assert bench_estimator.main([]) == 0 and json.loads(capsys.readouterr().out)["profile"] == "kernels-only"
     assert made == ["vllm-v0"]  # the default stays on the kernels-only model
+
+
+def test_bench_estimator_midstep_compares_switches_from_inside_a_step(capsys, monkeypatch):
+    """``bench_estimator.py --midstep``: from a state inside a step, every layout's estimate (switch cost
+    included) against the engine run on from a copy of that state; the kept layout's gain is 0 on both sides,
+    the pick's regret is its engine time over the best's, and bad ``--at`` exits 2."""
+    import json
+
+    from testbed.benchmarks import bench_estimator
+
+    monkeypatch.setattr(bench_estimator, "CASES", [("Qwen2.5-7B", 48, 400, 0.5, 4096, 0.0, 64, 0)])
+    assert bench_estimator.main(["--midstep", "--at", "0"]) == 2
+    assert bench_estimator.main(["--at", "0.5"]) == 2
+    assert "--at" in capsys.readouterr().err
+    assert bench_estimator.main(["--midstep", "--at", "0.5", "--profile", "vllm-v0"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["midstep"] and doc["at"] == [0.5] and doc["profile"] == "vllm-v0"
+    states = doc["cases"][0]["states"]
+    assert len(states) == len(states[0]["layouts"]) >= 2  # one state per layout started from, every layout from each
+    for s in states:
+        rows = s["layouts"]
+        assert rows[s["from"]]["gain_engine_s"] == 0 and rows[s["from"]]["gain_estimate_s"] == 0
+        best = min(r["engine_s"] for r in rows.values())
+        assert s["regret"] == round(rows[s["estimator_pick"]]["engine_s"] / best, 4) >= 1.0
+        # the state is the kept layout's own run at half its makespan: what is left of it takes as long again
+        assert abs(s["t0_s"] - rows[s["from"]]["engine_s"]) < 0.01
+        for r in rows.values():
+            assert abs(r["ratio"] - r["estimate_s"] / r["engine_s"]) < 1e-3
+    assert doc["states"] == len(states) and doc["stay"]["n"] == len(states)
+    assert doc["worst_regret"] == max(s["regret"] for s in states)
