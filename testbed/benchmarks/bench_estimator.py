@@ -19,7 +19,9 @@ runs each layout A to ``--at`` of its own makespan (default 0.3 and 0.6); from t
 layout B (the switch's cost, ``ModelledCost.switch_s`` for the KV then held, plus ``server_s(B, load,
 current=A)`` on the true remaining lengths: no forecast error) against the engine run on from a copy of that
 state, switched to B (A: kept). Per state: each layout's seconds and ratio, the estimate's pick, its regret, and
-the error in the predicted gain of every switch (the stay's time minus the switch's); summed up over all states
+the error in the predicted gain of every switch (the stay's time minus the switch's), and the engine's
+preemptions from the state on (by recompute: what the estimate does not model beyond one prefill of the
+requests a switch leaves waiting); summed up over all states
 and apart for switches to a smaller and to a larger TP degree (a smaller one has less KV per replica: the
 regime where the engine preempts). ~4 minutes a profile for the 15 cases.
 
@@ -147,6 +149,7 @@ def run_midstep_case(model: str, n: int, median: float, sigma: float, cap: int, 
             load = ServerLoad(ctx, np.maximum(target[rid] - snap["generated"], 0).astype(float), running,
                               snap["replica"].astype(np.int64), rid=rid)
             kv = float(ctx[running].sum())
+            before = e.stats(t0)["num_preemptions_total"]
             rows = {}
             for b in full:
                 e2 = copy.deepcopy(e)
@@ -156,7 +159,7 @@ def run_midstep_case(model: str, n: int, median: float, sigma: float, cap: int, 
                 pred = (0.0 if b == a else float(cost.switch_s(a, b, kv))) + est.server_s(b, load, current=a)
                 act = e2.last_end - t0
                 rows[b.name(8)] = {"engine_s": round(act, 3), "estimate_s": round(pred, 3), "ratio": round(pred / act, 4),
-                                   "tp": b.tp}
+                                   "tp": b.tp, "preemptions": e2.stats(e2.last_end)["num_preemptions_total"] - before}
             stay = rows[a.name(8)]
             for r in rows.values():
                 r["gain_engine_s"] = round(stay["engine_s"] - r["engine_s"], 3)
@@ -171,8 +174,10 @@ def run_midstep_case(model: str, n: int, median: float, sigma: float, cap: int, 
 
 
 def midstep_summary(cases: list) -> dict:
-    """Worst and mean regret, misranked states, and the ratio's range and the gain's largest error (as a share
-    of the engine's time for the stay) for staying, switching to a smaller TP degree and to a larger one."""
+    """Worst and mean regret, misranked states, and for staying, switching to a smaller TP degree and to a
+    larger one: the ratio's range and median error (all, and apart where the engine preempted from the state on
+    and where it did not), the gain's largest error (as a share of the engine's time for the stay) and the
+    switches whose gain the estimate gets the sign of wrong."""
     states = [s for c in cases for s in c["states"]]
     out = {"states": len(states), "worst_regret": max(s["regret"] for s in states),
            "mean_regret": round(float(np.mean([s["regret"] for s in states])), 4),
@@ -183,11 +188,21 @@ def midstep_summary(cases: list) -> dict:
         if not rs:
             continue
         stay = {id(s): s["layouts"][s["from"]]["engine_s"] for s in states}
-        out[kind] = {"n": len(rs), "min_ratio": min(r["ratio"] for _, r in rs), "max_ratio": max(r["ratio"] for _, r in rs),
-                     "median_abs_error": round(float(np.median([abs(r["ratio"] - 1.0) for _, r in rs])), 4),
+        out[kind] = {"n": len(rs), **_ratios([r for _, r in rs]),
                      "max_gain_error": round(max(abs(r["gain_estimate_s"] - r["gain_engine_s"]) / stay[id(s)]
-                                                 for s, r in rs), 4)}
+                                                 for s, r in rs), 4),
+                     "gain_sign_wrong": sum((r["gain_estimate_s"] > 0) != (r["gain_engine_s"] > 0) for st, r in rs
+                                            if r["tp"] != st["tp"]),
+                     "engine_preempting": _ratios([r for _, r in rs if r["preemptions"] > 0]),
+                     "engine_not_preempting": _ratios([r for _, r in rs if r["preemptions"] == 0])}
     return out
+
+
+def _ratios(rows: list) -> dict:
+    if not rows:
+        return {"n": 0}
+    return {"n": len(rows), "min_ratio": min(r["ratio"] for r in rows), "max_ratio": max(r["ratio"] for r in rows),
+            "median_abs_error": round(float(np.median([abs(r["ratio"] - 1.0) for r in rows])), 4)}
 
 
 def main(argv=None) -> int:

@@ -181,5 +181,9 @@ def test_bench_estimator_midstep_compares_switches_from_inside_a_step(capsys, mo
         assert abs(s["t0_s"] - rows[s["from"]]["engine_s"]) < 0.01
         for r in rows.values():
             assert abs(r["ratio"] - r["estimate_s"] / r["engine_s"]) < 1e-3
+        assert all(isinstance(r["preemptions"], int) and r["preemptions"] >= 0 for r in rows.values())
     assert doc["states"] == len(states) and doc["stay"]["n"] == len(states)
+    kinds = [doc[k] for k in ("stay", "to_smaller_tp", "to_larger_tp") if k in doc]
+    assert sum(k["engine_preempting"]["n"] + k["engine_not_preempting"]["n"] for k in kinds) == \
+        sum(len(s["layouts"]) for s in states)
     assert doc["worst_regret"] == max(s["regret"] for s in states)
