@@ -26,6 +26,7 @@ STEP_MODES = ("sync", "async")
 POLICY_ROLES = ("dispatch", "planner", "balancer")  # the parts a policy is composed of (testbed.orchestrator.interfaces)
 MIGRATION_MODES = ("stop_copy", "multi_stage")  # how a request's KV moves (agents.migration_plan)
 PAY_JUDGES = ("forecast", "truth")  # what the balancer's test that a move pays draws lengths from
+PLANNER_LENGTHS = ("forecast", "truth")  # what the planner estimates on
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,11 @@ class PlannerSettings:
       switch, the switch tried after 1/(n+1), ..., n/(n+1) of the step's predicted time (the throughput
       layout for the bulk, a latency layout for the tail: the switch oracle's plan, on the forecast); 0:
       each layout for the whole step.
+    lengths: what the planner estimates on: ``forecast`` (a policy: the forecast's stratified draws) or
+      ``truth`` (simulated backend only): every request's true remaining length, at a step's start and at
+      every tick (one draw, the truth: the judgement over other draws has none to judge). An oracle, not a
+      policy: what the planner makes of its estimates when the lengths are known, so a run can tell what the
+      forecast costs it from what its rule leaves (docs/orchestrator.md, "The estimator inside a step").
     """
 
     layouts: tuple[str, ...] = ()
@@ -176,8 +182,11 @@ class PlannerSettings:
     prune_ratio: float = 1.25
     prune_ticks: int = 5
     confirm_draws: int = 4
+    lengths: str = "forecast"
 
     def __post_init__(self) -> None:
+        require(self.lengths in PLANNER_LENGTHS, "lengths",
+                f"must be one of {', '.join(PLANNER_LENGTHS)}, got {self.lengths!r}")
         require(isinstance(self.confirm_draws, int) and 1 <= self.confirm_draws <= 16, "confirm_draws",
                 f"must be in 1..16, got {self.confirm_draws!r}")
         for n in ("min_gain_s", "gain_margin", "cooldown_s"):

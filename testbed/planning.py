@@ -13,6 +13,7 @@ starts).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -50,7 +51,18 @@ class PlanningTick:
         self.w = w
         self.gpus = est.gpus
         self.ctx = policy_context(scenario, backend, settings, est, balanced=policy.balancer is not None)
-        self.planner = policy.planner.create(self.ctx) if policy.planner else None
+        # planner ``lengths: truth`` (an oracle): the planner estimates on the true lengths, with an estimator of
+        # its own that never holds a forecast (its loads' ``rem`` are then used as given, and the lookahead
+        # advances them by their progress)
+        self.truth = None
+        if policy.planner and settings.planner.lengths == "truth":
+            if backend.true_remaining is None:
+                raise SpecError("orchestrator.planner.lengths",
+                                f"'truth' reads the true lengths, which only the simulated backend has ({backend.name})")
+            self.truth = backend.true_remaining
+        pctx = self.ctx if self.truth is None else dataclasses.replace(
+            self.ctx, estimator=Estimator(est.cm, est.gpus, est.settings))
+        self.planner = policy.planner.create(pctx) if policy.planner else None
         self.balancer = policy.balancer.create(self.ctx) if policy.balancer else None
         dispatch = policy.dispatch or scenario_dispatch(settings)
         self.dispatcher = dispatch.create(self.ctx)
@@ -180,7 +192,8 @@ class PlanningTick:
             else:
                 n = len(idx)
                 self.est.use_forecast(fc)
-                load = ServerLoad(np.full(n, float(self.w.prompt_tokens)), np.full(n, fc.mean()), np.zeros(n, bool),
+                rem = np.full(n, fc.mean()) if self.truth is None else req.target[idx].astype(float)
+                load = ServerLoad(np.full(n, float(self.w.prompt_tokens)), rem, np.zeros(n, bool),
                                   np.full(n, -1), np.zeros(n), request_levels(req.rid[idx]))
                 d = self.planner.initial(ServerView(s, cur[s], load), charged=not first)
                 check_decision(self.who["planner"], s, d, {s}, self.ctx.layouts, self.gpus)
@@ -194,6 +207,14 @@ class PlanningTick:
                                     charged=not first, cost_s=round(sw.end - sw.start, 3),
                                     reason=None if d is None else d.reason)
         return charged
+
+    def _planner_views(self, views: dict) -> dict:
+        """The views the planner decides on: ``views`` themselves, or under ``lengths: truth`` the same with
+        every request's true remaining tokens (at least 1, as the forecast's) as its ``rem``."""
+        if self.truth is None:
+            return views
+        return {s: dataclasses.replace(v, load=dataclasses.replace(
+            v.load, rem=np.maximum(np.asarray(self.truth(v.load.rid), float), 1.0))) for s, v in views.items()}
 
     # ---- a tick ----
     def tick(self, now: float, states: dict, forecast: LengthForecast, fc: LengthForecast, req: StepRequests,
@@ -233,7 +254,8 @@ class PlanningTick:
         near: set[int] = set()
         if self.planner is not None:
             decisions = checked_decisions(self.who["planner"], self.planner.evaluate_all(
-                views, now, self.settings.planning_interval_s), views, self.ctx.layouts, self.gpus)
+                self._planner_views(views), now, self.settings.planning_interval_s), views, self.ctx.layouts,
+                self.gpus)
             near = {s for s, d in decisions.items() if d.near_switch}
             self.timeline.event(now, "plan", step=req.step, gain_s={s: round(d.gain_s, 3) for s, d in decisions.items()},
                                 switch=[s for s, d in decisions.items() if d.switch])
@@ -251,7 +273,8 @@ class PlanningTick:
                 t0 = time.perf_counter()
                 after = _after_moves(views, rids, moved)
                 decisions = checked_decisions(self.who["planner"], self.planner.evaluate_all(
-                    after, now, self.settings.planning_interval_s), after, self.ctx.layouts, self.gpus)
+                    self._planner_views(after), now, self.settings.planning_interval_s), after, self.ctx.layouts,
+                    self.gpus)
                 self._thinking += time.perf_counter() - t0
                 switches += self._switch(now, req, decisions)
         else:

@@ -252,6 +252,9 @@ def _planner(args: argparse.Namespace) -> int:
         if bad:
             raise UsageError(f"--set takes KEY=VALUE (e.g. planner.confirm_draws=2), got {bad[0]!r}")
         scn = dataclasses.replace(scn, orchestrator=with_settings(scn.orchestrator, args.set))
+    if scn.orchestrator.planner.lengths != "forecast":
+        raise UsageError(f"planner.lengths={scn.orchestrator.planner.lengths}: the bench has no true lengths to "
+                         "give the planner (an oracle of the simulated backend's runs); it times the forecast's planner")
     if not 1 <= args.requests <= 1_000_000:
         raise UsageError(f"--requests must be in 1..1000000, got {args.requests}")
     if not 1 <= args.ticks <= 100_000:

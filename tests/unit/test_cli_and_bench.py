@@ -27,6 +27,8 @@ from controller.ocs import Matching, diff
     (["bench", "planner", "--set", "confirm_draws"], "--set takes KEY=VALUE"),
     (["bench", "planner", "--set", "planner.nosuch=2"], "orchestrator.planner.nosuch: unknown key"),
     (["bench", "planner", "--set", "planner.confirm_draws=0"], "orchestrator.planner.confirm_draws: must be in 1..16"),
+    (["bench", "planner", "--set", "planner.lengths=truth"], "the bench has no true lengths"),
+    (["bench", "planner", "--set", "planner.lengths=oracle"], "orchestrator.planner.lengths: must be one of forecast, truth"),
 ])
 def test_bad_input_exits_2_naming_the_problem(argv, needle, run_cli):
     rc, out = run_cli(argv)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from agents.engine import Layout
-from emulation.orchestration import orchestrator_settings
+from emulation.orchestration import PlannerSettings, orchestrator_settings
 from emulation.scenario import Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.workload import WorkloadSpec
@@ -463,3 +463,45 @@ def test_a_planner_policy_may_name_its_start():
         make_policy(parse_policy_arg("mine[planner=forecast,start=TP1x8]"), lays, 8, tuned)
     with pytest.raises(SpecError, match="start"):  # nothing to start elsewhere without a planner
         PolicySpec("mine", balancer="load-index", start="TP2x4")
+
+
+def test_the_planner_on_the_truth_estimates_on_the_true_lengths():
+    """planner ``lengths: truth`` (an oracle for the simulated backend): the planner's views carry every
+    request's true remaining length (at least 1) and its estimator holds no forecast (so it uses them as given);
+    the balancer's views and the shared estimator are left as they were. Refused where no true lengths exist."""
+    from emulation.validation import SpecError
+    from testbed.planning import PlanningTick
+    from testbed.orchestrator.policies import make_policy
+
+    with pytest.raises(SpecError, match="lengths"):
+        PlannerSettings(lengths="oracle")
+
+    class Backend:
+        name, gen_servers = "simulated", [4, 5, 6, 7]
+
+        def __init__(self, truth):
+            self.true_remaining = truth
+
+        def now(self):
+            return 0.0
+
+    w, est, feasible, *_ = _setup(4096, 64)
+    scn = Scenario(name="t", seed=1, fabric=FabricSpec(pods=2, tors_per_pod=2, servers_per_tor=2),
+                   layout=JobLayout((0,), (1,)), workload=w)
+    settings = orchestrator_settings({"planner": {"lengths": "truth"}})
+    with pytest.raises(SpecError, match="orchestrator.planner.lengths.*simulated backend"):
+        PlanningTick(scn, Backend(None), make_policy("orchestrrl", feasible, 8), settings, est, None, None)
+    views, rids = _bench_state(w, est, feasible, np.random.default_rng(0), 256, [Layout(1)] * 4)
+    truth = {int(r): float(k % 5) for s in views for k, r in enumerate(views[s].load.rid)}
+    tick = PlanningTick(scn, Backend(lambda r: np.array([truth[int(x)] for x in r])),
+                        make_policy("orchestrrl", feasible, 8), settings, est, None, None)
+    seen = tick._planner_views(views)
+    for s, v in views.items():
+        want = np.maximum([truth[int(x)] for x in v.load.rid], 1.0)
+        assert np.array_equal(seen[s].load.rem, want) and not np.array_equal(v.load.rem, want)
+        assert np.array_equal(seen[s].load.ctx0, v.load.ctx0) and seen[s].layout == v.layout
+    assert tick.planner.estimator is not est and tick.planner.estimator.forecast is None
+    assert tick.balancer.estimator is est
+    plain = PlanningTick(scn, Backend(None), make_policy("orchestrrl", feasible, 8), orchestrator_settings({}), est,
+                         None, None)
+    assert plain._planner_views(views) is views and plain.planner.estimator is est
