@@ -147,6 +147,18 @@ class PlannerSettings:
     lookahead: before switching, predict the server one planning interval later (estimate.Estimator.advance)
       and wait if switching then (to the then-best layout) is predicted to finish sooner: the best layout
       drifts towards larger TP as the batch drains, and a switch made too early pays its cost again later.
+    lookahead_points: ... and also ``k/(n+1)`` of the switch's predicted time later, k = 1..n (0: one interval
+      only): a layout kept for a while and switched later can beat switching now, which a comparison of
+      each layout held to the end does not see (the start's plans of one later switch, initial_switch_points,
+      do; the ticks then abandoned them: at seed 1, 64 per GPU, vllm-v0, the start's plan TP1x8 then TP8x1 was
+      switched to TP4x2 two seconds in, where the switch oracle keeps TP1x8 to 63-102 s and then takes TP8x1).
+    replace_patience: beside a balancer a switch is judged against the current layout re-placed (the balancer's
+      to reach); after this many ticks in a row on which only that re-placement held a switch back, it is
+      judged against the placement as it is (the balancer has not reached it: at seed 4, 128 per GPU, vllm-v0,
+      a server's switch was held back for 260 s, 3-12 s of re-placed gain against 37-85 s as placed). 0 (the
+      default since the lookahead's later points): the re-placement never holds a switch back on its own;
+      on the vllm-v0 map's seeds 1-3 orchestrrl's mean is 1.121 with 0 and 1.114 with 5
+      (docs/orchestrator.md).
     initial_margin: at a step's start another layout than the server's current one (at the run's first step
       the policy's start, the tuned static layout) is taken only when predicted faster by this fraction:
       nothing of the step is known yet but its forecast, so the estimates are at their least certain, and a
@@ -174,6 +186,8 @@ class PlannerSettings:
     gain_margin: float = 0.05
     cooldown_s: float = 2.0
     lookahead: bool = True
+    lookahead_points: int = 3
+    replace_patience: int = 0
     initial_margin: float = 0.05
     initial_switch_points: int = 3
     # a candidate predicted more than prune_ratio x slower than a server's best at a tick is skipped for that
@@ -195,6 +209,10 @@ class PlannerSettings:
         require(self.gain_margin < 1, "gain_margin", f"must be < 1, got {self.gain_margin}")
         require(math.isfinite(self.initial_margin) and 0 <= self.initial_margin < 1, "initial_margin",
                 f"must be in [0, 1), got {self.initial_margin}")
+        require(isinstance(self.replace_patience, int) and 0 <= self.replace_patience <= 1000,
+                "replace_patience", f"must be in 0..1000, got {self.replace_patience!r}")
+        require(isinstance(self.lookahead_points, int) and 0 <= self.lookahead_points <= 20,
+                "lookahead_points", f"must be in 0..20, got {self.lookahead_points!r}")
         require(isinstance(self.initial_switch_points, int) and 0 <= self.initial_switch_points <= 20,
                 "initial_switch_points", f"must be in 0..20, got {self.initial_switch_points!r}")
         require(math.isfinite(self.prune_ratio) and self.prune_ratio > 1, "prune_ratio",

@@ -104,6 +104,8 @@ class Planner(LayoutPlanner):
     def __post_init__(self) -> None:
         self._ticks = 0
         self._pruned: dict[tuple, int] = {}  # (layout, server) -> the tick it is looked at again
+        # server -> consecutive ticks its switch was held back only by the re-placement (beside a balancer)
+        self._held: dict[int, int] = {}
         self.candidates = [c for c in candidate_layouts(self.settings, self.estimator.gpus, self.moe)
                            if not self.allowed or c in self.allowed]
         if not self.candidates:
@@ -168,26 +170,42 @@ class Planner(LayoutPlanner):
             near = switch or v.busy_until > now or now - v.last_switch_end < self.settings.cooldown_s
             out[s] = Decision(s, cur, best, pred, switch, gain, best_cost, reason, near)
         switching = [s for s, d in out.items() if d.switch]
+        for s in [s for s in self._held if s not in switching]:  # held back on consecutive ticks only
+            del self._held[s]
         if switching and (self.beside_balancer or self.settings.confirm_draws > 1):
             self._judge_again(views, out, times, switching, now)
         if self.settings.lookahead and interval:
             tempted = {s: times[s][out[s].best][0] for s in switching if out[s].switch}
-        if tempted:  # would it pay to wait one interval and switch then (to the then-best layout)?
+        if tempted:  # would it pay to wait (one interval, or longer) and switch then (to the then-best layout)?
             # loads that all carry what stratifying needs are estimated on the forecast's quantiles, never on
             # their rem, so it is not asked of the forecast for them (Estimator.advance_many's mean)
             strat = all(views[s].load.gen is not None and views[s].load.key is not None for s in tempted)
-            ahead = self.estimator.advance_many([(views[s].layout, views[s].load) for s in tempted], interval,
-                                                mean=not strat)
-            later = {s: ServerView(s, views[s].layout, ld) for s, ld in zip(tempted, ahead)}
-            t2 = self._all_times(later, now)
-            for s, best_t in tempted.items():
-                l2 = min(t2[s], key=lambda lay: t2[s][lay][0])
-                if interval + t2[s][l2][0] < best_t:
-                    d = out[s]
-                    out[s] = replace(d, switch=False, near_switch=True, reason=(
-                        f"gain {d.gain_s:.2f} s now, but {interval:g} s later {l2.name(gpus)} is predicted "
-                        f"to finish {best_t - interval - t2[s][l2][0]:.2f} s sooner: waiting"))
+            n = self.settings.lookahead_points
+            span = max(tempted.values())
+            waits = [interval] + [span * k / (n + 1) for k in range(1, n + 1) if span * k / (n + 1) > interval]
+            waiting = {}
+            for dt in waits:
+                ahead = self.estimator.advance_many([(views[s].layout, views[s].load) for s in tempted], dt,
+                                                    mean=not strat)
+                later = {s: ServerView(s, views[s].layout, ld) for s, ld in zip(tempted, ahead) if ld.n}
+                t2 = self._all_times(later, now) if later else {}
+                for s, best_t in tempted.items():
+                    if s not in t2:
+                        continue
+                    l2 = min(t2[s], key=lambda lay: t2[s][lay][0])
+                    if dt + t2[s][l2][0] < best_t and (s not in waiting or dt + t2[s][l2][0] < waiting[s][0]):
+                        waiting[s] = (dt + t2[s][l2][0], dt, l2)
+            for s, (t_wait, dt, l2) in waiting.items():
+                d = out[s]
+                out[s] = replace(d, switch=False, near_switch=True, reason=(
+                    f"gain {d.gain_s:.2f} s now, but {dt:g} s later {l2.name(gpus)} is predicted "
+                    f"to finish {tempted[s] - t_wait:.2f} s sooner: waiting"))
         return out
+
+    def step_end(self, step: int, states: dict) -> None:
+        """A step's generation ended: what the ticks counted of it (the switches held back by the re-placement)
+        is forgotten."""
+        self._held.clear()
 
     def _judge_again(self, views: dict, out: dict, times: dict, servers: list, now: float) -> None:
         """The switches the tick's estimate finds worth it (``servers``), judged again before they are made;
@@ -201,7 +219,10 @@ class Planner(LayoutPlanner):
         * beside a balancer (``beside_balancer``), against the better of the current placement and the
           current layout with its requests re-dealt as the engine deals them after a switch: the balancer
           reaches a better placement without a switch, so only the rest of the gain is the layout's (a
-          switching server is out of the balancer's reach while it switches)."""
+          switching server is out of the balancer's reach while it switches). For ``replace_patience`` ticks in
+          a row: after that many ticks of a switch held back only by that re-placement, the balancer has not
+          reached it (its one-request moves cannot lower a replica whose end is set by several long requests),
+          and the switch is judged against the placement as it is."""
         est = self.estimator
         draws = self.settings.confirm_draws
         loads, currents, todo = {}, {}, {}
@@ -226,19 +247,26 @@ class Planner(LayoutPlanner):
             cur, best = v.layout, d.best
             busy = max(0.0, v.busy_until - now)
             cost = times[s][best][1]
-            base0 = times[s][cur][0] - busy
-            if self.beside_balancer:
-                base0 = min(base0, t[cur][(s, 0, 1)])
-            gains = [base0 - (times[s][best][0] - busy)]
-            for k in todo[s]:
-                base = t[cur][(s, k, 0)]
-                if self.beside_balancer:
-                    base = min(base, t[cur][(s, k, 1)])
-                gains.append(base - (t[best][(s, k, 0)] + cost))
-            gain = float(np.mean(gains))
+            placed = [times[s][cur][0] - busy] + [t[cur][(s, k, 0)] for k in todo[s]]
+            replaced = ([min(placed[0], t[cur][(s, 0, 1)])] + [min(b, t[cur][(s, k, 1)]) for b, k in
+                                                                zip(placed[1:], todo[s])]) if self.beside_balancer else placed
+            ends = [times[s][best][0] - busy] + [t[best][(s, k, 0)] + cost for k in todo[s]]
+            gain = float(np.mean([b - e for b, e in zip(replaced, ends)]))
             need = max(self.settings.min_gain_s, self.settings.gain_margin * times[s][cur][0])
-            what = (f"{gain:.2f} s over {len(gains)} draws of the lengths" if len(gains) > 1 else f"{gain:.2f} s")
-            what += " against the current layout re-placed" if self.beside_balancer else ""
+            what = (f"{gain:.2f} s over {len(ends)} draws of the lengths" if len(ends) > 1 else f"{gain:.2f} s")
+            if self.beside_balancer:
+                as_placed = float(np.mean([b - e for b, e in zip(placed, ends)]))
+                if gain <= need < as_placed:  # only the re-placement the balancer is trusted to reach holds it back
+                    self._held[s] = self._held.get(s, 0) + 1
+                else:
+                    self._held.pop(s, None)
+                if self._held.get(s, 0) > self.settings.replace_patience:
+                    what = (f"{as_placed:.2f} s{what[len(f'{gain:.2f} s'):]} as placed (the current layout "
+                            f"re-placed, {gain:.2f} s, held it back {self._held[s] - 1} ticks: the balancer has not "
+                            f"reached it)")
+                    gain = as_placed
+                else:
+                    what += " against the current layout re-placed"
             verdict = (f"does not exceed {need:.2f} s" if gain <= need
                        else f"beyond the switch cost {d.switch_cost_s:.2f} s")
             sep = ":" if gain <= need else ","

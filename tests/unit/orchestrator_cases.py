@@ -8,7 +8,10 @@ the decision path was optimised, so the test checks that the faster code decides
 it was re-written once, deliberately, when the stratified quantiles moved from per replica to per server,
 and again (2026-12-06) when a candidate layout's deal became the engine's own (by request id, on KV blocks,
 the running requests that find no slot or KV room waiting to recompute) and a tempting switch is judged
-again over 4 draws of the long requests (12 of the file's switch decisions moved).
+again over 4 draws of the long requests (12 of the file's switch decisions moved); and again (2026-12-06, a
+later commit) when a tempting switch is also set against keeping the layout for k/4 of the switch's predicted
+time, k = 1..3, and switching then (PlannerSettings.lookahead_points): 9 of the file's switches became waits,
+and two reasons of waits already made name the longer wait.
 """
 from __future__ import annotations
 

@@ -251,15 +251,19 @@ def test_driver_on_the_simulated_backend_completes_every_response_once(mode, tmp
 
 
 def test_planner_beside_a_balancer_leaves_a_placement_gain_to_it():
-    """Beside a balancer (orchestrrl) a switch is judged against the current layout re-dealt as the engine
-    deals it: a server whose requests sit badly on its replicas is the balancer's to fix, and a switch that
-    gains only that placement is not made; the planner alone makes it (no one else can)."""
+    """Beside a balancer (orchestrrl) with ``replace_patience`` > 0 a switch is judged against the current
+    layout re-dealt as the engine deals it: a server whose requests sit badly on its replicas is the
+    balancer's to fix, and a switch that gains only that placement is not made; the planner alone makes it
+    (no one else can). With the default patience, 0, the re-placement holds nothing back."""
     n = 96
     v = ServerView(4, Layout(2), load(np.full(n, 500), np.full(n, 2000), np.zeros(n, int)))  # all on replica 0
     alone = planner(confirm_draws=1).evaluate(v, now=10.0)
     assert alone.switch and alone.gain_s > 0.3 * alone.predicted_s["TP2x4"]
-    p = Planner(Estimator(CM, 8, SETTINGS), ModelledCost(CM, 8), PlannerSettings(lookahead=False, confirm_draws=1),
-                beside_balancer=True)
+    default = Planner(Estimator(CM, 8, SETTINGS), ModelledCost(CM, 8), PlannerSettings(lookahead=False, confirm_draws=1),
+                      beside_balancer=True)
+    assert default.evaluate(v, now=10.0).switch
+    p = Planner(Estimator(CM, 8, SETTINGS), ModelledCost(CM, 8),
+                PlannerSettings(lookahead=False, confirm_draws=1, replace_patience=5), beside_balancer=True)
     d = p.evaluate(v, now=10.0)
     redealt = p.estimator.server_s(Layout(2), v.load)  # no current layout: dealt as after a switch
     assert redealt < alone.predicted_s["TP2x4"] / 2
@@ -299,3 +303,60 @@ def test_planner_judges_a_switch_over_several_draws_of_the_long_requests():
         gains.append(est.server_s(Layout(1), lk, Layout(1)) - est.server_s(Layout(8), lk, Layout(1)) - cost)
     assert d3.judged_gain_s == pytest.approx(float(np.mean(gains)), rel=1e-9) and d3.gain_s == d1.gain_s
     assert d3.switch == (d3.judged_gain_s > max(0.5, 0.05 * d1.predicted_s["TP1x8"])) and "3 draws" in d3.reason
+
+
+def test_planner_waits_where_keeping_the_layout_and_switching_later_beats_switching_now():
+    """lookahead_points: a tempting switch is also set against keeping the layout k/(n+1) of the switch's
+    predicted time and switching then (to the then-best layout); where such a plan is predicted sooner the
+    planner waits, and the plan it names is what the estimator predicts for it. lookahead_points 0 (one
+    interval only) makes the switch on the same state."""
+    import re
+
+    from orchestrator_cases import _bench_state, _setup
+
+    w, est, lays, _, _ = _setup(4096, 64)
+    views, _ = _bench_state(w, est, lays, np.random.default_rng(0), 1024, [lays[0]] * 4)
+
+    def decide(points):
+        p = Planner(est, ModelledCost(est.cm, 8), PlannerSettings(prune_ticks=0, lookahead_points=points), False,
+                    tuple(lays))
+        return p.evaluate_all(views, now=10.0, interval=1.0)
+
+    now_only, later = decide(0), decide(3)
+    waited = [s for s in views if now_only[s].switch and not later[s].switch]
+    assert waited, "the state has a switch that a later one beats"
+    for s in views:
+        assert later[s].switch <= now_only[s].switch  # waiting only ever holds a switch back
+    for s in waited:
+        m = re.search(r"but ([\d.]+) s later (TP\dx\d) is predicted to finish ([\d.]+) s sooner: waiting", later[s].reason)
+        assert m, later[s].reason
+        dt, to = float(m.group(1)), Layout.parse(m.group(2), 8)
+        assert dt > 1.0  # beyond the one interval the lookahead looked at before
+        v = views[s]
+        ahead = est.advance_many([(v.layout, v.load)], dt, mean=False)[0]
+        then = dt + est.server_s(to, ahead, current=v.layout) + (
+            0.0 if to == v.layout else float(ModelledCost(est.cm, 8).switch_s(v.layout, to, ahead.kv_held)))
+        switch_now = now_only[s].predicted_s[now_only[s].best.name(8)]
+        assert then < switch_now and switch_now - then == pytest.approx(float(m.group(3)), abs=0.01)
+
+
+def test_planner_stops_trusting_a_re_placement_the_balancer_does_not_reach():
+    """replace_patience: beside a balancer a switch held back only by the current layout re-placed is held
+    for that many ticks in a row; on the next it is judged against the placement as it is (the balancer has
+    not reached the re-placement). A tick on which it is not tempted, or a step's end, starts the count
+    again."""
+    n = 96
+    v = ServerView(4, Layout(2), load(np.full(n, 500), np.full(n, 2000), np.zeros(n, int)))  # all on replica 0
+    alone = planner(confirm_draws=1).evaluate(v, now=10.0)
+    assert alone.switch
+    p = Planner(Estimator(CM, 8, SETTINGS), ModelledCost(CM, 8),
+                PlannerSettings(lookahead=False, confirm_draws=1, replace_patience=2), beside_balancer=True)
+    held = [p.evaluate_all({4: v}, now=10.0 + 2 * k)[4] for k in range(3)]
+    assert [d.switch for d in held] == [False, False, True]
+    assert "re-placed" in held[0].reason and "held it back 2 ticks: the balancer has not reached it" in held[2].reason
+    assert held[2].judged_gain_s == pytest.approx(alone.gain_s, rel=1e-9)  # as placed: the planner alone's gain
+    p.evaluate_all({4: ServerView(4, Layout(2), load(np.full(n, 500), np.full(n, 5), np.zeros(n, int)))}, now=16.0)
+    assert not p.evaluate_all({4: v}, now=18.0)[4].switch  # not tempted in between: counted again from 1
+    p.evaluate_all({4: v}, now=20.0)
+    p.step_end(0, {})
+    assert not p.evaluate_all({4: v}, now=22.0)[4].switch
