@@ -94,6 +94,20 @@ def _started(cost, lay, st, target) -> Engine:
     return e
 
 
+def _makespans(cost, st, target) -> dict:
+    """{layout: the engine's makespan of ``target`` from a fresh step} for every dense layout that holds the
+    model and a longest request."""
+    out = {}
+    for lay in dense_layouts(8):
+        try:
+            e = _started(cost, lay, st, target)
+        except SpecError:  # the layout does not hold the model or a longest request
+            continue
+        e.run_until(1e12)
+        out[lay] = e.last_end
+    return out
+
+
 def run_case(model: str, n: int, median: float, sigma: float, cap: int, cap_share: float, mns: int,
              seed: int, profile: str | None = None) -> dict:
     target = lengths(n, median, sigma, cap, cap_share, seed)
@@ -103,13 +117,8 @@ def run_case(model: str, n: int, median: float, sigma: float, cap: int, cap_shar
     load = ServerLoad(np.full(n, float(PROMPT)), target.astype(float), np.zeros(n, bool), np.full(n, -1),
                       np.zeros(n), np.linspace(0.0, 1.0, n))
     rows = {}
-    for lay in dense_layouts(8):
-        try:
-            e = _started(cost, lay, st, target)
-        except SpecError:  # the layout does not hold the model or a longest request
-            continue
-        e.run_until(1e12)
-        engine_s, est_s = e.last_end, est.server_s(lay, load)
+    for lay, engine_s in _makespans(cost, st, target).items():
+        est_s = est.server_s(lay, load)
         rows[lay.name(8)] = {"engine_s": round(engine_s, 3), "estimate_s": round(est_s, 3),
                              "ratio": round(est_s / engine_s, 4)}
     best = min(rows, key=lambda k: rows[k]["engine_s"])
@@ -128,14 +137,7 @@ def run_midstep_case(model: str, n: int, median: float, sigma: float, cap: int, 
     cm, st = _setup(model, mns, profile)
     cost = ModelledCost(cm, 8)
     est = Estimator(cm, 8, st)
-    full = {}
-    for lay in dense_layouts(8):
-        try:
-            e = _started(cost, lay, st, target)
-        except SpecError:  # the layout does not hold the model or a longest request
-            continue
-        e.run_until(1e12)
-        full[lay] = e.last_end
+    full = _makespans(cost, st, target)
     states = []
     for a in full:
         for f in at:

@@ -414,18 +414,29 @@ def test_the_truth_judge_is_refused_without_the_true_lengths():
     with pytest.raises(SpecError, match="pay_judge"):
         BalancerSettings(pay_judge="oracle")
 
-    class NoTruth:  # the emulated backend's interface: no true lengths to read
-        name, true_remaining, gen_servers = "emulated", None, [4, 5, 6, 7]
-
-        def now(self):
-            return 0.0
-
     w, est, feasible, *_ = _setup(4096, 64)
-    scn = Scenario(name="t", seed=1, fabric=FabricSpec(pods=2, tors_per_pod=2, servers_per_tor=2),
-                   layout=JobLayout((0,), (1,)), workload=w)
     settings = orchestrator_settings({"balancer": {"pay_judge": "truth"}})
     with pytest.raises(SpecError, match="orchestrator.balancer.pay_judge.*simulated backend"):
-        PlanningTick(scn, NoTruth(), make_policy("orchestrrl", feasible, 8), settings, est, None, None)
+        PlanningTick(_tick_scenario(w), _Backend(None, "emulated"), make_policy("orchestrrl", feasible, 8), settings,
+                     est, None, None)
+
+
+class _Backend:
+    """What PlanningTick reads of a backend: its name, generator servers, clock and true lengths (None: the
+    emulated backend's, which has none to read)."""
+
+    gen_servers = [4, 5, 6, 7]
+
+    def __init__(self, truth, name="simulated"):
+        self.true_remaining, self.name = truth, name
+
+    def now(self):
+        return 0.0
+
+
+def _tick_scenario(w) -> Scenario:
+    return Scenario(name="t", seed=1, fabric=FabricSpec(pods=2, tors_per_pod=2, servers_per_tor=2),
+                    layout=JobLayout((0,), (1,)), workload=w)
 
 
 def test_an_alias_the_grid_found_identical_is_reported_not_run_again(tmp_path, monkeypatch):
@@ -476,21 +487,12 @@ def test_the_planner_on_the_truth_estimates_on_the_true_lengths():
     with pytest.raises(SpecError, match="lengths"):
         PlannerSettings(lengths="oracle")
 
-    class Backend:
-        name, gen_servers = "simulated", [4, 5, 6, 7]
-
-        def __init__(self, truth):
-            self.true_remaining = truth
-
-        def now(self):
-            return 0.0
-
     w, est, feasible, *_ = _setup(4096, 64)
-    scn = Scenario(name="t", seed=1, fabric=FabricSpec(pods=2, tors_per_pod=2, servers_per_tor=2),
-                   layout=JobLayout((0,), (1,)), workload=w)
+    scn = _tick_scenario(w)
+    Backend = _Backend
     settings = orchestrator_settings({"planner": {"lengths": "truth"}})
     with pytest.raises(SpecError, match="orchestrator.planner.lengths.*simulated backend"):
-        PlanningTick(scn, Backend(None), make_policy("orchestrrl", feasible, 8), settings, est, None, None)
+        PlanningTick(scn, Backend(None, "emulated"), make_policy("orchestrrl", feasible, 8), settings, est, None, None)
     views, rids = _bench_state(w, est, feasible, np.random.default_rng(0), 256, [Layout(1)] * 4)
     truth = {int(r): float(k % 5) for s in views for k, r in enumerate(views[s].load.rid)}
     tick = PlanningTick(scn, Backend(lambda r: np.array([truth[int(x)] for x in r])),
