@@ -156,7 +156,8 @@ class PlannerSettings:
       to reach); after this many ticks in a row on which only that re-placement held a switch back, it is
       judged against the placement as it is (the balancer has not reached it: at seed 4, 128 per GPU, vllm-v0,
       a server's switch was held back for 260 s, 3-12 s of re-placed gain against 37-85 s as placed). 0 (the
-      default since the lookahead's later points): the re-placement never holds a switch back on its own;
+      default since the lookahead's later points): the re-placement never holds a switch back on its own, and
+      is not estimated;
       on the vllm-v0 map's seeds 1-3 orchestrrl's mean is 1.121 with 0 and 1.114 with 5
       (docs/orchestrator.md).
     initial_margin: at a step's start another layout than the server's current one (at the run's first step

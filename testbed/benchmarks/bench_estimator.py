@@ -184,12 +184,12 @@ def midstep_summary(cases: list) -> dict:
     out = {"states": len(states), "worst_regret": max(s["regret"] for s in states),
            "mean_regret": round(float(np.mean([s["regret"] for s in states])), 4),
            "misranked": sum(s["regret"] > 1.0 for s in states)}
+    stay = {id(s): s["layouts"][s["from"]]["engine_s"] for s in states}
     for kind, keep in (("stay", lambda s, r: r["tp"] == s["tp"]), ("to_smaller_tp", lambda s, r: r["tp"] < s["tp"]),
                        ("to_larger_tp", lambda s, r: r["tp"] > s["tp"])):
         rs = [(s, r) for s in states for r in s["layouts"].values() if keep(s, r)]
         if not rs:
             continue
-        stay = {id(s): s["layouts"][s["from"]]["engine_s"] for s in states}
         out[kind] = {"n": len(rs), **_ratios([r for _, r in rs]),
                      "max_gain_error": round(max(abs(r["gain_estimate_s"] - r["gain_engine_s"]) / stay[id(s)]
                                                  for s, r in rs), 4),

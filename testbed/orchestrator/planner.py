@@ -225,6 +225,9 @@ class Planner(LayoutPlanner):
           and the switch is judged against the placement as it is."""
         est = self.estimator
         draws = self.settings.confirm_draws
+        # the re-placement is estimated only where it can hold a switch back (patience 0: it never does alone,
+        # and a switch it does not hold back is made on the gain as placed)
+        replaced = self.beside_balancer and self.settings.replace_patience > 0
         loads, currents, todo = {}, {}, {}
         for s in servers:  # every server's other draws (and re-deals) in one pass of the estimator
             v = views[s]
@@ -233,9 +236,9 @@ class Planner(LayoutPlanner):
             for k in ks:
                 ld = replace(v.load, key=request_levels(v.load.rid, k))
                 loads[(s, k, 0)], currents[(s, k, 0)] = ld, v.layout  # as it is placed
-                if self.beside_balancer:
+                if replaced:
                     loads[(s, k, 1)], currents[(s, k, 1)] = ld, None  # re-dealt as after a switch
-            if self.beside_balancer:  # this tick's draw re-dealt (as placed, and the candidate: the tick's own)
+            if replaced:  # this tick's draw re-dealt (as placed, and the candidate: the tick's own)
                 loads[(s, 0, 1)], currents[(s, 0, 1)] = v.load, None
         lays = list(dict.fromkeys(lay for s in servers for lay in (views[s].layout, out[s].best)))
         skip = frozenset((lay, key) for lay in lays for key in loads
@@ -247,26 +250,25 @@ class Planner(LayoutPlanner):
             cur, best = v.layout, d.best
             busy = max(0.0, v.busy_until - now)
             cost = times[s][best][1]
-            placed = [times[s][cur][0] - busy] + [t[cur][(s, k, 0)] for k in todo[s]]
-            replaced = ([min(placed[0], t[cur][(s, 0, 1)])] + [min(b, t[cur][(s, k, 1)]) for b, k in
-                                                                zip(placed[1:], todo[s])]) if self.beside_balancer else placed
+            keys = [0] + todo[s]
             ends = [times[s][best][0] - busy] + [t[best][(s, k, 0)] + cost for k in todo[s]]
-            gain = float(np.mean([b - e for b, e in zip(replaced, ends)]))
+            placed = [times[s][cur][0] - busy] + [t[cur][(s, k, 0)] for k in todo[s]]
+            gain = as_placed = float(np.mean([b - e for b, e in zip(placed, ends)]))
             need = max(self.settings.min_gain_s, self.settings.gain_margin * times[s][cur][0])
-            what = (f"{gain:.2f} s over {len(ends)} draws of the lengths" if len(ends) > 1 else f"{gain:.2f} s")
-            if self.beside_balancer:
-                as_placed = float(np.mean([b - e for b, e in zip(placed, ends)]))
+            draws_s = f" over {len(ends)} draws of the lengths" if len(ends) > 1 else ""
+            what = f"{gain:.2f} s{draws_s}"
+            if replaced:
+                gain = float(np.mean([min(b, t[cur][(s, k, 1)]) - e for b, k, e in zip(placed, keys, ends)]))
                 if gain <= need < as_placed:  # only the re-placement the balancer is trusted to reach holds it back
                     self._held[s] = self._held.get(s, 0) + 1
                 else:
                     self._held.pop(s, None)
                 if self._held.get(s, 0) > self.settings.replace_patience:
-                    what = (f"{as_placed:.2f} s{what[len(f'{gain:.2f} s'):]} as placed (the current layout "
-                            f"re-placed, {gain:.2f} s, held it back {self._held[s] - 1} ticks: the balancer has not "
-                            f"reached it)")
+                    what += (f" as placed (the current layout re-placed, {gain:.2f} s, held it back "
+                             f"{self._held[s] - 1} ticks: the balancer has not reached it)")
                     gain = as_placed
                 else:
-                    what += " against the current layout re-placed"
+                    what = f"{gain:.2f} s{draws_s} against the current layout re-placed"
             verdict = (f"does not exceed {need:.2f} s" if gain <= need
                        else f"beyond the switch cost {d.switch_cost_s:.2f} s")
             sep = ":" if gain <= need else ","
