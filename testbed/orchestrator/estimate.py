@@ -1039,10 +1039,14 @@ class Estimator:
         :func:`loads_from_snapshot` gives it; False: its ``rem`` less its progress, as without a forecast, the
         forecast not asked (~0.3 ms a bench tick) -- for a caller that estimates the loads with the forecast,
         whose stratified quantiles replace ``rem`` (the planner's lookahead)."""
-        out = list(ld for _, ld in items)
+        return self.advance_many_at(items, [dt], mean)[0]
+
+    def advance_many_at(self, items: list, dts: list, mean: bool = True) -> list:
+        """:meth:`advance_many` at every time of ``dts``: [the loads ``dt`` later, for each ``dt``], the
+        schedules found or made once for all of them (the planner's lookahead at its several points)."""
         todo = [k for k, (_, ld) in enumerate(items) if ld.n and ld.gen is not None]
         if not todo:
-            return out
+            return [list(ld for _, ld in items) for _ in dts]
         done = [self._recall(items[k][0], items[k][1], items[k][0]) for k in todo]
         miss = [q for q, (d, _) in enumerate(done) if d is None]
         if miss:
@@ -1051,30 +1055,34 @@ class Estimator:
                 self._remember(done[q][1], d)
                 done[q] = (d, None)
         done = [d for d, _ in done]
-        gained_all = self._progress_of(done, dt)
         at = np.cumsum([0] + [len(d.rem) for d in done]).tolist()
-        keeps, gens = [], []
-        for k, d in zip(todo, done):
-            q = len(keeps)
-            gained = gained_all[at[q]:at[q + 1]]
-            keeps.append(gained < np.ceil(d.rem))
-            gens.append((items[k][1].gen + gained)[keeps[-1]])
         cond = mean and self.forecast is not None
-        if cond:
-            sh = [None if items[k][1].shift is None else items[k][1].shift[kp] for k, kp in zip(todo, keeps)]
-            shift = None if all(x is None for x in sh) else np.concatenate(
-                [x if x is not None else np.zeros(len(g)) for x, g in zip(sh, gens)])
-            left = np.maximum(self.forecast.remaining(np.concatenate(gens), shift), 1.0)
-            cut = np.cumsum([0] + [len(x) for x in gens]).tolist()
-        for q, (k, d) in enumerate(zip(todo, done)):
-            load = items[k][1]
-            gained, keep = gained_all[at[q]:at[q + 1]], keeps[q]
-            new_rem = left[cut[q]:cut[q + 1]] if cond else np.maximum(load.rem - gained, 1.0)[keep]
-            out[k] = ServerLoad(ctx0=(load.ctx0 + gained)[keep], rem=new_rem,
-                                running=(load.running | (gained > 0))[keep], replica=d.rep[keep], gen=gens[q],
-                                key=load.key[keep], shift=None if load.shift is None else load.shift[keep],
-                                rid=None if load.rid is None else load.rid[keep])
-        return out
+        result = []
+        for dt in dts:
+            out = list(ld for _, ld in items)
+            gained_all = self._progress_of(done, dt)
+            keeps, gens = [], []
+            for k, d in zip(todo, done):
+                q = len(keeps)
+                gained = gained_all[at[q]:at[q + 1]]
+                keeps.append(gained < np.ceil(d.rem))
+                gens.append((items[k][1].gen + gained)[keeps[-1]])
+            if cond:
+                sh = [None if items[k][1].shift is None else items[k][1].shift[kp] for k, kp in zip(todo, keeps)]
+                shift = None if all(x is None for x in sh) else np.concatenate(
+                    [x if x is not None else np.zeros(len(g)) for x, g in zip(sh, gens)])
+                left = np.maximum(self.forecast.remaining(np.concatenate(gens), shift), 1.0)
+                cut = np.cumsum([0] + [len(x) for x in gens]).tolist()
+            for q, (k, d) in enumerate(zip(todo, done)):
+                load = items[k][1]
+                gained, keep = gained_all[at[q]:at[q + 1]], keeps[q]
+                new_rem = left[cut[q]:cut[q + 1]] if cond else np.maximum(load.rem - gained, 1.0)[keep]
+                out[k] = ServerLoad(ctx0=(load.ctx0 + gained)[keep], rem=new_rem,
+                                    running=(load.running | (gained > 0))[keep], replica=d.rep[keep], gen=gens[q],
+                                    key=load.key[keep], shift=None if load.shift is None else load.shift[keep],
+                                    rid=None if load.rid is None else load.rid[keep])
+            result.append(out)
+        return result
 
     def _progress_of(self, done: list, dt: float) -> np.ndarray:
         """:meth:`progress` of the blocks ``done`` (each from its own pass's schedule), in one vectorised pass."""

@@ -113,10 +113,11 @@ class Planner(LayoutPlanner):
         for lay in self.candidates:
             lay.check(self.estimator.gpus, "orchestrator.planner.layouts")
 
-    def _all_times(self, views: dict, now: float, prune: bool = False) -> dict:
+    def _all_times(self, views: dict, now: float, prune: bool = False, remember: bool = True) -> dict:
         """For every server: {layout: predicted remaining time with that layout, its switch cost and a
         switch in progress included}, every server evaluated in one pass per layout (``prune``: but the
-        candidates pruned for it, see PlannerSettings.prune_ratio)."""
+        candidates pruned for it, see PlannerSettings.prune_ratio; ``remember``: as Estimator.servers_s_many's,
+        False for loads no later call asks for)."""
         est = self.estimator
         loads = {s: v.load for s, v in views.items()}
         currents = {s: v.layout for s, v in views.items()}
@@ -124,7 +125,7 @@ class Planner(LayoutPlanner):
         lays = self.candidates + [lay for lay in {v.layout for v in views.values()} if lay not in self.candidates]
         skip = frozenset((lay, s) for (lay, s), until in self._pruned.items()
                          if prune and until > self._ticks and s in views and lay != views[s].layout)
-        times = est.servers_s_many(lays, loads, currents, skip)
+        times = est.servers_s_many(lays, loads, currents, skip, remember=remember)
         kv = {s: v.load.kv_held for s, v in views.items()}
         for lay in lays:
             t = times[lay]
@@ -183,18 +184,22 @@ class Planner(LayoutPlanner):
             n = self.settings.lookahead_points
             span = max(tempted.values())
             waits = [interval] + [span * k / (n + 1) for k in range(1, n + 1) if span * k / (n + 1) > interval]
-            waiting = {}
-            for dt in waits:
-                ahead = self.estimator.advance_many([(views[s].layout, views[s].load) for s in tempted], dt,
+            # every point's loads in one pass of the estimator (each server's result is the one it gets alone);
+            # none is asked for again, so none is remembered
+            aheads = self.estimator.advance_many_at([(views[s].layout, views[s].load) for s in tempted], waits,
                                                     mean=not strat)
-                later = {s: ServerView(s, views[s].layout, ld) for s, ld in zip(tempted, ahead) if ld.n}
-                t2 = self._all_times(later, now) if later else {}
+            later = {(s, j): ServerView(s, views[s].layout, ld)
+                     for j, ahead in enumerate(aheads) for s, ld in zip(tempted, ahead) if ld.n}
+            t2 = self._all_times(later, now, remember=False) if later else {}
+            waiting = {}
+            for j, dt in enumerate(waits):
                 for s, best_t in tempted.items():
-                    if s not in t2:
+                    if (s, j) not in t2:
                         continue
-                    l2 = min(t2[s], key=lambda lay: t2[s][lay][0])
-                    if dt + t2[s][l2][0] < best_t and (s not in waiting or dt + t2[s][l2][0] < waiting[s][0]):
-                        waiting[s] = (dt + t2[s][l2][0], dt, l2)
+                    t2s = t2[(s, j)]
+                    l2 = min(t2s, key=lambda lay: t2s[lay][0])
+                    if dt + t2s[l2][0] < best_t and (s not in waiting or dt + t2s[l2][0] < waiting[s][0]):
+                        waiting[s] = (dt + t2s[l2][0], dt, l2)
             for s, (t_wait, dt, l2) in waiting.items():
                 d = out[s]
                 out[s] = replace(d, switch=False, near_switch=True, reason=(

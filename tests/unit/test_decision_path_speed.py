@@ -12,7 +12,8 @@
   loads;
 - the forecast's shared shapes, its EM moments and its moments of located thresholds against their plain forms;
 - a layout switch priced from its KV-independent plan against the cost model's arithmetic in one piece;
-- the lookahead's loads without the forecast's mean estimated as those with it;
+- the lookahead's loads without the forecast's mean estimated as those with it, and its points advanced and
+  estimated in one pass as each alone;
 - the deal after a switch remembered by what it reads (another draw's lengths find it) against engine_deal.
 
 test_orchestrator_pinned.py checks the decisions themselves."""
@@ -275,6 +276,33 @@ def test_the_lookaheads_loads_are_estimated_alike_whatever_their_rem():
     ta = est.servers_s_many(lays, dict(zip(views, a)), currents)
     tb = est.servers_s_many(lays, dict(zip(views, b)), currents)
     assert ta == tb
+
+
+def test_the_lookaheads_points_in_one_pass_are_each_points_own():
+    """advance_many_at gives at every time what advance_many gives at it alone, and the lookahead's one pass
+    over every point's loads (keyed by server and point, nothing remembered) the times each point's own pass
+    gives, to the bit."""
+    w, est, lays = _setup(16384, 256)[:3]
+    views, _ = _bench_state(w, est, lays, np.random.default_rng(14), 1024, [lays[j % len(lays)] for j in range(4)])
+    items = [(v.layout, v.load) for v in views.values()]
+    dts = [1.0, 7.5, 30.0, 120.0]
+    many = est.advance_many_at(items, dts, mean=False)
+    assert len(many) == len(dts)
+    loads, currents = {}, {}
+    for j, (dt, ahead) in enumerate(zip(dts, many)):
+        alone = est.advance_many(items, dt, mean=False)
+        for x, y in zip(ahead, alone):
+            for f in dataclasses.fields(x):
+                a, b = getattr(x, f.name), getattr(y, f.name)
+                assert (a is None and b is None) or np.array_equal(a, b), f.name
+        for s, ld in zip(views, ahead):
+            loads[(s, j)], currents[(s, j)] = ld, views[s].layout
+    assert any(ld.n < v.load.n for (s, j), ld in loads.items() for v in [views[s]])  # some finished on the way
+    together = est.servers_s_many(lays, loads, currents, remember=False)
+    for j in range(len(dts)):
+        own = est.servers_s_many(lays, {s: loads[(s, j)] for s in views}, {s: currents[(s, j)] for s in views})
+        for lay in lays:
+            assert {s: together[lay][(s, j)] for s in views} == own[lay]
 
 
 def test_a_stack_of_decode_tables_is_each_tables_call():
