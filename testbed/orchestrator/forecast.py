@@ -85,20 +85,30 @@ class _Lognormal:
         with np.errstate(divide="ignore"):
             return np.exp(log_ndtr(-(np.log(g) - self.mu) / self.sigma))
 
-    def remaining(self, g: np.ndarray) -> np.ndarray:
+    def _log_excess_at(self, cap: np.ndarray) -> np.ndarray:
+        """log E[(L - c)+] for every cap ``c`` of ``cap`` (the scalar one's, per request)."""
+        zc = (np.log(cap) - self.mu) / self.sigma
+        excess = np.exp(self._m + log_ndtr(self.sigma - zc)) - cap * np.exp(log_ndtr(-zc))
+        with np.errstate(divide="ignore"):
+            return np.where(excess > 0, np.log(np.maximum(excess, 0.0)), -np.inf)
+
+    def remaining(self, g: np.ndarray, cap: np.ndarray | None = None) -> np.ndarray:
+        """E[min(L, cap) - g | L > g]; ``cap``: one per request (None: the law's own)."""
         with np.errstate(divide="ignore"):
             z = (np.log(g) - self.mu) / self.sigma
         ls = log_ndtr(-z)  # log P(L > g)
+        log_excess = self._log_excess if cap is None else self._log_excess_at(cap)
         # E[min(L, cap) | L > g] = (e^m Phi(sigma - z) - E[(L - cap)+]) / P(L > g)
-        e = np.exp(self._m + log_ndtr(self.sigma - z) - ls) - np.exp(self._log_excess - ls)
-        return np.clip(e - g, 0.0, np.maximum(self.cap - g, 0.0))
+        e = np.exp(self._m + log_ndtr(self.sigma - z) - ls) - np.exp(log_excess - ls)
+        return np.clip(e - g, 0.0, np.maximum((self.cap if cap is None else cap) - g, 0.0))
 
-    def remaining_quantile(self, g: np.ndarray, q: float) -> np.ndarray:
+    def remaining_quantile(self, g: np.ndarray, q: float, cap: np.ndarray | None = None) -> np.ndarray:
+        """The q-quantile of min(L, cap) - g given L > g; ``cap``: one per request (None: the law's own)."""
         with np.errstate(divide="ignore"):
             z = (np.log(g) - self.mu) / self.sigma
         # P(L > x) = (1 - q) P(L > g)  ->  z_x = -ndtri_exp(log(1 - q) + log P(L > g))
         zx = -ndtri_exp(np.log1p(-q) + log_ndtr(-z))
-        return np.clip(np.minimum(np.exp(self.mu + self.sigma * zx), self.cap) - g, 0.0, None)
+        return np.clip(np.minimum(np.exp(self.mu + self.sigma * zx), self.cap if cap is None else cap) - g, 0.0, None)
 
     @staticmethod
     def z_moments_above(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -246,43 +256,60 @@ class _Shaped:
         full = self._capped_exp(shape.lo, shape.hi, self.A, self.B)
         self._suffix = np.concatenate([np.cumsum(full[::-1])[::-1], [0.0]])
 
-    def _capped_exp(self, lo, hi, A, B) -> np.ndarray:
-        """E[min(e^{A + B W}, cap) 1{W in [lo, hi]}] per piece."""
+    def _capped_exp(self, lo, hi, A, B, cap=None) -> np.ndarray:
+        """E[min(e^{A + B W}, cap) 1{W in [lo, hi]}] per piece (``cap``: broadcast with them; None: the law's)."""
+        cap = self.cap if cap is None else cap
+        log_cap = self.log_cap if cap is self.cap else np.log(cap)
         with np.errstate(invalid="ignore", divide="ignore"):
-            wc = np.where(B > 0, (self.log_cap - A) / B, np.where(A < self.log_cap, np.inf, -np.inf))
+            wc = np.where(B > 0, (log_cap - A) / B, np.where(A < log_cap, np.inf, -np.inf))
         mid = np.clip(wc, lo, hi)  # below mid: e^y < cap; above: the cap
         with np.errstate(over="ignore"):
             below = np.exp(A + B * B / 2) * _mass(lo - B, mid - B)
-        return np.nan_to_num(below) + self.cap * _mass(mid, hi)
+        return np.nan_to_num(below) + cap * _mass(mid, hi)
 
     def survival(self, g: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore"):
             _, wa = self.shape.locate((np.log(g) - self.mu) / self.sigma)
         return np.exp(log_ndtr(-wa))
 
-    def remaining(self, g: np.ndarray) -> np.ndarray:
+    def remaining(self, g: np.ndarray, cap: np.ndarray | None = None) -> np.ndarray:
+        """E[min(L, cap) - g | L > g]; ``cap``: one per request (None: the law's own)."""
         with np.errstate(divide="ignore"):
             y = np.log(g)
         in_tail = y >= self.q_top
         out = np.empty_like(g)
         if in_tail.any():
-            out[in_tail] = self.tail.remaining(g[in_tail])
+            out[in_tail] = self.tail.remaining(g[in_tail], None if cap is None else cap[in_tail])
         body = ~in_tail
         if body.any():
             gb = g[body]
             k, wa = self.shape.locate((y[body] - self.mu) / self.sigma)
-            total = self._capped_exp(wa, self.shape.hi[k], self.A[k], self.B[k]) + self._suffix[k + 1]
+            if cap is None:
+                total = self._capped_exp(wa, self.shape.hi[k], self.A[k], self.B[k]) + self._suffix[k + 1]
+                top = self.cap
+            else:  # every piece above a request's own, capped at its own cap
+                top = cap[body]
+                c = top[:, None]
+                pieces = self._capped_exp(self.shape.lo[None, :], self.shape.hi[None, :], self.A[None, :],
+                                          self.B[None, :], c)
+                above = np.arange(len(self.A))[None, :] > k[:, None]
+                total = (self._capped_exp(wa, self.shape.hi[k], self.A[k], self.B[k], top)
+                         + np.where(above, pieces, 0.0).sum(axis=1))
             s = np.exp(log_ndtr(-wa))
-            out[body] = np.clip(total / s - gb, 0.0, np.maximum(self.cap - gb, 0.0))
+            out[body] = np.clip(total / s - gb, 0.0, np.maximum(top - gb, 0.0))
         return out
 
-    def remaining_quantile(self, g: np.ndarray, q: float) -> np.ndarray:
+    def remaining_quantile(self, g: np.ndarray, q: float, cap: np.ndarray | None = None) -> np.ndarray:
+        """The q-quantile of min(L, cap) - g given L > g; ``cap``: one per request (None: the law's own)."""
         with np.errstate(divide="ignore"):
             _, wa = self.shape.locate((np.log(g) - self.mu) / self.sigma)
         # P(L > x) = (1 - q) P(L > g): x's normal score, then through the piece that holds it
         wx = -ndtri_exp(np.log1p(-q) + log_ndtr(-wa))
         k = np.searchsorted(self.shape.w, wx, side="right")
-        x = np.minimum(np.exp(np.minimum(self.A[k] + self.B[k] * wx, self.log_cap)), self.cap)
+        if cap is None:
+            x = np.minimum(np.exp(np.minimum(self.A[k] + self.B[k] * wx, self.log_cap)), self.cap)
+        else:
+            x = np.minimum(np.exp(np.minimum(self.A[k] + self.B[k] * wx, np.log(cap))), cap)
         return np.clip(x - g, 0.0, None)
 
 
@@ -390,7 +417,8 @@ class LengthForecast:
             return self._law.remaining(g.ravel()).reshape(g.shape)
         f = np.exp(np.asarray(shift, dtype=np.float64)).reshape(g.shape)
         gs = g / f
-        x = (self._law.remaining(gs.ravel()).reshape(g.shape) + gs) * f
+        # min(f L, cap) = f min(L, cap / f): the unshifted law capped at cap / f, its own cap for each request
+        x = (self._law.remaining(gs.ravel(), (self.cap / f).ravel()).reshape(g.shape) + gs) * f
         return np.clip(np.minimum(x, self.cap) - g, 0.0, None)
 
     def remaining_quantile(self, generated: np.ndarray, q, shift: np.ndarray | None = None) -> np.ndarray:
@@ -405,7 +433,7 @@ class LengthForecast:
             return self._law.remaining_quantile(g.ravel(), qq).reshape(g.shape)
         f = np.exp(np.asarray(shift, dtype=np.float64)).reshape(g.shape)
         gs = g / f
-        x = (self._law.remaining_quantile(gs.ravel(), qq).reshape(g.shape) + gs) * f
+        x = (self._law.remaining_quantile(gs.ravel(), qq, (self.cap / f).ravel()).reshape(g.shape) + gs) * f
         return np.clip(np.minimum(x, self.cap) - g, 0.0, None)
 
     # ---- within a step -----------------------------------------------------------------------------------

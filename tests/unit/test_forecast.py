@@ -103,6 +103,42 @@ def test_remaining_length_with_the_cap_matches_monte_carlo():
     assert got[-1] <= CAP - 16000
 
 
+def test_a_prompt_shift_scales_the_law_under_the_same_cap():
+    """A request of a prompt shifted by ``s`` has min(e^s L, cap) (the cap does not move with the prompt): a
+    short prompt's request far in the tail still runs to the cap. The law was once scaled with its cap, so a
+    request past ``cap x e^s`` of a short prompt was predicted done (at 14,332 tokens and s = -0.4: 0 left,
+    against ~1,700 expected); mean and quantiles against Monte Carlo, lognormal and shaped alike."""
+    mu, sigma = 7.41, 1.03
+    plain = lf(mu=mu, sigma=sigma)
+    shaped = dataclasses.replace(plain, shape=normal_shape())
+    bimodal = LengthForecast.from_workload(MIXTURE)
+    g = np.array([14332.0, 13029, 15106, 5000, 100, 0, 16000])
+    s = np.array([-0.4, -0.4, 0.05, -0.6, 0.7, -1.0, -0.2])
+    rng = np.random.default_rng(3)
+    for f in (plain, shaped):  # the shaped one: its body's pieces (5,000 tokens) and its lognormal tail alike
+        got, got_q = f.remaining(g, s), f.remaining_quantile(g, 0.5, s)
+        assert got[0] > 1000 and got_q[0] > 1000  # the case that was predicted done
+        for x, sh, r, rq in zip(g, s, got, got_q):
+            L = np.minimum(np.exp(sh) * rng.lognormal(mu, sigma, 2_000_000), CAP)
+            sel = L[L > x] - x
+            n = len(sel)
+            assert n > 2000
+            assert abs(r - sel.mean()) < 4 * sel.std() / math.sqrt(n) + 1e-9
+            e = 4 * math.sqrt(0.25 / n)  # a median: P(below) <= 0.5 <= P(at or below) (the cap is a mass)
+            assert np.mean(sel < rq - 1e-6) - e <= 0.5 <= np.mean(sel <= rq + 1e-6) + e
+    # a shape of knots (past its top knot an extrapolated tail, off the mixture by ~20% there, shift or not):
+    # the short prompt's tail request is not predicted done either
+    b, bq = bimodal.remaining(g, s), bimodal.remaining_quantile(g, 0.5, s)
+    assert b[0] > 1000 and bq[0] > 1000 and (b <= CAP - g).all() and (bq <= CAP - g).all()
+    # a shift of 0 is the unshifted law; at or past the cap nothing is left, whatever the shift
+    assert np.allclose(plain.remaining(g, np.zeros(len(g))), plain.remaining(g), rtol=1e-12)
+    assert np.allclose(plain.remaining_quantile(g, 0.9, np.zeros(len(g))), plain.remaining_quantile(g, 0.9), rtol=1e-12)
+    at = np.array([CAP, CAP + 5.0])
+    for sh in (-0.5, 0.5):
+        assert (plain.remaining(at, np.full(2, sh)) == 0).all()
+        assert (shaped.remaining_quantile(at, 0.9, np.full(2, sh)) == 0).all()
+
+
 def normal_shape():
     from scipy.special import ndtri
     return tuple(ndtri(np.array(LOG_QUANTILE_LEVELS)).tolist())
