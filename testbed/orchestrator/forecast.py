@@ -255,6 +255,10 @@ class _Shaped:
         self.log_cap = math.log(cap)
         full = self._capped_exp(shape.lo, shape.hi, self.A, self.B)
         self._suffix = np.concatenate([np.cumsum(full[::-1])[::-1], [0.0]])
+        # E[L 1{W below each piece}], uncapped: a request's own cap takes the law's partial expectations
+        with np.errstate(over="ignore"):
+            whole = np.nan_to_num(np.exp(self.A + self.B * self.B / 2) * _mass(shape.lo - self.B, shape.hi - self.B))
+        self._below = np.concatenate([[0.0], np.cumsum(whole)[:-1]])
 
     def _capped_exp(self, lo, hi, A, B, cap=None) -> np.ndarray:
         """E[min(e^{A + B W}, cap) 1{W in [lo, hi]}] per piece (``cap``: broadcast with them; None: the law's)."""
@@ -287,17 +291,21 @@ class _Shaped:
             if cap is None:
                 total = self._capped_exp(wa, self.shape.hi[k], self.A[k], self.B[k]) + self._suffix[k + 1]
                 top = self.cap
-            else:  # every piece above a request's own, capped at its own cap
+            else:  # E[min(L, c) 1{L > g}] = E[L 1{g < L <= c}] + c P(L > c), c > g (a body request's S(g) is not
+                # small, so the difference of the partial expectations loses nothing)
                 top = cap[body]
-                c = top[:, None]
-                pieces = self._capped_exp(self.shape.lo[None, :], self.shape.hi[None, :], self.A[None, :],
-                                          self.B[None, :], c)
-                above = np.arange(len(self.A))[None, :] > k[:, None]
-                total = (self._capped_exp(wa, self.shape.hi[k], self.A[k], self.B[k], top)
-                         + np.where(above, pieces, 0.0).sum(axis=1))
+                kc, wc = self.shape.locate((np.log(top) - self.mu) / self.sigma)
+                total = (self._partial(kc, wc) - self._partial(k, wa)) + top * np.exp(log_ndtr(-wc))
             s = np.exp(log_ndtr(-wa))
             out[body] = np.clip(total / s - gb, 0.0, np.maximum(top - gb, 0.0))
         return out
+
+    def _partial(self, k: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """E[L 1{W <= w}] (uncapped) for normal scores ``w`` in pieces ``k``."""
+        B = self.B[k]
+        with np.errstate(over="ignore"):
+            inside = np.exp(self.A[k] + B * B / 2) * _mass(self.shape.lo[k] - B, w - B)
+        return self._below[k] + np.nan_to_num(inside)
 
     def remaining_quantile(self, g: np.ndarray, q: float, cap: np.ndarray | None = None) -> np.ndarray:
         """The q-quantile of min(L, cap) - g given L > g; ``cap``: one per request (None: the law's own)."""
