@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -94,6 +95,40 @@ def test_stop_escalates_to_sigkill():
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("exits_after_s", [2.6, None])
+def test_clean_waits_for_a_killed_process_to_finish_exiting(monkeypatch, exits_after_s):
+    """A SIGKILLed process still exiting past stop_processes' 2 s (a Mininet host shell on a loaded machine) is
+    waited for, up to KILLED_EXIT_WAIT_S, before clean calls it a survivor; one that never exits is reported and
+    keeps its record. The process's life is faked (no signal is sent to the real sleeper behind the record)."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        rec = registry.record_process(p.pid, "mnhost")
+        killed_at = []
+        monkeypatch.setattr(registry, "_signal", lambda r, sig: killed_at.append(time.monotonic())
+                            if sig == signal.SIGKILL else None)
+        real_alive = registry.process_alive
+
+        def alive(pid, start_time=None):
+            if pid != rec.pid:
+                return real_alive(pid, start_time)
+            return not killed_at or exits_after_s is None or time.monotonic() - killed_at[0] < exits_after_s
+
+        monkeypatch.setattr(registry, "process_alive", alive)
+        if exits_after_s is None:
+            monkeypatch.setattr(registry, "KILLED_EXIT_WAIT_S", 0.3)
+        rep = registry.clean(process_timeout_s=0.05, system=FakeSystem([]))
+        assert len(killed_at) == 1
+        if exits_after_s is None:
+            assert rep.errors == [f"process {rec.pid} (mnhost) survived SIGKILL; its record is kept"]
+            assert [r.pid for r in registry.list_processes()] == [rec.pid]
+        else:
+            assert rep.errors == [] and registry.list_processes() == []
+            assert time.monotonic() - killed_at[0] >= exits_after_s
+    finally:
+        p.kill()
+        p.wait()
 
 
 class FakeSystem(registry.System):
