@@ -288,6 +288,16 @@ def stop_process(rec: ProcessRecord, timeout_s: float = 2.0, poll_s: float = 0.0
     return "killed"
 
 
+def _still_alive(recs: list[ProcessRecord], timeout_s: float, poll_s: float = 0.01) -> list[ProcessRecord]:
+    """Those of ``recs`` still running after waiting up to ``timeout_s`` for them all to end."""
+    deadline = time.monotonic() + timeout_s
+    live = [r for r in recs if process_alive(r.pid, r.start_time)]
+    while live and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        live = [r for r in live if process_alive(r.pid, r.start_time)]
+    return live
+
+
 def stop_processes(recs: list[ProcessRecord], timeout_s: float = 2.0, poll_s: float = 0.01) -> dict[int, str]:
     """Stop several processes in parallel (signal all, then wait once for all)."""
     result: dict[int, str] = {}
@@ -298,24 +308,13 @@ def stop_processes(recs: list[ProcessRecord], timeout_s: float = 2.0, poll_s: fl
             live.append(r)
         else:
             result[r.pid] = "gone"
-    deadline = time.monotonic() + timeout_s
-    while live and time.monotonic() < deadline:
-        still = []
-        for r in live:
-            if process_alive(r.pid, r.start_time):
-                still.append(r)
-            else:
-                result[r.pid] = "stopped"
-        live = still
-        if live:
-            time.sleep(poll_s)
+    still = _still_alive(live, timeout_s, poll_s)
     for r in live:
+        if r not in still:
+            result[r.pid] = "stopped"
+    for r in still:
         _signal(r, signal.SIGKILL)
-    kill_deadline = time.monotonic() + 2.0
-    while live and time.monotonic() < kill_deadline:
-        live = [r for r in live if process_alive(r.pid, r.start_time)]
-        if live:
-            time.sleep(poll_s)
+    _still_alive(still, 2.0, poll_s)
     for r in recs:  # SIGKILLed ones that are gone were killed; a survivor (e.g. stuck in D state) says so
         result.setdefault(r.pid, "survived" if process_alive(r.pid, r.start_time) else "killed")
     return result
@@ -591,11 +590,7 @@ def clean(dry_run: bool = False, sweep: bool = False, process_timeout_s: float =
         # seconds to finish exiting on a loaded machine (Mininet host shells were still there ~4 s after it, once
         # in 17 CI runs): they get KILLED_EXIT_WAIT_S more before they count as survivors
         removed = 0
-        deadline = time.monotonic() + KILLED_EXIT_WAIT_S
-        pending = [p for p in procs if process_alive(p.pid, p.start_time)]
-        while pending and time.monotonic() < deadline:
-            time.sleep(0.05)
-            pending = [p for p in pending if process_alive(p.pid, p.start_time)]
+        pending = _still_alive(procs, KILLED_EXIT_WAIT_S, 0.05)
         for p in procs:
             if p in pending:
                 rep.errors.append(f"process {p.pid} ({p.role}) survived SIGKILL; its record is kept")

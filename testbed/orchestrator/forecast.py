@@ -260,16 +260,14 @@ class _Shaped:
             whole = np.nan_to_num(np.exp(self.A + self.B * self.B / 2) * _mass(shape.lo - self.B, shape.hi - self.B))
         self._below = np.concatenate([[0.0], np.cumsum(whole)[:-1]])
 
-    def _capped_exp(self, lo, hi, A, B, cap=None) -> np.ndarray:
-        """E[min(e^{A + B W}, cap) 1{W in [lo, hi]}] per piece (``cap``: broadcast with them; None: the law's)."""
-        cap = self.cap if cap is None else cap
-        log_cap = self.log_cap if cap is self.cap else np.log(cap)
+    def _capped_exp(self, lo, hi, A, B) -> np.ndarray:
+        """E[min(e^{A + B W}, cap) 1{W in [lo, hi]}] per piece."""
         with np.errstate(invalid="ignore", divide="ignore"):
-            wc = np.where(B > 0, (log_cap - A) / B, np.where(A < log_cap, np.inf, -np.inf))
+            wc = np.where(B > 0, (self.log_cap - A) / B, np.where(A < self.log_cap, np.inf, -np.inf))
         mid = np.clip(wc, lo, hi)  # below mid: e^y < cap; above: the cap
         with np.errstate(over="ignore"):
             below = np.exp(A + B * B / 2) * _mass(lo - B, mid - B)
-        return np.nan_to_num(below) + cap * _mass(mid, hi)
+        return np.nan_to_num(below) + self.cap * _mass(mid, hi)
 
     def survival(self, g: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore"):
