@@ -245,8 +245,9 @@ class PlanningTick:
         held by the lookahead: its replicas are being or about to be rebuilt), and the planner looks again at
         the servers the balancer's moves changed, so its predictions see the moves."""
         t0 = time.perf_counter()
+        share, shifts = self._prompt_shifts(fc, states, req, late)
+        fc = fc.with_prompt_share(share) if shifts else fc  # the shifted requests' law (forecast.PromptLaw)
         self.est.use_forecast(fc)
-        shifts = self._prompt_shifts(fc, states, req, late)
         loads = loads_from_snapshots({s: st.snapshot for s, st in states.items()}, fc, shifts)
         views = {s: ServerView(s, st.layout, loads[s], st.busy_until, self.last_switch_end.get(s, -math.inf), st.stats)
                  for s, st in states.items()}
@@ -369,25 +370,26 @@ class PlanningTick:
         except ValueError:
             return forecast
 
-    def _prompt_shifts(self, fc: LengthForecast, states, req: StepRequests, late: list[int]) -> dict[int, np.ndarray]:
-        """Per server, every request's log-offset from what its prompt's other samples have shown
-        (forecast.prompt_shifts): finished ones by their lengths, running ones by their tokens so far."""
+    def _prompt_shifts(self, fc: LengthForecast, states, req: StepRequests, late: list[int]) -> tuple:
+        """(the prompt share, per server every request's log-offset from what its prompt's samples have shown:
+        forecast.prompt_shifts, finished ones by their lengths, running ones by their tokens so far; NaN for a
+        request whose prompt has shown nothing)."""
         if not self.settings.forecast.prompt_groups or req is None or not states or late:
-            return {}  # (a late server's requests would look finished)
+            return 0.0, {}  # (a late server's requests would look finished)
         share = prompt_share(self._prompt_steps, self._prompt_prior)
         if share <= 0:
-            return {}
+            return 0.0, {}
         di = self._done(states, req)  # as _online: only as many as the backends report finished
         run_idx = np.concatenate([st.snapshot["rid"] for st in states.values()]) - req.rid[0]
         run_gen = np.concatenate([st.snapshot["generated"] for st in states.values()])
         post = prompt_shifts(fc, share, req.prompt_id[di], req.target[di], req.prompt_id[run_idx], run_gen)
         if not post:
-            return {}
+            return 0.0, {}
         out = {}
         for s, st in states.items():
             pid = req.prompt_id[st.snapshot["rid"] - req.rid[0]]
-            out[s] = np.array([post.get(int(p), 0.0) for p in pid.tolist()], dtype=np.float64)
-        return out
+            out[s] = np.array([post.get(int(p), np.nan) for p in pid.tolist()], dtype=np.float64)
+        return share, out
 
 
 def _after_moves(views: dict, rids: dict, moves: list) -> dict:

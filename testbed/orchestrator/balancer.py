@@ -351,7 +351,7 @@ class Balancer(MigrationBalancer):
             ids = np.concatenate([np.asarray(rids[a]) for a in raw])
             order = np.argsort(ids, kind="stable")
             law = (ids[order], np.concatenate([v.load.gen for v in raw.values()]).astype(float)[order],
-                   np.concatenate([v.load.shift if v.load.shift is not None else np.zeros(v.load.n)
+                   np.concatenate([v.load.shift if v.load.shift is not None else np.full(v.load.n, np.nan)
                                    for v in raw.values()])[order])
 
         def judge_from(a: int, ja: int):

@@ -71,7 +71,8 @@ class ServerLoad:
     replica: np.ndarray
     gen: np.ndarray | None = None
     key: np.ndarray | None = None
-    shift: np.ndarray | None = None  # per request, the log-offset of its length its prompt group shows (None: 0)
+    shift: np.ndarray | None = None  # per request, the log-offset of its length its prompt group shows (None, or
+    # NaN for a request: none shown, the forecast's own law)
     rid: np.ndarray | None = None
 
     @property
@@ -97,8 +98,8 @@ class ServerLoad:
         """This load with request ``i`` of ``other`` added (on ``replica``; -1: where the engine puts it)."""
         cat = (lambda a, b: None if a is None or b is None else np.r_[a, b[i]])
         shift = None if self.shift is None and other.shift is None else np.r_[
-            self.shift if self.shift is not None else np.zeros(self.n),
-            other.shift[i] if other.shift is not None else 0.0]
+            self.shift if self.shift is not None else np.full(self.n, np.nan),
+            other.shift[i] if other.shift is not None else np.nan]
         return ServerLoad(np.r_[self.ctx0, other.ctx0[i]], np.r_[self.rem, other.rem[i]],
                           np.r_[self.running, other.running[i]], np.r_[self.replica, replica],
                           cat(self.gen, other.gen), cat(self.key, other.key), shift, cat(self.rid, other.rid))
@@ -921,7 +922,7 @@ class Estimator:
                 distinct.append(ld)
         block = np.concatenate([np.full(ld.n, k, np.int64) for k, ld in enumerate(distinct)])
         shifts = None if all(ld.shift is None for ld in distinct) else np.concatenate(
-            [ld.shift if ld.shift is not None else np.zeros(ld.n) for ld in distinct])
+            [ld.shift if ld.shift is not None else np.full(ld.n, np.nan) for ld in distinct])
         flat = self._stratified(np.concatenate([ld.gen for ld in distinct]),
                                 np.concatenate([ld.key for ld in distinct]), block, len(distinct), shifts)
         ends = np.cumsum([0] + [ld.n for ld in distinct])
@@ -1070,7 +1071,7 @@ class Estimator:
             if cond:
                 sh = [None if items[k][1].shift is None else items[k][1].shift[kp] for k, kp in zip(todo, keeps)]
                 shift = None if all(x is None for x in sh) else np.concatenate(
-                    [x if x is not None else np.zeros(len(g)) for x, g in zip(sh, gens)])
+                    [x if x is not None else np.full(len(g), np.nan) for x, g in zip(sh, gens)])
                 left = np.maximum(self.forecast.remaining(np.concatenate(gens), shift), 1.0)
                 cut = np.cumsum([0] + [len(x) for x in gens]).tolist()
             for q, (k, d) in enumerate(zip(todo, done)):

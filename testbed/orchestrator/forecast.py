@@ -349,8 +349,12 @@ class LengthForecast:
     shape: tuple[float, ...] | None = None
     # the step's forecast before any online update (the prior of every update; None: this is it)
     base: LengthForecast | None = field(default=None, repr=False, compare=False)
+    # the share of log-length variance a prompt's samples have in common (prompt_share): the spread left to
+    # a request of a known prompt offset is (1 - prompt_share) of it (see prompt_law)
+    prompt_share: float = 0.0
 
     def __post_init__(self) -> None:
+        require(0.0 <= self.prompt_share < 1.0, "prompt_share", f"must be in [0, 1), got {self.prompt_share}")
         require(math.isfinite(self.mu), "mu", f"must be finite, got {self.mu}")
         require(math.isfinite(self.sigma) and self.sigma > 0, "sigma", f"must be > 0, got {self.sigma}")
         require(self.cap >= 1, "cap", f"must be >= 1, got {self.cap}")
@@ -415,17 +419,18 @@ class LengthForecast:
         """E[min(L, cap) - g | L > g] for each request's generated tokens ``g`` >= 0 (float64, same shape).
 
         ``g = 0`` (not started) gives the forecast mean; ``g >= cap`` gives 0 (the cap ends a response).
-        ``shift``: per request, a log-offset of its length (what its prompt group has shown,
-        :func:`prompt_shifts`): its law is the forecast's scaled by exp(shift), capped at the cap.
+        ``shift``: per request, the log-offset of its prompt (what its prompt group has shown,
+        :func:`prompt_shifts`; NaN: nothing shown, the request has this law): its law is :meth:`prompt_law`'s.
         """
         g = np.asarray(generated, dtype=np.float64)
         if shift is None:
             return self._law.remaining(g.ravel()).reshape(g.shape)
-        f = np.exp(np.asarray(shift, dtype=np.float64)).reshape(g.shape)
-        gs = g / f
-        # min(f L, cap) = f min(L, cap / f): the unshifted law capped at cap / f, its own cap for each request
-        x = (self._law.remaining(gs.ravel(), (self.cap / f).ravel()).reshape(g.shape) + gs) * f
-        return np.clip(np.minimum(x, self.cap) - g, 0.0, None)
+        s = np.asarray(shift, dtype=np.float64).reshape(g.shape)
+        known = ~np.isnan(s)
+        out = np.empty(g.shape)
+        out[~known] = self._law.remaining(g[~known])
+        out[known] = self.prompt_law().remaining(g[known], s[known])
+        return out
 
     def remaining_quantile(self, generated: np.ndarray, q, shift: np.ndarray | None = None) -> np.ndarray:
         """The q-quantile of min(L, cap) - g given L > g, per request (float64). ``q``: one level, or one per
@@ -437,10 +442,25 @@ class LengthForecast:
         qq = qa.ravel() if qa.ndim else qa
         if shift is None:
             return self._law.remaining_quantile(g.ravel(), qq).reshape(g.shape)
-        f = np.exp(np.asarray(shift, dtype=np.float64)).reshape(g.shape)
-        gs = g / f
-        x = (self._law.remaining_quantile(gs.ravel(), qq, (self.cap / f).ravel()).reshape(g.shape) + gs) * f
-        return np.clip(np.minimum(x, self.cap) - g, 0.0, None)
+        s = np.asarray(shift, dtype=np.float64).reshape(g.shape)
+        known = ~np.isnan(s)
+        qk = np.broadcast_to(qa, g.shape)
+        out = np.empty(g.shape)
+        out[~known] = self._law.remaining_quantile(g[~known], qk[~known])
+        out[known] = self.prompt_law().remaining_quantile(g[known], qk[known], s[known])
+        return out
+
+    def with_prompt_share(self, share: float) -> LengthForecast:
+        """This forecast with ``prompt_share`` set (the shifted requests' spread; the rest unchanged)."""
+        return self if share == self.prompt_share else dataclasses.replace(self, prompt_share=float(share))
+
+    def prompt_law(self) -> "PromptLaw":
+        """The law of a request whose prompt's log-offset is known (:class:`PromptLaw`), made once."""
+        law = self.__dict__.get("_prompt_law")
+        if law is None:
+            law = PromptLaw.of(self)
+            object.__setattr__(self, "_prompt_law", law)
+        return law
 
     # ---- within a step -----------------------------------------------------------------------------------
     def updated(self, completed: np.ndarray, running: np.ndarray,
@@ -493,6 +513,110 @@ class LengthForecast:
 
 # ---- within a step: what a prompt's samples say about each other -------------------------------------
 PROMPT_GRID = 41  # points of the posterior of a prompt's offset (+-4 of its prior sd)
+SPIKE_TOL = 1e-9  # standardised log-quantiles this close to the top one are the top's atom (the cap spike)
+
+
+def spike_mass(shape: Sequence[float] | None) -> float:
+    """The mass of a shape's atom near its top, 0 for none: the topmost run of two or more knots in the upper
+    half whose standardised log-quantiles are equal (a flat run, as a spike of responses at the cap leaves in
+    a step's quantiles; above it may lie the body's tail past the cap, as in a prior made from the workload).
+    Known to the levels' resolution (LOG_QUANTILE_LEVELS: every percent near the top): the mass lies between
+    the run's span and the span to its neighbouring levels; the midpoint (0.052 for a 5% spike)."""
+    if shape is None:
+        return 0.0
+    z = np.asarray(shape, dtype=np.float64)
+    lv = np.asarray(LOG_QUANTILE_LEVELS, dtype=np.float64)
+    flat = np.flatnonzero((np.abs(np.diff(z)) <= SPIKE_TOL) & (lv[1:] > 0.5))  # knot k equals knot k + 1
+    if not len(flat):
+        return 0.0
+    last = int(flat[-1]) + 1  # the run's top knot
+    first = int(flat[-1])
+    while first - 1 >= 0 and first - 1 in set(flat.tolist()):
+        first -= 1
+    inner = lv[last] - lv[first]
+    outer = (lv[last + 1] if last + 1 < len(lv) else 1.0) - (lv[first - 1] if first > 0 else 0.0)
+    return float((inner + outer) / 2.0)
+
+
+@dataclass(frozen=True)
+class PromptLaw:
+    """The length of a request whose prompt's log-offset ``s`` is known (:func:`prompt_shifts`): the model
+    that prompt_shifts assumes, ``log L = mu + a + e`` with ``a`` the prompt's offset and ``e`` what is left
+    to one sample, ``e ~ N(0, (1 - prompt_share) sigma^2)``, and apart from it the forecast's spike at the cap.
+
+    * ``p``: the spike, responses at the cap whatever their prompt (emulation/workload.py draws
+      ``cap_fraction`` so; a truncated response runs to the cap as the engine cuts it): the forecast's atom at
+      the top of its shape (:func:`spike_mass`; 0 for a lognormal forecast), held at the cap (the forecast's
+      own shape moves it with ``mu``: docs/forecast.md "Shape limits").
+    * the body, the forecast's law below the spike, as a lognormal: ``mu``, ``sigma`` from its quantiles at
+      (1 - p) x (Phi(-1), 1/2, Phi(1)) (exact for a lognormal body; a mixture's body is summarised so);
+      a request of offset ``s`` has ``mu + s`` and the within-prompt spread ``within x sigma``, capped at
+      the cap.
+
+    Scaling the whole forecast by ``e^s`` instead (this law until 2026-12-07) kept the marginal spread around
+    the prompt's offset, counting the prompt's share of it twice, and moved the spike off the cap with the
+    prompt: on the default workload the running requests of short prompts were given 0.29-0.74 of what they
+    had left and the sum over all running requests was 1.13-1.39x the truth early in a step
+    (testbed/benchmarks/bench_forecast_within.py; docs/forecast.md "Inside a step")."""
+
+    p: float
+    mu: float
+    sigma: float
+    within: float
+    cap: float
+
+    @classmethod
+    def of(cls, fc: "LengthForecast") -> "PromptLaw":
+        p = min(spike_mass(fc.shape), 0.5)
+        lo, mid, hi = (fc.quantile(x * (1.0 - p)) for x in (float(ndtr(-1.0)), 0.5, float(ndtr(1.0))))
+        mu = math.log(max(mid, 1.0))
+        sigma = max((math.log(max(hi, 1.0)) - math.log(max(lo, 1.0))) / 2.0, ForecastSettings.min_sigma)
+        return cls(p, mu, sigma, math.sqrt(1.0 - fc.prompt_share), float(fc.cap))
+
+    def _body(self, g: np.ndarray, s: np.ndarray):
+        """(log-mean, sd, log P(body > g), the spike's share of P(L > g)) per request."""
+        m = self.mu + s
+        sd = self.within * self.sigma
+        with np.errstate(divide="ignore"):
+            zg = np.where(g > 0, (np.log(np.maximum(g, 1e-300)) - m) / sd, -np.inf)
+        log_s = log_ndtr(-zg)
+        if self.p > 0:
+            with np.errstate(divide="ignore"):
+                spike = 1.0 / (1.0 + (1.0 - self.p) / self.p * np.exp(log_s))
+        else:
+            spike = np.zeros(len(g))
+        return m, sd, log_s, spike
+
+    def remaining(self, g: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """E[min(L, cap) - g | L > g] at offset ``s`` (per request)."""
+        g = np.asarray(g, dtype=np.float64)
+        m, sd, log_s, spike = self._body(g, s)
+        lc, cap = math.log(self.cap), self.cap
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lg = np.where(g > 0, np.log(np.maximum(g, 1e-300)), -np.inf)
+            # E[min(X, cap) | X > g] for the body X: its partial expectation on (g, cap) plus cap P(X > cap),
+            # each over P(X > g) in logs (far tails stay exact)
+            head = np.exp(m + sd * sd / 2.0 + log_ndtr(-(lg - m - sd * sd) / sd) - log_s)
+            head -= np.exp(m + sd * sd / 2.0 + log_ndtr(-(lc - m - sd * sd) / sd) - log_s)
+            body = head + cap * np.exp(log_ndtr(-(lc - m) / sd) - log_s)
+        body = np.clip(np.where(np.isfinite(body), body, cap), g, cap)
+        out = spike * (cap - g) + (1.0 - spike) * (body - g)
+        return np.where(g >= cap, 0.0, np.clip(out, 0.0, None))
+
+    def remaining_quantile(self, g: np.ndarray, q: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """The q-quantile of min(L, cap) - g given L > g at offset ``s``: the spike's share of what is still
+        running is its top (the cap is the longest a response runs), the body's conditional quantile below."""
+        g = np.asarray(g, dtype=np.float64)
+        m, sd, log_s, spike = self._body(g, s)
+        q = np.broadcast_to(np.asarray(q, dtype=np.float64), g.shape)
+        top = q >= 1.0 - spike
+        qb = np.clip(q / np.maximum(1.0 - spike, 1e-300), 0.0, 1.0 - 1e-16)
+        # P(X > x) = (1 - qb) P(X > g)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = np.exp(m - sd * ndtri_exp(np.log1p(-qb) + log_s))
+        x = np.where(np.isfinite(x), np.minimum(x, self.cap), self.cap)
+        out = np.where(top, self.cap, x) - g
+        return np.where(g >= self.cap, 0.0, np.clip(out, 0.0, None))
 
 
 def prompt_share(steps: Sequence[tuple[np.ndarray, np.ndarray]], prior: float = 0.0) -> float:
@@ -521,33 +645,43 @@ def prompt_share(steps: Sequence[tuple[np.ndarray, np.ndarray]], prior: float = 
 def prompt_shifts(forecast: "LengthForecast", share: float, done_pid: np.ndarray, done_len: np.ndarray,
                   run_pid: np.ndarray, run_gen: np.ndarray) -> dict[int, float]:
     """Per prompt, the posterior mean of its log-offset given its samples so far: finished ones (their
-    lengths; one at the cap is censored there) and running ones (censored: L > g, g = 0 says nothing), under
-    log L = mu + a + e, a ~ N(0, share sigma^2), e ~ N(0, (1 - share) sigma^2). The offsets are centred on the
-    step's forecast, so a request's shifted law (:meth:`LengthForecast.remaining`) moves it towards its own
-    prompt; a prompt with no evidence gets 0. Exact on a grid of the offset (pure numpy, all prompts at once)."""
+    lengths; one at the cap says nothing where the forecast has a spike there, else is censored there) and
+    running ones (censored: L > g, g = 0 says nothing), under the forecast's :class:`PromptLaw`: log L = mu +
+    a + e, a ~ N(0, share sigma^2), e ~ N(0, (1 - share) sigma^2), and apart from it the spike at the cap
+    (mass p, whatever the prompt: a running sample may be one). The offsets are centred on the step's
+    forecast, so a request's law (:meth:`LengthForecast.remaining` with its shift, the forecast's
+    ``prompt_share`` set to ``share``) moves it towards its own prompt; a prompt with no evidence is not in
+    the result. Exact on a grid of the offset (pure numpy, all prompts at once)."""
     if share <= 0 or (len(done_pid) + len(run_pid)) == 0:
         return {}
-    sa = math.sqrt(share) * forecast.sigma
-    se = math.sqrt(max(1.0 - share, 1e-6)) * forecast.sigma
+    law = forecast.prompt_law()
+    mu, p = law.mu, law.p
+    sa = math.sqrt(share) * law.sigma
+    se = math.sqrt(max(1.0 - share, 1e-6)) * law.sigma
     grid = np.linspace(-4 * sa, 4 * sa, PROMPT_GRID)
     prior = -0.5 * (grid / sa) ** 2
     cap = forecast.cap
     dl = np.asarray(done_len, dtype=np.float64)
     exact = dl < cap
     rg = np.asarray(run_gen, dtype=np.float64)
-    cens_pid = np.concatenate([np.asarray(done_pid)[~exact], np.asarray(run_pid)[rg > 0]])
-    cens_y = np.log(np.concatenate([dl[~exact], rg[rg > 0]])) if len(cens_pid) else np.zeros(0)
+    # a finished sample at the cap: censored there (L > cap) without a spike, nothing at all with one (it may
+    # be the spike, which says nothing of its prompt)
+    at_cap = np.asarray(done_pid)[~exact] if p == 0 else np.zeros(0, np.asarray(done_pid).dtype)
+    cens_pid = np.concatenate([at_cap, np.asarray(run_pid)[rg > 0]])
+    cens_y = np.log(np.concatenate([dl[~exact] if p == 0 else np.zeros(0), rg[rg > 0]])) if len(cens_pid) \
+        else np.zeros(0)
     ex_pid, ex_y = np.asarray(done_pid)[exact], np.log(dl[exact]) if exact.any() else np.zeros(0)
     pids = np.unique(np.concatenate([ex_pid, cens_pid]))
     if not len(pids):
         return {}
     ll = np.zeros((len(pids), len(grid)))
     if len(ex_pid):
-        z = (ex_y[:, None] - forecast.mu - grid[None, :]) / se
+        z = (ex_y[:, None] - mu - grid[None, :]) / se
         np.add.at(ll, np.searchsorted(pids, ex_pid), -0.5 * z * z)
-    if len(cens_pid):
-        z = (cens_y[:, None] - forecast.mu - grid[None, :]) / se
-        np.add.at(ll, np.searchsorted(pids, cens_pid), log_ndtr(-z))
+    if len(cens_pid):  # still running at g (or at the cap): P(L > g | a) = p + (1 - p) P(body > g | a)
+        z = (cens_y[:, None] - mu - grid[None, :]) / se
+        lik = log_ndtr(-z) if p == 0 else np.logaddexp(math.log(p), math.log1p(-p) + log_ndtr(-z))
+        np.add.at(ll, np.searchsorted(pids, cens_pid), lik)
     post = ll + prior[None, :]
     post = np.exp(post - post.max(axis=1, keepdims=True))
     mean = (post @ grid) / post.sum(axis=1)

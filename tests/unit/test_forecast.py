@@ -104,10 +104,11 @@ def test_remaining_length_with_the_cap_matches_monte_carlo():
 
 
 def test_a_prompt_shift_scales_the_law_under_the_same_cap():
-    """A request of a prompt shifted by ``s`` has min(e^s L, cap) (the cap does not move with the prompt): a
-    short prompt's request far in the tail still runs to the cap. The law was once scaled with its cap, so a
-    request past ``cap x e^s`` of a short prompt was predicted done (at 14,332 tokens and s = -0.4: 0 left,
-    against ~1,700 expected); mean and quantiles against Monte Carlo, lognormal and shaped alike."""
+    """With no prompt share (a request's whole spread left to it) and no spike at the cap, a request of a
+    prompt shifted by ``s`` has min(e^s L, cap) (the cap does not move with the prompt): a short prompt's
+    request far in the tail still runs to the cap. The law was once scaled with its cap, so a request past
+    ``cap x e^s`` of a short prompt was predicted done (at 14,332 tokens and s = -0.4: 0 left, against ~1,700
+    expected); mean and quantiles against Monte Carlo, lognormal and shaped alike."""
     mu, sigma = 7.41, 1.03
     plain = lf(mu=mu, sigma=sigma)
     shaped = dataclasses.replace(plain, shape=normal_shape())
@@ -130,13 +131,82 @@ def test_a_prompt_shift_scales_the_law_under_the_same_cap():
     # the short prompt's tail request is not predicted done either
     b, bq = bimodal.remaining(g, s), bimodal.remaining_quantile(g, 0.5, s)
     assert b[0] > 1000 and bq[0] > 1000 and (b <= CAP - g).all() and (bq <= CAP - g).all()
-    # a shift of 0 is the unshifted law; at or past the cap nothing is left, whatever the shift
-    assert np.allclose(plain.remaining(g, np.zeros(len(g))), plain.remaining(g), rtol=1e-12)
-    assert np.allclose(plain.remaining_quantile(g, 0.9, np.zeros(len(g))), plain.remaining_quantile(g, 0.9), rtol=1e-12)
+    # a shift of 0 with no prompt share is the unshifted lognormal; NaN (nothing shown) is the law itself, to
+    # the bit; at or past the cap nothing is left, whatever the shift
+    assert np.allclose(plain.remaining(g, np.zeros(len(g))), plain.remaining(g), rtol=1e-9)
+    assert np.allclose(plain.remaining_quantile(g, 0.9, np.zeros(len(g))), plain.remaining_quantile(g, 0.9), rtol=1e-9)
+    for f in (plain, shaped, bimodal):
+        nan = np.full(len(g), np.nan)
+        assert np.array_equal(f.remaining(g, nan), f.remaining(g))
+        assert np.array_equal(f.remaining_quantile(g, 0.7, nan), f.remaining_quantile(g, 0.7))
     at = np.array([CAP, CAP + 5.0])
     for sh in (-0.5, 0.5):
         assert (plain.remaining(at, np.full(2, sh)) == 0).all()
         assert (shaped.remaining_quantile(at, 0.9, np.full(2, sh)) == 0).all()
+
+
+def test_a_known_prompt_offset_leaves_the_within_prompt_spread_and_the_spike_at_the_cap():
+    """PromptLaw, against Monte Carlo of the model it states: a request of prompt offset ``s`` is, with the
+    forecast's spike mass p, a response at the cap whatever ``s``; else a lognormal of log-mean mu + s and
+    spread sqrt(1 - prompt_share) sigma, capped. The law scaled by e^s instead (before 2026-12-07) kept the
+    whole spread and moved the spike to e^s cap: a short prompt's request at 6,000 tokens was given about a
+    third of what it has left, the mean of a fresh request of a long prompt 1.2x."""
+    w = WorkloadSpec(response_median_tokens=1500, response_sigma=0.9, prompt_sigma=0.6, cap_fraction=0.05,
+                     max_response_tokens=CAP, prompts_per_step=128, samples_per_prompt=8)
+    f = LengthForecast.from_workload(w).with_prompt_share(0.44)
+    law = f.prompt_law()
+    assert law is f.prompt_law()  # made once
+    assert abs(law.p - 0.05) < 0.006 and abs(law.mu - math.log(1500)) < 0.02 and abs(law.sigma - 0.9) < 0.02
+    assert law.within == pytest.approx(math.sqrt(1 - 0.44))
+    g = np.array([0.0, 800, 3000, 6000, 12000, 15500])
+    s = np.array([0.3, -0.4, 0.0, -0.4, 0.5, -0.6])
+    got, med = f.remaining(g, s), f.remaining_quantile(g, 0.5, s)
+    rng = np.random.default_rng(11)
+    n = 4_000_000
+    for x, sh, r, rq in zip(g, s, got, med):
+        body = np.minimum(np.exp(law.mu + sh + law.within * law.sigma * rng.standard_normal(n)), CAP)
+        L = np.where(rng.random(n) < law.p, float(CAP), body)
+        sel = L[L > x] - x
+        assert len(sel) > 10_000
+        assert abs(r - sel.mean()) < 4 * sel.std() / math.sqrt(len(sel)) + 1e-6, (x, sh)
+        e = 4 * math.sqrt(0.25 / len(sel))
+        assert np.mean(sel < rq - 1e-6) - e <= 0.5 <= np.mean(sel <= rq + 1e-6) + e, (x, sh)
+    old = dataclasses.replace(f, prompt_share=0.0)  # the whole spread: what a shift of 0.3 did to a fresh one
+    assert f.remaining(g[:1], s[:1])[0] < 0.85 * LengthForecast.remaining(old, g[:1], None)[0] * math.exp(0.3)
+    # past the cap nothing is left; the top quantiles of a request far up are the cap (the spike)
+    assert (f.remaining(np.array([CAP, CAP + 3.0]), np.array([0.2, -0.2])) == 0).all()
+    assert f.remaining_quantile(g[3:4], 0.99, s[3:4])[0] == CAP - g[3]
+    with pytest.raises(SpecError, match="prompt_share"):
+        f.with_prompt_share(1.0)
+
+
+def test_the_spike_is_read_from_the_shapes_flat_top():
+    """spike_mass: the topmost flat run of two or more knots in the upper half of a shape (within a level's
+    resolution of the workload's cap_fraction), none for a lognormal, a single top knot or a mixture."""
+    for cf in (0.01, 0.05, 0.1, 0.27):
+        w = WorkloadSpec(response_median_tokens=1500, response_sigma=0.9, cap_fraction=cf, max_response_tokens=CAP)
+        assert abs(fc.spike_mass(LengthForecast.from_workload(w).shape) - cf) <= 0.006, cf
+    assert fc.spike_mass(None) == 0.0 and fc.spike_mass(normal_shape()) == 0.0
+    assert fc.spike_mass(LengthForecast.from_workload(MIXTURE).shape) == 0.0
+    flat_top = list(normal_shape())
+    flat_top[-1] = flat_top[-2]  # the top knot alone equal to its neighbour: a run of two
+    assert 0 < fc.spike_mass(tuple(flat_top)) < 0.01
+
+
+def test_a_sample_at_the_cap_says_nothing_of_its_prompt_where_the_cap_has_a_spike():
+    """prompt_shifts under the forecast's spike: a finished sample at the cap may be the spike, so it does not
+    move its prompt's offset (without a spike it is censored there, a long prompt); a prompt whose samples all
+    still run far past the median is pulled up less when the spike could hold them."""
+    spiked = LengthForecast.from_workload(WorkloadSpec(response_median_tokens=1500, response_sigma=0.9,
+                                                       cap_fraction=0.05, max_response_tokens=CAP))
+    plain = lf(mu=math.log(1500), sigma=0.9)
+    done_pid, done_len = np.array([0, 0, 1]), np.array([CAP, 900, 900])  # prompt 0: one more sample, at the cap
+    run_pid, run_gen = np.array([2, 2, 2]), np.array([9000.0, 9000.0, 9000.0])
+    a = fc.prompt_shifts(spiked, 0.44, done_pid, done_len, run_pid, run_gen)
+    b = fc.prompt_shifts(plain, 0.44, done_pid, done_len, run_pid, run_gen)
+    assert a[0] == pytest.approx(a[1], abs=1e-12)  # the capped sample of prompt 0 counts for nothing
+    assert b[0] > b[1] + 0.1  # without a spike it is a long sample
+    assert 0 < a[2] < b[2]  # three running at 9,000: long, but some may be the spike
 
 
 def test_a_shaped_law_under_a_cap_per_request_is_its_pieces_capped():
