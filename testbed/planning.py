@@ -28,7 +28,7 @@ from testbed.decision_checks import (check_decision, check_whole_deal, checked_d
 from testbed.decision_priority import raised_priority
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator, ServerLoad
-from testbed.orchestrator.forecast import LengthForecast, prompt_share, prompt_shifts
+from testbed.orchestrator.forecast import LengthForecast, prompt_prior, prompt_share, prompt_shifts
 from testbed.orchestrator.interfaces import Batch, Deal, Pool, PolicyContext
 from testbed.orchestrator.planner import ServerView, loads_from_snapshots, request_levels
 from testbed.orchestrator.policies import Policy, feasible_layouts, scenario_dispatch
@@ -85,8 +85,7 @@ class PlanningTick:
         self._finished = 0  # requests the collectors had complete when this tick began (finished_count)
         self._prompt_steps: list = []  # (lengths, prompt ids) of every finished step: the prompt share's data
         # before any: the workload's own split of the spread (its prior, as the length forecast's is)
-        self._prompt_prior = (0.0 if w.mixture or w.trace or w.response_sigma <= 0
-                              else (w.prompt_sigma / w.response_sigma) ** 2)
+        self._prompt_prior = prompt_prior(w)
 
     @property
     def pool(self) -> np.ndarray:

@@ -39,11 +39,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
-from scipy.special import log_ndtr, ndtr  # noqa: E402
 
 from emulation.scenario import load_scenario  # noqa: E402
 from testbed.benchmarks.bench_policies import CASES  # noqa: E402
-from testbed.orchestrator.forecast import PROMPT_GRID, LengthForecast, prompt_shifts  # noqa: E402
+from testbed.orchestrator.forecast import (LengthForecast, PromptLaw, prompt_offsets, prompt_prior,  # noqa: E402
+                                           prompt_shifts)
 from testbed.orchestrator.planner import request_levels  # noqa: E402
 
 CANDIDATE = "candidate"  # the within-prompt law with the spike at the cap (see candidate_mean)
@@ -61,18 +61,14 @@ def workload_of(case: str):
     return dataclasses.replace(scn.workload, **wl), scn.orchestrator.forecast
 
 
-def prompt_prior(w) -> float:
-    """The driver's prompt share before any finished step (testbed/planning.py PlanningTick._prompt_prior)."""
-    return 0.0 if w.mixture or w.trace or w.response_sigma <= 0 else (w.prompt_sigma / w.response_sigma) ** 2
-
-
 def candidate_mean(w, share: float, pids: np.ndarray, lengths: np.ndarray, run: np.ndarray, g: float) -> np.ndarray | None:
     """The conditional mean of every running request under a candidate model of a prompt group, for a
     lognormal workload (None for a mixture or with no prompt share): log L = mu + a + e with the workload's own
     mu, a ~ N(0, share sigma^2) shared by a prompt's samples, e ~ N(0, (1 - share) sigma^2), and, independently
     of the prompt, a response at the cap with the workload's ``cap_fraction`` p (how emulation/workload.py draws
-    a step). The prompt's offset is its posterior mean given its finished samples (a finished one at the cap
-    says nothing: it may be the spike) and its running ones (censored: P(L > g | a) = p + (1 - p) S(g | a)); a
+    a step): ``forecast.PromptLaw`` on those parameters. The prompt's offset is its posterior mean given its
+    finished samples (a finished one at the cap says nothing: it may be the spike; ``forecast.prompt_offsets``)
+    and its running ones (censored: P(L > g | a) = p + (1 - p) S(g | a)); a
     request's remaining length then mixes the spike (cap - g) and the body's conditional mean at that offset
     with the within-prompt spread. The forecast's own law of a known prompt (``forecast.PromptLaw``) has the
     same form with its parameters read from the forecast (the spike from its shape's flat top, the body from
@@ -80,28 +76,11 @@ def candidate_mean(w, share: float, pids: np.ndarray, lengths: np.ndarray, run: 
     the benchmark's yardstick for that law."""
     if w.mixture or share <= 0:
         return None
-    p, mu, sig, cap = w.cap_fraction, math.log(w.response_median_tokens), w.response_sigma, w.max_response_tokens
-    sa, se = math.sqrt(share) * sig, math.sqrt(max(1.0 - share, 1e-6)) * sig
-    grid = np.linspace(-4 * sa, 4 * sa, PROMPT_GRID)
-    done = ~run
-    exact = done & (lengths < cap)
-    ll = np.zeros((int(pids.max()) + 1, len(grid)))
-    z = (np.log(lengths[exact])[:, None] - mu - grid[None, :]) / se
-    np.add.at(ll, pids[exact], -0.5 * z * z)
-    z = (math.log(g) - mu - grid[None, :]) / se
-    cens = np.log(p + (1.0 - p) * np.exp(log_ndtr(-z)))  # every running request is at g
-    np.add.at(ll, pids[run], np.broadcast_to(cens, (int(run.sum()), len(grid))))
-    post = ll - 0.5 * (grid / sa) ** 2
-    post = np.exp(post - post.max(axis=1, keepdims=True))
-    a = ((post @ grid) / post.sum(axis=1))[pids[run]]
-    m = mu + a  # the body's log-mean per request; its conditional mean above g, capped at the cap
-    lg, lc = math.log(g), math.log(cap)
-    s_g, s_c = ndtr(-(lg - m) / se), ndtr(-(lc - m) / se)
-    part = np.exp(m + se * se / 2) * (ndtr((lc - m - se * se) / se) - ndtr((lg - m - se * se) / se))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        body = np.clip(np.where(s_g > 0, (part + cap * s_c) / s_g, cap), g, cap)
-    spike = p / (p + (1.0 - p) * s_g) if p > 0 else np.zeros(len(m))
-    return spike * (cap - g) + (1.0 - spike) * (body - g)
+    law = PromptLaw(w.cap_fraction, math.log(w.response_median_tokens), w.response_sigma, math.sqrt(1.0 - share),
+                    float(w.max_response_tokens))
+    gen = np.full(int(run.sum()), float(g))
+    post = prompt_offsets(law, share, pids[~run], lengths[~run], pids[run], gen)
+    return law.remaining(gen, np.array([post[int(p)] for p in pids[run].tolist()]))
 
 
 def at_point(w, settings, lengths: np.ndarray, pids: np.ndarray, g: float) -> dict | None:

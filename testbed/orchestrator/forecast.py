@@ -38,6 +38,7 @@ planner reads the newest finished forecast and never waits. This module starts n
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -85,30 +86,20 @@ class _Lognormal:
         with np.errstate(divide="ignore"):
             return np.exp(log_ndtr(-(np.log(g) - self.mu) / self.sigma))
 
-    def _log_excess_at(self, cap: np.ndarray) -> np.ndarray:
-        """log E[(L - c)+] for every cap ``c`` of ``cap`` (the scalar one's, per request)."""
-        zc = (np.log(cap) - self.mu) / self.sigma
-        excess = np.exp(self._m + log_ndtr(self.sigma - zc)) - cap * np.exp(log_ndtr(-zc))
-        with np.errstate(divide="ignore"):
-            return np.where(excess > 0, np.log(np.maximum(excess, 0.0)), -np.inf)
-
-    def remaining(self, g: np.ndarray, cap: np.ndarray | None = None) -> np.ndarray:
-        """E[min(L, cap) - g | L > g]; ``cap``: one per request (None: the law's own)."""
+    def remaining(self, g: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore"):
             z = (np.log(g) - self.mu) / self.sigma
         ls = log_ndtr(-z)  # log P(L > g)
-        log_excess = self._log_excess if cap is None else self._log_excess_at(cap)
         # E[min(L, cap) | L > g] = (e^m Phi(sigma - z) - E[(L - cap)+]) / P(L > g)
-        e = np.exp(self._m + log_ndtr(self.sigma - z) - ls) - np.exp(log_excess - ls)
-        return np.clip(e - g, 0.0, np.maximum((self.cap if cap is None else cap) - g, 0.0))
+        e = np.exp(self._m + log_ndtr(self.sigma - z) - ls) - np.exp(self._log_excess - ls)
+        return np.clip(e - g, 0.0, np.maximum(self.cap - g, 0.0))
 
-    def remaining_quantile(self, g: np.ndarray, q: float, cap: np.ndarray | None = None) -> np.ndarray:
-        """The q-quantile of min(L, cap) - g given L > g; ``cap``: one per request (None: the law's own)."""
+    def remaining_quantile(self, g: np.ndarray, q: float) -> np.ndarray:
         with np.errstate(divide="ignore"):
             z = (np.log(g) - self.mu) / self.sigma
         # P(L > x) = (1 - q) P(L > g)  ->  z_x = -ndtri_exp(log(1 - q) + log P(L > g))
         zx = -ndtri_exp(np.log1p(-q) + log_ndtr(-z))
-        return np.clip(np.minimum(np.exp(self.mu + self.sigma * zx), self.cap if cap is None else cap) - g, 0.0, None)
+        return np.clip(np.minimum(np.exp(self.mu + self.sigma * zx), self.cap) - g, 0.0, None)
 
     @staticmethod
     def z_moments_above(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -255,10 +246,6 @@ class _Shaped:
         self.log_cap = math.log(cap)
         full = self._capped_exp(shape.lo, shape.hi, self.A, self.B)
         self._suffix = np.concatenate([np.cumsum(full[::-1])[::-1], [0.0]])
-        # E[L 1{W below each piece}], uncapped: a request's own cap takes the law's partial expectations
-        with np.errstate(over="ignore"):
-            whole = np.nan_to_num(np.exp(self.A + self.B * self.B / 2) * _mass(shape.lo - self.B, shape.hi - self.B))
-        self._below = np.concatenate([[0.0], np.cumsum(whole)[:-1]])
 
     def _capped_exp(self, lo, hi, A, B) -> np.ndarray:
         """E[min(e^{A + B W}, cap) 1{W in [lo, hi]}] per piece."""
@@ -274,48 +261,29 @@ class _Shaped:
             _, wa = self.shape.locate((np.log(g) - self.mu) / self.sigma)
         return np.exp(log_ndtr(-wa))
 
-    def remaining(self, g: np.ndarray, cap: np.ndarray | None = None) -> np.ndarray:
-        """E[min(L, cap) - g | L > g]; ``cap``: one per request (None: the law's own)."""
+    def remaining(self, g: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore"):
             y = np.log(g)
         in_tail = y >= self.q_top
         out = np.empty_like(g)
         if in_tail.any():
-            out[in_tail] = self.tail.remaining(g[in_tail], None if cap is None else cap[in_tail])
+            out[in_tail] = self.tail.remaining(g[in_tail])
         body = ~in_tail
         if body.any():
             gb = g[body]
             k, wa = self.shape.locate((y[body] - self.mu) / self.sigma)
-            if cap is None:
-                total = self._capped_exp(wa, self.shape.hi[k], self.A[k], self.B[k]) + self._suffix[k + 1]
-                top = self.cap
-            else:  # E[min(L, c) 1{L > g}] = E[L 1{g < L <= c}] + c P(L > c), c > g (a body request's S(g) is not
-                # small, so the difference of the partial expectations loses nothing)
-                top = cap[body]
-                kc, wc = self.shape.locate((np.log(top) - self.mu) / self.sigma)
-                total = (self._partial(kc, wc) - self._partial(k, wa)) + top * np.exp(log_ndtr(-wc))
+            total = self._capped_exp(wa, self.shape.hi[k], self.A[k], self.B[k]) + self._suffix[k + 1]
             s = np.exp(log_ndtr(-wa))
-            out[body] = np.clip(total / s - gb, 0.0, np.maximum(top - gb, 0.0))
+            out[body] = np.clip(total / s - gb, 0.0, np.maximum(self.cap - gb, 0.0))
         return out
 
-    def _partial(self, k: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """E[L 1{W <= w}] (uncapped) for normal scores ``w`` in pieces ``k``."""
-        B = self.B[k]
-        with np.errstate(over="ignore"):
-            inside = np.exp(self.A[k] + B * B / 2) * _mass(self.shape.lo[k] - B, w - B)
-        return self._below[k] + np.nan_to_num(inside)
-
-    def remaining_quantile(self, g: np.ndarray, q: float, cap: np.ndarray | None = None) -> np.ndarray:
-        """The q-quantile of min(L, cap) - g given L > g; ``cap``: one per request (None: the law's own)."""
+    def remaining_quantile(self, g: np.ndarray, q: float) -> np.ndarray:
         with np.errstate(divide="ignore"):
             _, wa = self.shape.locate((np.log(g) - self.mu) / self.sigma)
         # P(L > x) = (1 - q) P(L > g): x's normal score, then through the piece that holds it
         wx = -ndtri_exp(np.log1p(-q) + log_ndtr(-wa))
         k = np.searchsorted(self.shape.w, wx, side="right")
-        if cap is None:
-            x = np.minimum(np.exp(np.minimum(self.A[k] + self.B[k] * wx, self.log_cap)), self.cap)
-        else:
-            x = np.minimum(np.exp(np.minimum(self.A[k] + self.B[k] * wx, np.log(cap))), cap)
+        x = np.minimum(np.exp(np.minimum(self.A[k] + self.B[k] * wx, self.log_cap)), self.cap)
         return np.clip(x - g, 0.0, None)
 
 
@@ -451,8 +419,18 @@ class LengthForecast:
         return out
 
     def with_prompt_share(self, share: float) -> LengthForecast:
-        """This forecast with ``prompt_share`` set (the shifted requests' spread; the rest unchanged)."""
-        return self if share == self.prompt_share else dataclasses.replace(self, prompt_share=float(share))
+        """This forecast with ``prompt_share`` set (the shifted requests' spread; the rest unchanged): a copy
+        that keeps the law already built (nothing of it depends on the share) and the prompt law's parameters
+        with only the spread changed (the driver sets the share on every tick's forecast)."""
+        if share == self.prompt_share:
+            return self
+        require(0.0 <= share < 1.0, "prompt_share", f"must be in [0, 1), got {share}")
+        out = copy.copy(self)
+        object.__setattr__(out, "prompt_share", float(share))
+        law = self.__dict__.get("_prompt_law")
+        if law is not None:
+            object.__setattr__(out, "_prompt_law", dataclasses.replace(law, within=math.sqrt(1.0 - share)))
+        return out
 
     def prompt_law(self) -> "PromptLaw":
         """The law of a request whose prompt's log-offset is known (:class:`PromptLaw`), made once."""
@@ -529,10 +507,10 @@ def spike_mass(shape: Sequence[float] | None) -> float:
     flat = np.flatnonzero((np.abs(np.diff(z)) <= SPIKE_TOL) & (lv[1:] > 0.5))  # knot k equals knot k + 1
     if not len(flat):
         return 0.0
-    last = int(flat[-1]) + 1  # the run's top knot
-    first = int(flat[-1])
-    while first - 1 >= 0 and first - 1 in set(flat.tolist()):
-        first -= 1
+    i = len(flat) - 1  # the topmost run: consecutive indices in ``flat`` ending at its last
+    while i > 0 and flat[i - 1] == flat[i] - 1:
+        i -= 1
+    first, last = int(flat[i]), int(flat[-1]) + 1  # the run's bottom and top knots
     inner = lv[last] - lv[first]
     outer = (lv[last + 1] if last + 1 < len(lv) else 1.0) - (lv[first - 1] if first > 0 else 0.0)
     return float((inner + outer) / 2.0)
@@ -642,25 +620,37 @@ def prompt_share(steps: Sequence[tuple[np.ndarray, np.ndarray]], prior: float = 
     return float(min(max(between / total, 0.0), 0.95))
 
 
+def prompt_prior(workload: WorkloadSpec) -> float:
+    """The prompt share before any finished step has measured one: the workload's own split of the spread,
+    ``(prompt_sigma / response_sigma)^2`` (0 for a mixture or a trace, whose split it does not state)."""
+    w = workload
+    return 0.0 if w.mixture or w.trace or w.response_sigma <= 0 else (w.prompt_sigma / w.response_sigma) ** 2
+
+
 def prompt_shifts(forecast: "LengthForecast", share: float, done_pid: np.ndarray, done_len: np.ndarray,
                   run_pid: np.ndarray, run_gen: np.ndarray) -> dict[int, float]:
+    """:func:`prompt_offsets` under the forecast's :class:`PromptLaw`."""
+    return prompt_offsets(forecast.prompt_law(), share, done_pid, done_len, run_pid, run_gen)
+
+
+def prompt_offsets(law: PromptLaw, share: float, done_pid: np.ndarray, done_len: np.ndarray,
+                   run_pid: np.ndarray, run_gen: np.ndarray) -> dict[int, float]:
     """Per prompt, the posterior mean of its log-offset given its samples so far: finished ones (their
     lengths; one at the cap says nothing where the forecast has a spike there, else is censored there) and
-    running ones (censored: L > g, g = 0 says nothing), under the forecast's :class:`PromptLaw`: log L = mu +
+    running ones (censored: L > g, g = 0 says nothing), under a :class:`PromptLaw`: log L = mu +
     a + e, a ~ N(0, share sigma^2), e ~ N(0, (1 - share) sigma^2), and apart from it the spike at the cap
-    (mass p, whatever the prompt: a running sample may be one). The offsets are centred on the step's
-    forecast, so a request's law (:meth:`LengthForecast.remaining` with its shift, the forecast's
+    (mass p, whatever the prompt: a running sample may be one), ``law``'s parameters. The offsets are
+    centred on the step's forecast, so a request's law (:meth:`LengthForecast.remaining` with its shift, the forecast's
     ``prompt_share`` set to ``share``) moves it towards its own prompt; a prompt with no evidence is not in
     the result. Exact on a grid of the offset (pure numpy, all prompts at once)."""
     if share <= 0 or (len(done_pid) + len(run_pid)) == 0:
         return {}
-    law = forecast.prompt_law()
     mu, p = law.mu, law.p
     sa = math.sqrt(share) * law.sigma
     se = math.sqrt(max(1.0 - share, 1e-6)) * law.sigma
     grid = np.linspace(-4 * sa, 4 * sa, PROMPT_GRID)
     prior = -0.5 * (grid / sa) ** 2
-    cap = forecast.cap
+    cap = law.cap
     dl = np.asarray(done_len, dtype=np.float64)
     exact = dl < cap
     rg = np.asarray(run_gen, dtype=np.float64)

@@ -209,24 +209,6 @@ def test_a_sample_at_the_cap_says_nothing_of_its_prompt_where_the_cap_has_a_spik
     assert 0 < a[2] < b[2]  # three running at 9,000: long, but some may be the spike
 
 
-def test_a_shaped_law_under_a_cap_per_request_is_its_pieces_capped():
-    """The shaped law's mean under a cap per request (the shifted law's) from its uncapped partial expectations
-    equals that of the same law built with the request's cap as its own (every piece capped there, the law's
-    plain form), in its body and in its lognormal tail."""
-    f = LengthForecast.from_workload(MIXTURE)
-    law = f._law
-    rng = np.random.default_rng(5)
-    g = np.concatenate([rng.lognormal(6.0, 1.2, 400), rng.uniform(1, CAP, 200),
-                        rng.uniform(0.9, 3, 20) * math.exp(law.q_top)])
-    cap = g * np.exp(rng.uniform(0.01, 2.0, len(g)))
-    body = np.log(g) < law.q_top
-    assert body.sum() > 100 and (~body).sum() > 5
-    got = law.remaining(g, cap)
-    for i in range(len(g)):
-        own = fc._Shaped(law.mu, law.sigma, cap[i], law.shape)
-        assert got[i] == pytest.approx(own.remaining(g[i:i + 1])[0], rel=1e-9, abs=1e-9)
-
-
 def normal_shape():
     from scipy.special import ndtri
     return tuple(ndtri(np.array(LOG_QUANTILE_LEVELS)).tolist())
