@@ -123,33 +123,35 @@ def engine_deal(load: ServerLoad, r: int, slots: int, kv_blocks: float = math.in
     running = np.asarray(load.running, bool).copy()
     if load.n == 0:
         return rep, running
-    run = np.nonzero(running)[0]
-    if load.rid is not None and len(run) > 1:
-        run = run[np.argsort(load.rid[run], kind="stable")]
-    need = np.ceil((np.asarray(load.ctx0, float)[run] + 1.0) / block_size)
+    run, need = _deal_order(load, block_size)
+    if r == 1 and len(run) < slots and float(need.sum()) <= kv_blocks:  # whole numbers: an exact sum
+        return rep, running  # one replica, not filled, its cache holding every running request: all stay
     count = [0] * r
     queued = [0] * r
     picks = None
     if len(run) < slots:  # no replica can fill up: each onto the replica holding the fewest blocks
-        if r == 1:
-            picks = np.zeros(len(run), np.int64)
-        elif r in (2, 4) and np.isfinite(need).all():
-            picks = np.asarray(_least_held_2(need.tolist()) if r == 2 else _least_held_4(need.tolist()), np.int64)
-        else:
+        cs = need.tolist()
+        if r in (2, 4):
+            picks, held = _least_held_2(cs) if r == 2 else _least_held_4(cs)
+            if not all(map(math.isfinite, held)):  # a footprint not finite (it is in a sum): the heap's comparisons
+                picks = None
+        if picks is None:
             room = [(0.0, j) for j in range(r)]
-            out = []
-            for c in need.tolist():
+            picks = []
+            for c in cs:
                 kv, j = room[0]
                 heapq.heapreplace(room, (kv + c, j))
-                out.append(j)
-            picks = np.asarray(out, np.int64)
+                picks.append(j)
+            held = [kv for kv, _ in sorted(room, key=lambda x: x[1])]
         # every pick went to the replica holding the fewest blocks, so if no replica ends above the cache none
         # was over it when it took a request: no request was turned away, and these are the engine's picks
-        if len(run) and not float(np.bincount(picks, weights=need, minlength=r).max()) <= kv_blocks:
+        # (``held``: each replica's blocks, summed in the order bincount(picks, weights=need) sums them)
+        if not all(h <= kv_blocks for h in held):  # (a NaN fails too)
             picks = None
     if picks is not None:
         rep[run] = picks
-        count = np.bincount(picks, minlength=r).tolist()
+        if len(run) < load.n:  # the waiting ones are dealt by the counts
+            count = np.bincount(np.asarray(picks, np.int64), minlength=r).tolist()
     else:
         room = [(0.0, j) for j in range(r)]  # replicas with a slot left, by (blocks held, replica)
         for i, c in zip(run.tolist(), need.tolist()):
@@ -165,7 +167,7 @@ def engine_deal(load: ServerLoad, r: int, slots: int, kv_blocks: float = math.in
                 queued[j] += 1
                 running[i] = False
             rep[i] = j
-    wait = np.nonzero(~np.asarray(load.running, bool))[0]
+    wait = np.nonzero(~np.asarray(load.running, bool))[0] if len(run) < load.n else ()
     if len(wait):
         # the waiting ones, one by one onto the replica with the fewest requests (the lowest of equals):
         # the len(wait) smallest (count level, replica) pairs above each replica's count, in that order
@@ -177,9 +179,23 @@ def engine_deal(load: ServerLoad, r: int, slots: int, kv_blocks: float = math.in
     return rep, running
 
 
-def _least_held_2(ctx: list) -> list:
+def _deal_order(load: ServerLoad, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the running requests in the order :func:`engine_deal` deals them, their KV blocks): the same for every
+    layout a load is dealt onto, so made once per load (kept on it: a ServerLoad's arrays are not changed)."""
+    hit = load.__dict__.get("_deal_order")
+    if hit is not None and hit[0] == block_size:
+        return hit[1], hit[2]
+    run = np.nonzero(np.asarray(load.running, bool))[0]
+    if load.rid is not None and len(run) > 1:
+        run = run[np.argsort(load.rid[run], kind="stable")]
+    need = np.ceil((np.asarray(load.ctx0, float)[run] + 1.0) / block_size)
+    object.__setattr__(load, "_deal_order", (block_size, run, need))
+    return run, need
+
+
+def _least_held_2(ctx: list) -> tuple[list, list]:
     """Each of ``ctx`` (in order) onto the replica of two holding the least (the first of equals), as
-    engine_deal's heap of (KV held, replica) picks."""
+    engine_deal's heap of (KV held, replica) picks: (the picks, what each replica holds at the end)."""
     a = b = 0.0
     picks = []
     for c in ctx:
@@ -189,10 +205,10 @@ def _least_held_2(ctx: list) -> list:
         else:
             b += c
             picks.append(1)
-    return picks
+    return picks, [a, b]
 
 
-def _least_held_4(ctx: list) -> list:
+def _least_held_4(ctx: list) -> tuple[list, list]:
     """:func:`_least_held_2` for four replicas: the lesser of each pair (the first of equals), then the
     lesser of the two (the lower replica of equals)."""
     k0 = k1 = k2 = k3 = 0.0
@@ -225,7 +241,7 @@ def _least_held_4(ctx: list) -> list:
         else:
             k3 += c
             picks.append(3)
-    return picks
+    return picks, [k0, k1, k2, k3]
 
 
 class DecodeTable:
@@ -796,11 +812,13 @@ class Estimator:
         (:meth:`dealt`)."""
         return self.dealt(layout, load, current)[0]
 
-    def dealt(self, layout: Layout, load: ServerLoad, current: Layout | None = None) -> tuple:
+    def dealt(self, layout: Layout, load: ServerLoad, current: Layout | None = None, fresh: bool = False) -> tuple:
         """(:meth:`placement`, the load as the server would hold it there): under the current layout the load
         itself; after a switch, the running requests that find no slot or no room for their KV on the new
         replicas wait and recompute (:func:`engine_deal`), so a candidate layout is predicted on what the
-        engine would run, not on more running requests than it has slots for."""
+        engine would run, not on more running requests than it has slots for. ``fresh``: ``load`` is new to the
+        estimator and no later call deals it again (the planner's lookahead): its deal is neither looked up nor
+        remembered (:meth:`_engine_deal`)."""
         r = layout.replicas(self.gpus)
         new = load.replica < 0
         if current is not None and layout == current and bool((load.replica[~new] < r).all()):
@@ -812,17 +830,21 @@ class Estimator:
                     rep[i] = j
                     tot[j] += load.rem[i]
             return rep, load
-        rep, running = self._engine_deal(layout, load)
+        rep, running = self._engine_deal(layout, load, fresh)
         if not np.array_equal(running, load.running):
             load = dataclasses.replace(load, running=running)  # the other arrays shared (stratified once)
         return rep, load
 
-    def _engine_deal(self, layout: Layout, load: ServerLoad) -> tuple:
+    def _engine_deal(self, layout: Layout, load: ServerLoad, fresh: bool = False) -> tuple:
         """:func:`engine_deal` of ``load`` onto ``layout``'s replicas, remembered: the deal reads the requests'
         footprints, running flags and ids only, not their lengths, so a tick's re-estimates of one server under
         other draws of its long requests (the planner's judgement) find the planner's pass's deal. Remembered by
         content (those arrays byte for byte), layout and settings, as :meth:`_recall` does; a hit is returned as
-        copies (a caller may change its placement)."""
+        copies (a caller may change its placement). ``fresh``: dealt without the memo (a load no call has dealt
+        and none will: keying it, ~6 us a deal, and keeping it, which pushes the tick's own deals out, buy nothing)."""
+        if fresh:
+            return engine_deal(load, layout.replicas(self.gpus), self.settings.max_num_seqs, self.kv_blocks(layout),
+                               self.settings.block_size)
         key = (layout, _content_key(load.ctx0, load.running, load.rid))
         hit = self._deals.get(key)
         if hit is None or hit[0] is not self.settings:
@@ -831,9 +853,9 @@ class Estimator:
             hit = _put_bounded(self._deals, key, (self.settings, rep, running))
         return hit[1].copy(), hit[2].copy()
 
-    def _block(self, layout: Layout, load: ServerLoad, current: Layout | None) -> tuple:
-        """(layout, load as dealt, placement): a block of :meth:`_blocks`."""
-        rep, dealt = self.dealt(layout, load, current)
+    def _block(self, layout: Layout, load: ServerLoad, current: Layout | None, fresh: bool = False) -> tuple:
+        """(layout, load as dealt, placement): a block of :meth:`_blocks` (``fresh``: as :meth:`dealt`'s)."""
+        rep, dealt = self.dealt(layout, load, current, fresh)
         return layout, dealt, rep
 
     def replica_times(self, layout: Layout, load: ServerLoad, current: Layout | None = None,
@@ -1003,12 +1025,14 @@ class Estimator:
         return self.servers_s_many([layout], loads, currents)[layout]
 
     def servers_s_many(self, layouts: list, loads: dict, currents: dict, skip: frozenset = frozenset(),
-                       remember: bool = True) -> dict:
+                       remember: bool = True, fresh: bool = False) -> dict:
         """:meth:`servers_s` under every layout of ``layouts`` at once: {layout: {server: time}}, in one grouped
         pass (one cost-model evaluation per TP degree). ``skip``: (layout, server) cells not to compute (their
         time is inf). ``remember``: the loads under their current layouts are remembered for later calls
         (:meth:`_recall`); False for loads no later call asks for (the planner's other draws), which are then
-        not fingerprinted either."""
+        not fingerprinted either. ``fresh``: the loads are new and none is asked for again (the planner's
+        lookahead): nothing of them is looked up or remembered, their deals included (:meth:`dealt`)."""
+        remember = remember and not fresh
         keys = [s for s in loads if loads[s].n]
         out = {lay: {s: (math.inf if (lay, s) in skip else 0.0) for s in loads} for lay in layouts}
         if not keys:
@@ -1016,7 +1040,7 @@ class Estimator:
         cells = [(lay, s) for lay in layouts for s in keys if (lay, s) not in skip]
         store = tuple((k, self._recall(lay, loads[s], currents[s])[1]) for k, (lay, s) in enumerate(cells)
                       if remember and lay == currents[s])
-        done = self._blocks([self._block(lay, loads[s], currents[s]) for lay, s in cells], joint=True, store=store)
+        done = self._blocks([self._block(lay, loads[s], currents[s], fresh) for lay, s in cells], joint=True, store=store)
         for (lay, s), d in zip(cells, done):
             out[lay][s] = float(d.times.max())
         return out

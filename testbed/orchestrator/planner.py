@@ -113,11 +113,12 @@ class Planner(LayoutPlanner):
         for lay in self.candidates:
             lay.check(self.estimator.gpus, "orchestrator.planner.layouts")
 
-    def _all_times(self, views: dict, now: float, prune: bool = False, remember: bool = True) -> dict:
+    def _all_times(self, views: dict, now: float, prune: bool = False, remember: bool = True,
+                   fresh: bool = False) -> dict:
         """For every server: {layout: predicted remaining time with that layout, its switch cost and a
         switch in progress included}, every server evaluated in one pass per layout (``prune``: but the
-        candidates pruned for it, see PlannerSettings.prune_ratio; ``remember``: as Estimator.servers_s_many's,
-        False for loads no later call asks for)."""
+        candidates pruned for it, see PlannerSettings.prune_ratio; ``remember``, ``fresh``: as
+        Estimator.servers_s_many's, for loads no later call asks for, and for those no call has seen either)."""
         est = self.estimator
         loads = {s: v.load for s, v in views.items()}
         currents = {s: v.layout for s, v in views.items()}
@@ -125,7 +126,7 @@ class Planner(LayoutPlanner):
         lays = self.candidates + [lay for lay in {v.layout for v in views.values()} if lay not in self.candidates]
         skip = frozenset((lay, s) for (lay, s), until in self._pruned.items()
                          if prune and until > self._ticks and s in views and lay != views[s].layout)
-        times = est.servers_s_many(lays, loads, currents, skip, remember=remember)
+        times = est.servers_s_many(lays, loads, currents, skip, remember=remember, fresh=fresh)
         kv = {s: v.load.kv_held for s, v in views.items()}
         for lay in lays:
             t = times[lay]
@@ -190,7 +191,7 @@ class Planner(LayoutPlanner):
                                                     mean=not strat)
             later = {(s, j): ServerView(s, views[s].layout, ld)
                      for j, ahead in enumerate(aheads) for s, ld in zip(tempted, ahead) if ld.n}
-            t2 = self._all_times(later, now, remember=False) if later else {}
+            t2 = self._all_times(later, now, fresh=True) if later else {}
             waiting = {}
             for j, dt in enumerate(waits):
                 for s, best_t in tempted.items():

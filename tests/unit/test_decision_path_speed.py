@@ -383,6 +383,46 @@ def test_moments_at_located_thresholds_are_the_piece_moments():
         assert np.array_equal(got, want, equal_nan=True)
 
 
+def test_a_load_dealt_onto_every_layout_gets_each_deal_as_a_fresh_copy_of_it_does():
+    """engine_deal keeps the order it deals a load's running requests in, and their KV blocks, on the load (the
+    same for every layout): one load dealt onto one, two, four and eight replicas in turn, its cache binding or
+    not, gets what a fresh copy of it gets each time (every branch: the single replica's shortcut, the
+    comparisons of two and four, the heap, the cache's refusals)."""
+    rng = np.random.default_rng(8)
+    for t in range(120):
+        n, slots = int(rng.integers(1, 200)), int(rng.integers(1, 80))
+        kv = [math.inf, float(rng.integers(20, 3000))][t % 3 == 0]
+        ld = ServerLoad(rng.integers(256, 3000, n).astype(float), np.ones(n), rng.random(n) < rng.random(),
+                        -np.ones(n, np.int64), rid=rng.permutation(n) if t % 2 else None)
+        for r in (1, 2, 4, 8, 2, 1):
+            got = engine_deal(ld, r, slots, kv)
+            want = engine_deal(dataclasses.replace(ld), r, slots, kv)
+            assert (got[0] == want[0]).all() and (got[1] == want[1]).all()
+
+
+def test_a_fresh_load_is_dealt_without_the_memo(monkeypatch):
+    """The planner's lookahead deals loads no call has dealt and none will (Estimator.servers_s_many's
+    ``fresh``): their deals are the remembered path's, and nothing of them is looked up or kept."""
+    st = EngineSettings(max_num_seqs=24)
+    est = Estimator(CostModel.for_names("Qwen2.5-7B", "H800"), 8, st)
+    rng = np.random.default_rng(6)
+    n = 150
+    ld = ServerLoad(rng.integers(256, 3000, n).astype(float), rng.integers(1, 900, n).astype(float),
+                    rng.random(n) < 0.7, np.zeros(n, np.int64), rid=rng.permutation(n))
+    for k, lay in enumerate((Layout(2), Layout(4), Layout(8))):
+        rep, dealt = est.dealt(lay, ld, Layout(1), fresh=True)
+        assert len(est._deals) == k
+        want_rep, want = est.dealt(lay, ld, Layout(1))
+        assert (rep == want_rep).all() and (dealt.running == want.running).all()
+    assert len(est._deals) == 3
+    loads = {0: ld, 1: dataclasses.replace(ld, ctx0=ld.ctx0 + 7.0)}
+    cur = {0: Layout(1), 1: Layout(1)}
+    est2 = Estimator(CostModel.for_names("Qwen2.5-7B", "H800"), 8, st)
+    fresh = est2.servers_s_many([Layout(1), Layout(2), Layout(8)], loads, cur, fresh=True)
+    assert not est2._deals and not est2._memo
+    assert fresh == est.servers_s_many([Layout(1), Layout(2), Layout(8)], loads, cur)
+
+
 def test_the_estimators_deal_is_remembered_by_what_it_reads(monkeypatch):
     """Estimator.dealt remembers engine_deal's result by footprints, running flags and ids: a load that differs
     only in its lengths or keys (another draw of the long requests) finds it, one that differs in what the
