@@ -189,8 +189,9 @@ class Planner(LayoutPlanner):
             # none is asked for again, so none is remembered
             aheads = self.estimator.advance_many_at([(views[s].layout, views[s].load) for s in tempted], waits,
                                                     mean=not strat)
+            # a point no sooner than the switch's own end cannot beat it (a time is never negative): not estimated
             later = {(s, j): ServerView(s, views[s].layout, ld)
-                     for j, ahead in enumerate(aheads) for s, ld in zip(tempted, ahead) if ld.n}
+                     for j, ahead in enumerate(aheads) for s, ld in zip(tempted, ahead) if ld.n and waits[j] < tempted[s]}
             t2 = self._all_times(later, now, fresh=True) if later else {}
             waiting = {}
             for j, dt in enumerate(waits):

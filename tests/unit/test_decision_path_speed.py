@@ -278,6 +278,38 @@ def test_the_lookaheads_loads_are_estimated_alike_whatever_their_rem():
     assert ta == tb
 
 
+def test_the_lookahead_estimates_no_point_past_a_switchs_own_end(monkeypatch):
+    """Waiting dt and switching then cannot beat a switch predicted to end within dt (no predicted time is
+    negative): the lookahead estimates a server at its points before that end only. On servers of unequal
+    loads (their switches ending at different times, the points spread over the longest) some points are left
+    out, and the decisions are those the pinned cases give (orchestrator_cases' imbalanced states)."""
+    import testbed.orchestrator.planner as plmod
+
+    setup = _setup(16384, 256)
+    w, est, lays, planner = setup[:4]
+    views, _ = _bench_state(w, est, lays, np.random.default_rng(3), 1024, [lays[0]] * 4,
+                            weights=[0.55, 0.25, 0.15, 0.05])
+    seen, waits = [], []
+    real_times, real_adv = plmod.Planner._all_times, est.advance_many_at
+    monkeypatch.setattr(plmod.Planner, "_all_times",
+                        lambda self, v, now, **k: (seen.append(dict(v)) if k.get("fresh") else None)
+                        or real_times(self, v, now, **k))
+    monkeypatch.setattr(est, "advance_many_at", lambda items, dts, mean=True: waits.append(list(dts))
+                        or real_adv(items, dts, mean))
+    out = planner.evaluate_all(views, now=10.0, interval=1.0)
+    # the lookahead's servers: a switch the judgement kept, made or held back by a later point
+    tempted = {s: d.predicted_s[d.best.name(8)] for s, d in out.items() if d.switch or "waiting" in d.reason}
+    assert len(tempted) >= 2
+    assert seen and waits
+    looked = set(seen[0])
+    left_out = [(s, j) for j, dt in enumerate(waits[0]) for s in tempted if (s, j) not in looked]
+    assert left_out, "the state has points past some server's switch"
+    for s, j in left_out:
+        assert waits[0][j] >= tempted[s]
+    for s, j in looked:
+        assert waits[0][j] < tempted[s]
+
+
 def test_the_lookaheads_points_in_one_pass_are_each_points_own():
     """advance_many_at gives at every time what advance_many gives at it alone, and the lookahead's one pass
     over every point's loads (keyed by server and point, nothing remembered) the times each point's own pass
