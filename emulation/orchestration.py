@@ -143,6 +143,13 @@ class PlannerSettings:
     min_gain_s: a switch must save at least this much (seconds of remaining makespan) beyond its cost.
     gain_margin: ... and at least this fraction of the server's remaining makespan (hysteresis: a switch
       that only breaks even on a noisy forecast is not made).
+    balanced_gain_margin: ``gain_margin`` where a balancer runs beside the planner (orchestrrl; None: the
+      same). The planner's time for keeping a layout assumes its placement stays, and beside a balancer it
+      does not: the balancer moves requests off the slow replicas, which a switch undoes (the engine re-deals
+      a switched server's requests by KV, not by length) and stops while the server switches. 0.08 since
+      2026-12-07: on the vllm-v0 map's 14 points orchestrrl's mean 1.124 -> 1.136 and its composition with the
+      balancer alone (orchestrrl >= max(planner, balancer) - 0.5%) failing at 1 point instead of 3
+      (docs/orchestrator.md "The margin beside a balancer", with the sweep and the cases it was not chosen on).
     cooldown_s: no second switch of a server within this time after the first one ended.
     lookahead: before switching, predict the server one planning interval later (estimate.Estimator.advance)
       and wait if switching then (to the then-best layout) is predicted to finish sooner: the best layout
@@ -185,6 +192,7 @@ class PlannerSettings:
     layouts: tuple[str, ...] = ()
     min_gain_s: float = 0.5
     gain_margin: float = 0.05
+    balanced_gain_margin: float | None = 0.08
     cooldown_s: float = 2.0
     lookahead: bool = True
     lookahead_points: int = 3
@@ -208,6 +216,10 @@ class PlannerSettings:
             v = getattr(self, n)
             require(math.isfinite(v) and v >= 0, n, f"must be a finite number >= 0, got {v}")
         require(self.gain_margin < 1, "gain_margin", f"must be < 1, got {self.gain_margin}")
+        if self.balanced_gain_margin is not None:
+            v = self.balanced_gain_margin
+            require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v < 1,
+                    "balanced_gain_margin", f"must be a number in [0, 1) or null, got {v!r}")
         require(math.isfinite(self.initial_margin) and 0 <= self.initial_margin < 1, "initial_margin",
                 f"must be in [0, 1), got {self.initial_margin}")
         require(isinstance(self.replace_patience, int) and 0 <= self.replace_patience <= 1000,

@@ -113,6 +113,13 @@ class Planner(LayoutPlanner):
         for lay in self.candidates:
             lay.check(self.estimator.gpus, "orchestrator.planner.layouts")
 
+    @property
+    def _margin(self) -> float:
+        """The share of a server's remaining makespan a switch's gain must exceed: PlannerSettings.gain_margin, or
+        beside a balancer its balanced_gain_margin."""
+        bal = self.settings.balanced_gain_margin
+        return bal if self.beside_balancer and bal is not None else self.settings.gain_margin
+
     def _all_times(self, views: dict, now: float, prune: bool = False, remember: bool = True,
                    fresh: bool = False) -> dict:
         """For every server: {layout: predicted remaining time with that layout, its switch cost and a
@@ -158,7 +165,7 @@ class Planner(LayoutPlanner):
             best = min(times[s], key=lambda lay: (times[s][lay][0], lay != cur, lay.tp))
             best_t, best_cost = times[s][best]
             gain = base - best_t
-            need = max(self.settings.min_gain_s, self.settings.gain_margin * base)
+            need = max(self.settings.min_gain_s, self._margin * base)
             if best == cur:
                 reason, switch = "current layout is predicted fastest", False
             elif v.busy_until > now:
@@ -261,7 +268,7 @@ class Planner(LayoutPlanner):
             ends = [times[s][best][0] - busy] + [t[best][(s, k, 0)] + cost for k in todo[s]]
             placed = [times[s][cur][0] - busy] + [t[cur][(s, k, 0)] for k in todo[s]]
             gain = as_placed = float(np.mean([b - e for b, e in zip(placed, ends)]))
-            need = max(self.settings.min_gain_s, self.settings.gain_margin * times[s][cur][0])
+            need = max(self.settings.min_gain_s, self._margin * times[s][cur][0])
             draws_s = f" over {len(ends)} draws of the lengths" if len(ends) > 1 else ""
             what = f"{gain:.2f} s{draws_s}"
             if replaced:

@@ -200,6 +200,8 @@ def test_balancer_does_nothing_below_the_threshold():
 
 @pytest.mark.parametrize("data, field", [
     ({"planner": {"min_gain_s": -1}}, "orchestrator.planner.min_gain_s"),
+    ({"planner": {"balanced_gain_margin": 1.0}}, "orchestrator.planner.balanced_gain_margin"),
+    ({"planner": {"balanced_gain_margin": "high"}}, "orchestrator.planner.balanced_gain_margin"),
     ({"balancer": {"mode": "teleport"}}, "orchestrator.balancer.mode"),
     ({"step_mode": "sometimes"}, "orchestrator.step_mode"),
     ({"dispatch": "round robin"}, "orchestrator.dispatch"),
@@ -270,6 +272,28 @@ def test_planner_beside_a_balancer_leaves_a_placement_gain_to_it():
     want = min(alone.predicted_s["TP2x4"], redealt) - alone.predicted_s[alone.best.name(8)]
     assert d.judged_gain_s == pytest.approx(want, rel=1e-9) and d.gain_s == alone.gain_s
     assert not d.switch and "re-placed" in d.reason
+
+
+def test_beside_a_balancer_a_switch_must_clear_the_balanced_margin():
+    """balanced_gain_margin: beside a balancer (orchestrrl) a switch's gain must exceed that share of the
+    server's remaining makespan instead of gain_margin's; alone the planner keeps gain_margin, and None is
+    gain_margin beside a balancer too. The margins are set on either side of one switch's own gain share."""
+    v = ServerView(4, Layout(1), load(np.full(8, 1256), np.full(8, 3000), np.arange(8)))
+    base = planner(confirm_draws=1, gain_margin=0.0).evaluate(v, now=10.0)
+    share = base.gain_s / base.predicted_s["TP1x8"]
+    assert base.switch and 0.02 < share < 0.9
+
+    def decide(balanced, beside, margin=0.05 * share):
+        p = Planner(Estimator(CM, 8, SETTINGS), ModelledCost(CM, 8),
+                    PlannerSettings(lookahead=False, confirm_draws=1, gain_margin=margin,
+                                    balanced_gain_margin=balanced), beside_balancer=beside)
+        return p.evaluate(v, now=10.0)
+
+    assert not decide(1.1 * share, beside=True).switch  # beside a balancer: the balanced margin
+    assert decide(0.9 * share, beside=True).switch
+    assert decide(1.1 * share, beside=False).switch  # alone: gain_margin
+    assert decide(None, beside=True).switch and not decide(None, beside=True, margin=1.1 * share).switch
+    assert PlannerSettings().balanced_gain_margin == 0.08 and PlannerSettings().gain_margin == 0.05
 
 
 def test_planner_judges_a_switch_over_several_draws_of_the_long_requests():
