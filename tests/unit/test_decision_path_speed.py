@@ -432,15 +432,20 @@ def test_a_load_dealt_onto_every_layout_gets_each_deal_as_a_fresh_copy_of_it_doe
             assert (got[0] == want[0]).all() and (got[1] == want[1]).all()
 
 
-def test_a_fresh_load_is_dealt_without_the_memo(monkeypatch):
-    """The planner's lookahead deals loads no call has dealt and none will (Estimator.servers_s_many's
-    ``fresh``): their deals are the remembered path's, and nothing of them is looked up or kept."""
+def _deal_state(seed: int, n: int) -> tuple:
+    """(engine settings, an estimator on them, a load of ``n`` requests, 70% running, on one replica)."""
     st = EngineSettings(max_num_seqs=24)
     est = Estimator(CostModel.for_names("Qwen2.5-7B", "H800"), 8, st)
-    rng = np.random.default_rng(6)
-    n = 150
+    rng = np.random.default_rng(seed)
     ld = ServerLoad(rng.integers(256, 3000, n).astype(float), rng.integers(1, 900, n).astype(float),
                     rng.random(n) < 0.7, np.zeros(n, np.int64), rid=rng.permutation(n))
+    return st, est, ld, rng
+
+
+def test_a_fresh_load_is_dealt_without_the_memo():
+    """The planner's lookahead deals loads no call has dealt and none will (Estimator.servers_s_many's
+    ``fresh``): their deals are the remembered path's, and nothing of them is looked up or kept."""
+    st, est, ld, _ = _deal_state(6, 150)
     for k, lay in enumerate((Layout(2), Layout(4), Layout(8))):
         rep, dealt = est.dealt(lay, ld, Layout(1), fresh=True)
         assert len(est._deals) == k
@@ -461,12 +466,8 @@ def test_the_estimators_deal_is_remembered_by_what_it_reads(monkeypatch):
     deal reads does not, and a caller changing the placement it got changes nothing remembered."""
     import testbed.orchestrator.estimate as estmod
 
-    st = EngineSettings(max_num_seqs=24)
-    est = Estimator(CostModel.for_names("Qwen2.5-7B", "H800"), 8, st)
-    rng = np.random.default_rng(4)
     n = 200
-    ld = ServerLoad(rng.integers(256, 3000, n).astype(float), rng.integers(1, 900, n).astype(float),
-                    rng.random(n) < 0.7, np.zeros(n, np.int64), rid=rng.permutation(n))
+    st, est, ld, rng = _deal_state(4, n)
     calls = []
     real = estmod.engine_deal
     monkeypatch.setattr(estmod, "engine_deal", lambda *a, **k: calls.append(1) or real(*a, **k))
