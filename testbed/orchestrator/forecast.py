@@ -393,12 +393,8 @@ class LengthForecast:
         g = np.asarray(generated, dtype=np.float64)
         if shift is None:
             return self._law.remaining(g.ravel()).reshape(g.shape)
-        s = np.asarray(shift, dtype=np.float64).reshape(g.shape)
-        known = ~np.isnan(s)
-        out = np.empty(g.shape)
-        out[~known] = self._law.remaining(g[~known])
-        out[known] = self.prompt_law().remaining(g[known], s[known])
-        return out
+        return _by_prompt(g, shift, lambda m: self._law.remaining(g[m]),
+                          lambda m, s: self.prompt_law().remaining(g[m], s))
 
     def remaining_quantile(self, generated: np.ndarray, q, shift: np.ndarray | None = None) -> np.ndarray:
         """The q-quantile of min(L, cap) - g given L > g, per request (float64). ``q``: one level, or one per
@@ -410,13 +406,9 @@ class LengthForecast:
         qq = qa.ravel() if qa.ndim else qa
         if shift is None:
             return self._law.remaining_quantile(g.ravel(), qq).reshape(g.shape)
-        s = np.asarray(shift, dtype=np.float64).reshape(g.shape)
-        known = ~np.isnan(s)
         qk = np.broadcast_to(qa, g.shape)
-        out = np.empty(g.shape)
-        out[~known] = self._law.remaining_quantile(g[~known], qk[~known])
-        out[known] = self.prompt_law().remaining_quantile(g[known], qk[known], s[known])
-        return out
+        return _by_prompt(g, shift, lambda m: self._law.remaining_quantile(g[m], qk[m]),
+                          lambda m, s: self.prompt_law().remaining_quantile(g[m], qk[m], s))
 
     def with_prompt_share(self, share: float) -> LengthForecast:
         """This forecast with ``prompt_share`` set (the shifted requests' spread; the rest unchanged): a copy
@@ -489,6 +481,17 @@ class LengthForecast:
                                    method=f"{base.method}+online", base=base)
 
 
+def _by_prompt(g: np.ndarray, shift, plain, prompt) -> np.ndarray:
+    """Per request: ``plain(mask)`` for those whose prompt has shown nothing (a NaN shift: the forecast's own
+    law), ``prompt(mask, s)`` for those of known offset ``s`` (the prompt law); ``g``'s shape."""
+    s = np.asarray(shift, dtype=np.float64).reshape(g.shape)
+    known = ~np.isnan(s)
+    out = np.empty(g.shape)
+    out[~known] = plain(~known)
+    out[known] = prompt(known, s[known])
+    return out
+
+
 # ---- within a step: what a prompt's samples say about each other -------------------------------------
 PROMPT_GRID = 41  # points of the posterior of a prompt's offset (+-4 of its prior sd)
 SPIKE_TOL = 1e-9  # standardised log-quantiles this close to the top one are the top's atom (the cap spike)
@@ -552,26 +555,26 @@ class PromptLaw:
         return cls(p, mu, sigma, math.sqrt(1.0 - fc.prompt_share), float(fc.cap))
 
     def _body(self, g: np.ndarray, s: np.ndarray):
-        """(log-mean, sd, log P(body > g), the spike's share of P(L > g)) per request."""
+        """(log-mean, sd, log g (-inf for none yet), log P(body > g), the spike's share of P(L > g)) per
+        request."""
         m = self.mu + s
         sd = self.within * self.sigma
         with np.errstate(divide="ignore"):
-            zg = np.where(g > 0, (np.log(np.maximum(g, 1e-300)) - m) / sd, -np.inf)
-        log_s = log_ndtr(-zg)
+            lg = np.where(g > 0, np.log(np.maximum(g, 1e-300)), -np.inf)
+        log_s = log_ndtr(-((lg - m) / sd))
         if self.p > 0:
             with np.errstate(divide="ignore"):
                 spike = 1.0 / (1.0 + (1.0 - self.p) / self.p * np.exp(log_s))
         else:
             spike = np.zeros(len(g))
-        return m, sd, log_s, spike
+        return m, sd, lg, log_s, spike
 
     def remaining(self, g: np.ndarray, s: np.ndarray) -> np.ndarray:
         """E[min(L, cap) - g | L > g] at offset ``s`` (per request)."""
         g = np.asarray(g, dtype=np.float64)
-        m, sd, log_s, spike = self._body(g, s)
+        m, sd, lg, log_s, spike = self._body(g, s)
         lc, cap = math.log(self.cap), self.cap
         with np.errstate(divide="ignore", invalid="ignore"):
-            lg = np.where(g > 0, np.log(np.maximum(g, 1e-300)), -np.inf)
             # E[min(X, cap) | X > g] for the body X: its partial expectation on (g, cap) plus cap P(X > cap),
             # each over P(X > g) in logs (far tails stay exact)
             head = np.exp(m + sd * sd / 2.0 + log_ndtr(-(lg - m - sd * sd) / sd) - log_s)
@@ -585,7 +588,7 @@ class PromptLaw:
         """The q-quantile of min(L, cap) - g given L > g at offset ``s``: the spike's share of what is still
         running is its top (the cap is the longest a response runs), the body's conditional quantile below."""
         g = np.asarray(g, dtype=np.float64)
-        m, sd, log_s, spike = self._body(g, s)
+        m, sd, _, log_s, spike = self._body(g, s)
         q = np.broadcast_to(np.asarray(q, dtype=np.float64), g.shape)
         top = q >= 1.0 - spike
         qb = np.clip(q / np.maximum(1.0 - spike, 1e-300), 0.0, 1.0 - 1e-16)
