@@ -28,7 +28,8 @@ from testbed.decision_checks import (check_decision, check_whole_deal, checked_d
 from testbed.decision_priority import raised_priority
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator, ServerLoad
-from testbed.orchestrator.forecast import LengthForecast, prompt_prior, prompt_share, prompt_shifts
+from testbed.orchestrator.forecast import (LengthForecast, prompt_prior, prompt_share, prompt_shifts,
+                                          request_shifts)
 from testbed.orchestrator.interfaces import Batch, Deal, Pool, PolicyContext
 from testbed.orchestrator.planner import ServerView, loads_from_snapshots, request_levels
 from testbed.orchestrator.policies import Policy, feasible_layouts, scenario_dispatch
@@ -384,10 +385,8 @@ class PlanningTick:
         post = prompt_shifts(fc, share, req.prompt_id[di], req.target[di], req.prompt_id[run_idx], run_gen)
         if not post:
             return 0.0, {}
-        out = {}
-        for s, st in states.items():
-            pid = req.prompt_id[st.snapshot["rid"] - req.rid[0]]
-            out[s] = np.array([post.get(int(p), np.nan) for p in pid.tolist()], dtype=np.float64)
+        pids = [req.prompt_id[st.snapshot["rid"] - req.rid[0]] for st in states.values()]
+        out = dict(zip(states, request_shifts(post, pids)))
         return share, out
 
 

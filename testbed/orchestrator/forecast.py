@@ -494,6 +494,7 @@ def _by_prompt(g: np.ndarray, shift, plain, prompt) -> np.ndarray:
 
 # ---- within a step: what a prompt's samples say about each other -------------------------------------
 PROMPT_GRID = 41  # points of the posterior of a prompt's offset (+-4 of its prior sd)
+PROMPT_PASSES = 32  # prompt_offsets sums a prompt's samples' terms rank by rank up to this many samples a prompt
 SPIKE_TOL = 1e-9  # standardised log-quantiles this close to the top one are the top's atom (the cap spike)
 
 
@@ -636,6 +637,24 @@ def prompt_shifts(forecast: "LengthForecast", share: float, done_pid: np.ndarray
     return prompt_offsets(forecast.prompt_law(), share, done_pid, done_len, run_pid, run_gen)
 
 
+def request_shifts(post: dict[int, float], pids: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Per array of prompt ids (a server's requests'), each request's shift from :func:`prompt_shifts`' result
+    ``post`` (prompt id -> offset; NaN for a request whose prompt is not in it: it showed nothing)."""
+    keys = np.fromiter(post.keys(), np.int64, len(post))
+    vals = np.fromiter(post.values(), np.float64, len(post))
+    o = np.argsort(keys)
+    keys, vals = keys[o], vals[o]
+    out = []
+    for pid in pids:
+        pid = np.asarray(pid)
+        if not len(keys):
+            out.append(np.full(len(pid), np.nan))
+            continue
+        i = np.minimum(np.searchsorted(keys, pid), len(keys) - 1)
+        out.append(np.where(keys[i] == pid, vals[i], np.nan))
+    return out
+
+
 def prompt_offsets(law: PromptLaw, share: float, done_pid: np.ndarray, done_len: np.ndarray,
                    run_pid: np.ndarray, run_gen: np.ndarray) -> dict[int, float]:
     """Per prompt, the posterior mean of its log-offset given its samples so far: finished ones (their
@@ -667,14 +686,40 @@ def prompt_offsets(law: PromptLaw, share: float, done_pid: np.ndarray, done_len:
     pids = np.unique(np.concatenate([ex_pid, cens_pid]))
     if not len(pids):
         return {}
-    ll = np.zeros((len(pids), len(grid)))
+    # the samples' log-likelihoods over the grid: ``table`` rows, sample i's is row ``src[i]``; its prompt ``rows``
+    terms, src, rows = [], [], []
     if len(ex_pid):
         z = (ex_y[:, None] - mu - grid[None, :]) / se
-        np.add.at(ll, np.searchsorted(pids, ex_pid), -0.5 * z * z)
+        terms.append(-0.5 * z * z)
+        src.append(np.arange(len(ex_pid)))
+        rows.append(ex_pid)
     if len(cens_pid):  # still running at g (or at the cap): P(L > g | a) = p + (1 - p) P(body > g | a)
-        z = (cens_y[:, None] - mu - grid[None, :]) / se
+        # a replica's batch starts together and runs in lockstep, so the running samples' token counts repeat
+        # (4,096 running, 5-10 distinct counts early in a step at 128 requests per GPU): each distinct one
+        # is evaluated once, the same numbers
+        uy, inv = np.unique(cens_y, return_inverse=True)
+        z = (uy[:, None] - mu - grid[None, :]) / se
         lik = log_ndtr(-z) if p == 0 else np.logaddexp(math.log(p), math.log1p(-p) + log_ndtr(-z))
-        np.add.at(ll, np.searchsorted(pids, cens_pid), lik)
+        src.append(inv + (len(terms[0]) if terms else 0))
+        terms.append(lik)
+        rows.append(cens_pid)
+    # each prompt's terms summed one after another in the samples' order (finished ones, then running ones),
+    # as np.add.at sums them, in one pass per rank within a prompt (a prompt's k-th sample: as many passes as
+    # a prompt has samples) rather than one per sample (np.add.reduceat sums in another order)
+    table = np.concatenate(terms) if len(terms) > 1 else terms[0]
+    src = np.concatenate(src)
+    at = np.searchsorted(pids, np.concatenate(rows))
+    order = np.argsort(at, kind="stable")
+    sat = at[order]
+    first = np.flatnonzero(np.concatenate(([True], sat[1:] != sat[:-1])))
+    rank = np.arange(len(sat)) - np.repeat(first, np.diff(np.append(first, len(sat))))
+    ll = np.zeros((len(pids), len(grid)))
+    if rank.max() >= PROMPT_PASSES:  # prompts of many samples: one pass per sample
+        np.add.at(ll, at, table[src])
+    else:
+        for k in range(int(rank.max()) + 1):
+            m = rank == k
+            ll[sat[m]] += table[src[order[m]]]
     post = ll + prior[None, :]
     post = np.exp(post - post.max(axis=1, keepdims=True))
     mean = (post @ grid) / post.sum(axis=1)

@@ -484,3 +484,56 @@ def test_history_from_a_schedule_warm_starts_the_service():
     with ForecastService(history=hist) as svc:
         f = svc.latest()
         assert f.step == 0 and f.method == "drift"
+
+
+def _offsets_one_by_one(law, share, done_pid, done_len, run_pid, run_gen):
+    """prompt_offsets written plainly (every sample's terms added to its prompt's row one at a time, np.add.at;
+    every running sample evaluated on its own): the reference the fast form must equal to the bit."""
+    sa = math.sqrt(share) * law.sigma
+    se = math.sqrt(max(1.0 - share, 1e-6)) * law.sigma
+    grid = np.linspace(-4 * sa, 4 * sa, fc.PROMPT_GRID)
+    dl, rg = np.asarray(done_len, float), np.asarray(run_gen, float)
+    exact = dl < law.cap
+    at_cap = done_pid[~exact] if law.p == 0 else np.zeros(0, done_pid.dtype)
+    cens_pid = np.concatenate([at_cap, run_pid[rg > 0]])
+    cens_y = np.log(np.concatenate([dl[~exact] if law.p == 0 else np.zeros(0), rg[rg > 0]]))
+    ex_pid, ex_y = done_pid[exact], np.log(dl[exact])
+    pids = np.unique(np.concatenate([ex_pid, cens_pid]))
+    ll = np.zeros((len(pids), len(grid)))
+    np.add.at(ll, np.searchsorted(pids, ex_pid), -0.5 * ((ex_y[:, None] - law.mu - grid[None, :]) / se) ** 2)
+    z = (cens_y[:, None] - law.mu - grid[None, :]) / se
+    lik = fc.log_ndtr(-z) if law.p == 0 else np.logaddexp(math.log(law.p), math.log1p(-law.p) + fc.log_ndtr(-z))
+    np.add.at(ll, np.searchsorted(pids, cens_pid), lik)
+    post = np.exp(ll - 0.5 * (grid / sa) ** 2 - (ll - 0.5 * (grid / sa) ** 2).max(axis=1, keepdims=True))
+    return dict(zip(pids.tolist(), ((post @ grid) / post.sum(axis=1)).tolist()))
+
+
+@pytest.mark.parametrize("per_prompt", [8, fc.PROMPT_PASSES + 8])
+def test_prompt_offsets_equal_the_plain_sum_to_the_bit(per_prompt):
+    """prompt_offsets evaluates each distinct running token count once (a replica's batch runs in lockstep) and
+    sums a prompt's terms rank by rank (or, for prompts of many samples, one by one): the same offsets to the
+    bit as every sample's terms added one at a time, with and without a spike at the cap, samples at the cap,
+    waiting ones (0 tokens) and counts that repeat or do not."""
+    rng = np.random.default_rng(3)
+    for trial in range(12):
+        n_prompts = 60
+        run_pid = np.repeat(np.arange(n_prompts), per_prompt // 2)
+        done_pid = np.repeat(np.arange(n_prompts), per_prompt - per_prompt // 2)[rng.random(n_prompts * (per_prompt - per_prompt // 2)) < 0.5]
+        run_gen = (rng.choice([0, 40, 40, 300, 1200], len(run_pid)) if trial % 2
+                   else rng.lognormal(6, 1.2, len(run_pid)).astype(int))
+        done_len = np.minimum(rng.lognormal(7, 1, len(done_pid)).astype(int) + 1, CAP)
+        done_len[::7] = CAP
+        law = fc.PromptLaw([0.0, 0.05, 0.3][trial % 3], float(rng.normal(7, 0.3)), 0.9, 0.7, float(CAP))
+        got = fc.prompt_offsets(law, 0.44, done_pid, done_len, run_pid, run_gen)
+        want = _offsets_one_by_one(law, 0.44, done_pid, done_len, run_pid, run_gen)
+        assert got.keys() == want.keys() and all(got[k] == want[k] for k in want), trial
+
+
+def test_request_shifts_give_each_request_its_prompts_offset():
+    """request_shifts: a request gets its prompt's offset, NaN where its prompt showed nothing (or nothing did)."""
+    post = {7: 0.25, 2: -0.5, 40: 1.0}
+    a, b = fc.request_shifts(post, [np.array([2, 7, 7, 3]), np.array([41, 40, 0])])
+    np.testing.assert_array_equal(a, [-0.5, 0.25, 0.25, np.nan])
+    np.testing.assert_array_equal(b, [np.nan, 1.0, np.nan])
+    (c,) = fc.request_shifts({}, [np.array([1, 2])])
+    assert np.isnan(c).all() and len(c) == 2
