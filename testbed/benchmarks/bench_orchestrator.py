@@ -13,6 +13,12 @@ and frozen after the imports and the set-up): the process's first full collectio
 ~12 ms on the 2-core machine (~45k objects) and would otherwise land in one of the 50 ticks and be their p99. ``gc_full_collections`` counts the full collections that still
 ran during the ticks (their time is in the figures).
 
+The tick takes the prompt groups' shifts as the driver's does (testbed/planning.py ``_prompt_shifts``, with the
+scenario's ``forecast.prompt_groups``): every request gets its prompt's log-offset from what the prompt's samples
+have shown (consecutive requests are a prompt's ``samples_per_prompt`` samples; the finished ones belong to the
+same prompts), the prompt share the workload's before any step has measured one. Their time is in the decision
+time, and apart as ``prompt_shifts_ms_p50``.
+
 ``metrics``: the tick also records what the driver's timeline records at a tick (the planner's ``plan`` event,
 inside the decision time as in the driver; the tick's sample of every replica, timed apart as ``sample_ms``),
 and with ``metrics`` on, the run's metrics observer (testbed/runs/metrics.py) turns them into metrics while an
@@ -34,7 +40,7 @@ from testbed.decision_priority import raised_priority
 from testbed.driver import Timeline, settle_heap
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator
-from testbed.orchestrator.forecast import LengthForecast
+from testbed.orchestrator.forecast import LengthForecast, prompt_prior, prompt_shifts, request_shifts
 from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshots
 from testbed.orchestrator.policies import feasible_layouts
 from testbed.runs.metrics import DriverMetrics
@@ -70,7 +76,14 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
     balancer = Balancer(est, st.balancer)
     fc0 = LengthForecast.from_workload(w, 0)
     rng = np.random.default_rng(seed)
-    times, plan_ms, bal_ms, online_ms, sample_ms, raised = [], [], [], [], [], []
+    times, plan_ms, bal_ms, online_ms, sample_ms, shift_ms, raised = [], [], [], [], [], [], []
+    # prompt groups (the scenario's samples_per_prompt, consecutive requests, as veRL batches them): the driver's
+    # tick gives every request its prompt's shift from what the prompt's samples have shown (the finished ones
+    # below belong to the same prompts); its share before any finished step has measured one is the workload's
+    share = prompt_prior(w) if st.forecast.prompt_groups else 0.0
+    pid = np.arange(requests) // max(1, w.samples_per_prompt)
+    n_prompts = int(pid[-1]) + 1 if requests else 1
+    done_pid = np.arange(requests // 2) % n_prompts
     timeline = Timeline()
     dm = scraper = None
     if metrics:  # on a free port: a benchmark takes no default one
@@ -98,14 +111,23 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
             fc = fc0.updated(np.minimum(done, w.max_response_tokens).astype(float), gen[running].astype(float),
                              st.forecast) if st.forecast.online_update else fc0
             t1 = time.perf_counter()
-            est.use_forecast(fc)
             snaps = {}
             for j, s in enumerate(servers):
                 m = server == j
                 snaps[s] = {"rid": np.nonzero(m)[0].astype(np.int64) + 1000 * k, "generated": gen[m],
                             "prompt": np.full(int(m.sum()), w.prompt_tokens), "running": running[m].astype(np.int8),
                             "replica": np.arange(int(m.sum())) % r}
-            views = {s: ServerView(s, lay, ld) for s, ld in loads_from_snapshots(snaps, fc).items()}  # as the driver
+            tp0 = time.perf_counter()
+            shifts = {}
+            if share > 0:  # the prompt groups' shifts, as the driver's tick takes them (testbed/planning.py)
+                post = prompt_shifts(fc, share, done_pid, np.minimum(done, w.max_response_tokens).astype(float),
+                                     pid, gen)
+                if post:
+                    fc = fc.with_prompt_share(share)
+                    shifts = dict(zip(servers, request_shifts(post, [pid[server == j] for j in range(len(servers))])))
+            shift_ms.append((time.perf_counter() - tp0) * 1e3)
+            est.use_forecast(fc)
+            views = {s: ServerView(s, lay, ld) for s, ld in loads_from_snapshots(snaps, fc, shifts).items()}  # as the driver
             rids = {s: snap["rid"] for s, snap in snaps.items()}
             ts = time.perf_counter()
             timeline.sample(_tick_sample(10.0, views, lay, gpus))  # the driver samples a tick before deciding
@@ -119,7 +141,7 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
         raised.append(up)
         times.append((t3 - t0 - sample_s) * 1e3)
         online_ms.append((t1 - t0) * 1e3)
-        plan_ms.append((t2 - t1 - sample_s) * 1e3)
+        plan_ms.append((t2 - t1 - sample_s) * 1e3 - shift_ms[-1])
         sample_ms.append(sample_s * 1e3)
         bal_ms.append((t3 - t2) * 1e3)
         if progress:
@@ -135,7 +157,8 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
             # (the cost model's prefills of the queue sizes it meets, ~30 us each) that later ticks find
             "first_tick_ms": round(times[0], 3),
             "decision_ms_p99_after_first": pct(times[1:], 99) if ticks > 1 else None,
-            "online_forecast_ms_p50": pct(online_ms, 50), "planner_ms_p50": pct(plan_ms, 50),
+            "online_forecast_ms_p50": pct(online_ms, 50), "prompt_shifts_ms_p50": pct(shift_ms, 50),
+            "prompt_share": round(share, 4), "planner_ms_p50": pct(plan_ms, 50),
             "planner_ms_p99": pct(plan_ms, 99), "balancer_ms_p50": pct(bal_ms, 50), "balancer_ms_p99": pct(bal_ms, 99),
             "gc_full_collections": len(full), "tick_priority": "SCHED_RR" if all(raised) else "fair",
             "metrics": bool(metrics), "sample_ms_p50": pct(sample_ms, 50),

@@ -124,7 +124,13 @@ def test_bench_planner_times_the_settings_it_is_given(run_cli, monkeypatch):
     assert doc["policy"] == "orchestrrl"
     assert (seen[0].confirm_draws, seen[0].lookahead) == (2, False)
     rc, out = run_cli(["bench", "planner", "--requests", "64", "--ticks", "2", "--json", "-q"])
-    assert rc == 0 and json.loads(out.out)["settings_changed"] == []
+    doc = json.loads(out.out)
+    assert rc == 0 and doc["settings_changed"] == []
+    # the tick takes the prompt groups' shifts as the driver's does (the workload's share before a step measured one)
+    assert doc["prompt_share"] == pytest.approx((0.6 / 0.9) ** 2, abs=1e-4) and doc["prompt_shifts_ms_p50"] > 0
+    rc, out = run_cli(["bench", "planner", "--requests", "64", "--ticks", "2", "--json", "-q",
+                       "--set", "forecast.prompt_groups=false"])
+    assert rc == 0 and json.loads(out.out)["prompt_share"] == 0.0
     from emulation.scenario import load_scenario
 
     assert seen[1] == load_scenario("scenarios/default.yaml").orchestrator.planner  # the scenario's own
