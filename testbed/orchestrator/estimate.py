@@ -154,29 +154,44 @@ def engine_deal(load: ServerLoad, r: int, slots: int, kv_blocks: float = math.in
             count = np.bincount(np.asarray(picks, np.int64), minlength=r).tolist()
     else:
         room = [(0.0, j) for j in range(r)]  # replicas with a slot left, by (blocks held, replica)
-        for i, c in zip(run.tolist(), need.tolist()):
-            if room and room[0][0] + c <= kv_blocks:
+        order = run.tolist()
+        full = len(order)  # from here on every replica's slots are taken
+        for q, (i, c) in enumerate(zip(order, need.tolist())):
+            if not room:
+                full = q
+                break
+            if room[0][0] + c <= kv_blocks:
                 kv, j = room[0]
                 count[j] += 1
                 if count[j] < slots:
                     heapq.heapreplace(room, (kv + c, j))
                 else:
                     heapq.heappop(room)
-            else:  # no slot, or no room for its KV anywhere: it waits (its KV dropped)
-                j = min(range(r), key=lambda q: (count[q] + queued[q], q))
+            else:  # no room for its KV anywhere: it waits (its KV dropped), on the replica with the fewest
+                held = [a + b for a, b in zip(count, queued)]
+                j = held.index(min(held))  # (the lowest of equals)
                 queued[j] += 1
                 running[i] = False
             rep[i] = j
+        if full < len(order):  # no slot left anywhere: the rest all wait, dealt as the waiting ones are
+            rest = run[full:]
+            rep[rest] = _fewest_first(np.asarray(count) + np.asarray(queued), len(rest))
+            running[rest] = False
+            queued = (np.asarray(queued) + np.bincount(rep[rest], minlength=r)).tolist()
     wait = np.nonzero(~np.asarray(load.running, bool))[0] if len(run) < load.n else ()
     if len(wait):
-        # the waiting ones, one by one onto the replica with the fewest requests (the lowest of equals):
-        # the len(wait) smallest (count level, replica) pairs above each replica's count, in that order
-        held = np.asarray(count) + np.asarray(queued)
-        w = len(wait)
-        levels = held[:, None] + np.arange(w)[None, :]
-        keys = np.sort((levels * r + np.arange(r)[:, None]).ravel())[:w]
-        rep[wait] = keys % r
+        rep[wait] = _fewest_first(np.asarray(count) + np.asarray(queued), len(wait))
     return rep, running
+
+
+def _fewest_first(held: np.ndarray, w: int) -> np.ndarray:
+    """The replicas of ``w`` requests dealt one by one onto the replica with the fewest requests (``held``
+    each, the lowest of equals): the ``w`` smallest (level, replica) pairs above each replica's count, in
+    that order."""
+    r = len(held)
+    levels = held[:, None] + np.arange(w)[None, :]
+    keys = np.sort((levels * r + np.arange(r)[:, None]).ravel())[:w]
+    return keys % r
 
 
 def _deal_order(load: ServerLoad, block_size: int) -> tuple[np.ndarray, np.ndarray]:
