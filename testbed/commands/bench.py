@@ -252,6 +252,10 @@ def _planner(args: argparse.Namespace) -> int:
         if bad:
             raise UsageError(f"--set takes KEY=VALUE (e.g. planner.confirm_draws=2), got {bad[0]!r}")
         scn = dataclasses.replace(scn, orchestrator=with_settings(scn.orchestrator, args.set))
+    if scn.workload.trace:
+        raise UsageError(f"scenario {scn.name!r} replays a trace (workload.trace): the bench draws its in-flight "
+                         "requests and its forecast from a configured length distribution (response_median_tokens, "
+                         "response_sigma, or a mixture); give a scenario with one")
     if scn.orchestrator.planner.lengths != "forecast":
         raise UsageError(f"planner.lengths={scn.orchestrator.planner.lengths}: the bench has no true lengths to "
                          "give the planner (an oracle of the simulated backend's runs); it times the forecast's planner")

@@ -136,6 +136,13 @@ def test_bench_planner_times_the_settings_it_is_given(run_cli, monkeypatch):
     assert seen[1] == load_scenario("scenarios/default.yaml").orchestrator.planner  # the scenario's own
 
 
+def test_bench_planner_on_a_trace_scenario_says_why_not(run_cli):
+    """A trace workload has no configured distribution to draw the bench's requests and forecast from: exit 2
+    naming the trace, not a traceback."""
+    rc, out = run_cli(["bench", "planner", "scenarios/synthetic-trace.yaml", "--requests", "8", "--ticks", "1", "-q"])
+    assert rc == 2 and "workload.trace" in out.err and "Traceback" not in out.err
+
+
 def test_bench_estimator_runs_both_sides_on_the_profile_it_is_given(capsys, monkeypatch):
     """``bench_estimator.py --profile``: the engine and the estimator run on the profile's cost model (the
     kernels-only one without it); an unknown profile exits 2 naming the known ones."""
