@@ -28,8 +28,7 @@ from testbed.decision_checks import (check_decision, check_whole_deal, checked_d
 from testbed.decision_priority import raised_priority
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator, ServerLoad
-from testbed.orchestrator.forecast import (LengthForecast, prompt_prior, prompt_share, prompt_shifts,
-                                          request_shifts)
+from testbed.orchestrator.forecast import LengthForecast, prompt_prior, prompt_share, shifted_forecast
 from testbed.orchestrator.interfaces import Batch, Deal, Pool, PolicyContext
 from testbed.orchestrator.planner import ServerView, loads_from_snapshots, request_levels
 from testbed.orchestrator.policies import Policy, feasible_layouts, scenario_dispatch
@@ -245,8 +244,7 @@ class PlanningTick:
         held by the lookahead: its replicas are being or about to be rebuilt), and the planner looks again at
         the servers the balancer's moves changed, so its predictions see the moves."""
         t0 = time.perf_counter()
-        share, shifts = self._prompt_shifts(fc, states, req, late)
-        fc = fc.with_prompt_share(share) if shifts else fc  # the shifted requests' law (forecast.PromptLaw)
+        fc, shifts = self._prompt_shifts(fc, states, req, late)  # the shifted requests' law (forecast.PromptLaw)
         self.est.use_forecast(fc)
         loads = loads_from_snapshots({s: st.snapshot for s, st in states.items()}, fc, shifts)
         views = {s: ServerView(s, st.layout, loads[s], st.busy_until, self.last_switch_end.get(s, -math.inf), st.stats)
@@ -371,23 +369,21 @@ class PlanningTick:
             return forecast
 
     def _prompt_shifts(self, fc: LengthForecast, states, req: StepRequests, late: list[int]) -> tuple:
-        """(the prompt share, per server every request's log-offset from what its prompt's samples have shown:
-        forecast.prompt_shifts, finished ones by their lengths, running ones by their tokens so far; NaN for a
-        request whose prompt has shown nothing)."""
+        """(the tick's forecast with the prompt share set, per server every request's log-offset from what its
+        prompt's samples have shown: forecast.shifted_forecast, finished ones by their lengths, running ones by
+        their tokens so far; NaN for a request whose prompt has shown nothing); ``(fc, {})`` where none has."""
         if not self.settings.forecast.prompt_groups or req is None or not states or late:
-            return 0.0, {}  # (a late server's requests would look finished)
+            return fc, {}  # (a late server's requests would look finished)
         share = prompt_share(self._prompt_steps, self._prompt_prior)
         if share <= 0:
-            return 0.0, {}
+            return fc, {}
         di = self._done(states, req)  # as _online: only as many as the backends report finished
         run_idx = np.concatenate([st.snapshot["rid"] for st in states.values()]) - req.rid[0]
         run_gen = np.concatenate([st.snapshot["generated"] for st in states.values()])
-        post = prompt_shifts(fc, share, req.prompt_id[di], req.target[di], req.prompt_id[run_idx], run_gen)
-        if not post:
-            return 0.0, {}
         pids = [req.prompt_id[st.snapshot["rid"] - req.rid[0]] for st in states.values()]
-        out = dict(zip(states, request_shifts(post, pids)))
-        return share, out
+        fc, shifts = shifted_forecast(fc, share, req.prompt_id[di], req.target[di], req.prompt_id[run_idx], run_gen,
+                                      pids)
+        return fc, ({} if shifts is None else dict(zip(states, shifts)))
 
 
 def _after_moves(views: dict, rids: dict, moves: list) -> dict:

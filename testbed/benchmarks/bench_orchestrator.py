@@ -40,7 +40,7 @@ from testbed.decision_priority import raised_priority
 from testbed.driver import Timeline, settle_heap
 from testbed.orchestrator.balancer import Balancer
 from testbed.orchestrator.estimate import Estimator
-from testbed.orchestrator.forecast import LengthForecast, prompt_prior, prompt_shifts, request_shifts
+from testbed.orchestrator.forecast import LengthForecast, prompt_prior, shifted_forecast
 from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshots
 from testbed.orchestrator.policies import feasible_layouts
 from testbed.runs.metrics import DriverMetrics
@@ -120,11 +120,9 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
             tp0 = time.perf_counter()
             shifts = {}
             if share > 0:  # the prompt groups' shifts, as the driver's tick takes them (testbed/planning.py)
-                post = prompt_shifts(fc, share, done_pid, np.minimum(done, w.max_response_tokens).astype(float),
-                                     pid, gen)
-                if post:
-                    fc = fc.with_prompt_share(share)
-                    shifts = dict(zip(servers, request_shifts(post, [pid[server == j] for j in range(len(servers))])))
+                fc, per = shifted_forecast(fc, share, done_pid, np.minimum(done, w.max_response_tokens).astype(float),
+                                           pid, gen, [pid[server == j] for j in range(len(servers))])
+                shifts = {} if per is None else dict(zip(servers, per))
             shift_ms.append((time.perf_counter() - tp0) * 1e3)
             est.use_forecast(fc)
             views = {s: ServerView(s, lay, ld) for s, ld in loads_from_snapshots(snaps, fc, shifts).items()}  # as the driver

@@ -129,6 +129,7 @@ def engine_deal(load: ServerLoad, r: int, slots: int, kv_blocks: float = math.in
     count = [0] * r
     queued = [0] * r
     picks = None
+    rest = run[:0]  # running requests left to wait once every replica's slots are taken
     if len(run) < slots:  # no replica can fill up: each onto the replica holding the fewest blocks
         cs = need.tolist()
         if r in (2, 4):
@@ -173,12 +174,10 @@ def engine_deal(load: ServerLoad, r: int, slots: int, kv_blocks: float = math.in
                 queued[j] += 1
                 running[i] = False
             rep[i] = j
-        if full < len(order):  # no slot left anywhere: the rest all wait, dealt as the waiting ones are
-            rest = run[full:]
-            rep[rest] = _fewest_first(np.asarray(count) + np.asarray(queued), len(rest))
-            running[rest] = False
-            queued = (np.asarray(queued) + np.bincount(rep[rest], minlength=r)).tolist()
-    wait = np.nonzero(~np.asarray(load.running, bool))[0] if len(run) < load.n else ()
+        rest = run[full:]  # no slot left anywhere: the rest all wait, before the waiting ones
+        running[rest] = False
+    wait = np.nonzero(~np.asarray(load.running, bool))[0] if len(run) < load.n else rest[:0]
+    wait = np.concatenate([rest, wait]) if len(rest) else wait
     if len(wait):
         rep[wait] = _fewest_first(np.asarray(count) + np.asarray(queued), len(wait))
     return rep, running

@@ -655,6 +655,18 @@ def request_shifts(post: dict[int, float], pids: Sequence[np.ndarray]) -> list[n
     return out
 
 
+def shifted_forecast(forecast: "LengthForecast", share: float, done_pid: np.ndarray, done_len: np.ndarray,
+                     run_pid: np.ndarray, run_gen: np.ndarray, pids: Sequence[np.ndarray]) -> tuple:
+    """A tick's forecast and its requests' prompt shifts, as the driver's tick takes them: the prompts' offsets
+    (:func:`prompt_shifts`), each request's shift per array of prompt ids in ``pids`` (a server's requests':
+    :func:`request_shifts`), and the forecast with ``prompt_share`` set to ``share`` (the shifted requests'
+    spread). ``(forecast, None)`` where no prompt has shown anything."""
+    post = prompt_shifts(forecast, share, done_pid, done_len, run_pid, run_gen)
+    if not post:
+        return forecast, None
+    return forecast.with_prompt_share(share), request_shifts(post, pids)
+
+
 def prompt_offsets(law: PromptLaw, share: float, done_pid: np.ndarray, done_len: np.ndarray,
                    run_pid: np.ndarray, run_gen: np.ndarray) -> dict[int, float]:
     """Per prompt, the posterior mean of its log-offset given its samples so far: finished ones (their
