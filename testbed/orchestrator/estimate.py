@@ -55,6 +55,7 @@ import numpy as np
 
 from agents.engine import Layout
 from emulation.orchestration import EngineSettings
+from testbed.orchestrator import schedule_kernel
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,9 @@ def engine_deal(load: ServerLoad, r: int, slots: int, kv_blocks: float = math.in
     there it fits nowhere, and a heap of (blocks held, replica) gives the engine's picks. Where no replica
     can fill up (fewer running requests than ``slots``) the deal is made without the cache first (two or four
     replicas by comparisons, ~2.5x faster than the heap) and kept if no replica ends above its cache (then
-    none was above it when it took a request, so none was turned away); otherwise it is made again with it."""
+    none was above it when it took a request, so none was turned away); otherwise it is made again with it.
+    Where numba is installed the deal of the running requests is compiled (schedule_kernel.deal: the same
+    picks, the heap's smallest (blocks held, replica) found by a scan of the replicas)."""
     rep = np.zeros(load.n, np.int64)
     running = np.asarray(load.running, bool).copy()
     if load.n == 0:
@@ -126,6 +129,13 @@ def engine_deal(load: ServerLoad, r: int, slots: int, kv_blocks: float = math.in
     run, need = _deal_order(load, block_size)
     if r == 1 and len(run) < slots and float(need.sum()) <= kv_blocks:  # whole numbers: an exact sum
         return rep, running  # one replica, not filled, its cache holding every running request: all stay
+    if schedule_kernel.deal is not None and bool(np.isfinite(need).all()):  # compiled: the picks below, faster
+        picks, waits, count, queued, full = schedule_kernel.deal(need, r, slots, float(kv_blocks))
+        rep[run[:full]] = picks[:full]
+        running[run[:full][waits[:full]]] = False
+        rest = run[full:]  # no slot left anywhere: the rest all wait, before the waiting ones
+        running[rest] = False
+        return _deal_waiting(load, rep, running, run, rest, count + queued)
     count = [0] * r
     queued = [0] * r
     picks = None
@@ -176,10 +186,17 @@ def engine_deal(load: ServerLoad, r: int, slots: int, kv_blocks: float = math.in
             rep[i] = j
         rest = run[full:]  # no slot left anywhere: the rest all wait, before the waiting ones
         running[rest] = False
+    return _deal_waiting(load, rep, running, run, rest, np.asarray(count) + np.asarray(queued))
+
+
+def _deal_waiting(load: ServerLoad, rep: np.ndarray, running: np.ndarray, run: np.ndarray, rest: np.ndarray,
+                  held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`engine_deal`'s end: the running requests left once every slot was taken (``rest``), then the
+    waiting ones, each onto the replica with the fewest requests (``held`` each after the running ones' deal)."""
     wait = np.nonzero(~np.asarray(load.running, bool))[0] if len(run) < load.n else rest[:0]
     wait = np.concatenate([rest, wait]) if len(rest) else wait
     if len(wait):
-        rep[wait] = _fewest_first(np.asarray(count) + np.asarray(queued), len(wait))
+        rep[wait] = _fewest_first(held, len(wait))
     return rep, running
 
 
@@ -438,6 +455,24 @@ class DecodeStack:
                     and batch.max() < self.width and batch.min() >= 1 and np.isfinite(ctx).all()
                     and (batch == np.floor(batch)).all())
 
+    def times(self, tp: np.ndarray, batch: np.ndarray, ctx: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """``self(tp, batch, ctx) * steps``: each segment's time (compiled where numba is installed:
+        schedule_kernel.stack_steps, the same operations on the same values)."""
+        kernel = schedule_kernel.stack_steps
+        if kernel is None:
+            return self(tp, batch, ctx) * steps
+        e = self.engine
+        if e is None:
+            rows = dummy = np.zeros(1)
+            eager = np.zeros(1, bool)
+        else:
+            rows, eager, dummy = self.cpu, self.eager, None
+        return kernel(self.ti[tp], batch, ctx, steps, self.width, self.pre, self.read_b, self.kv_write_s, self.post,
+                      self.kv_gpu, self.qr, self.hd, float(self.hbm), float(self.peak), float(self.floor),
+                      int(self.layers), e is not None, rows, eager, bool(e is not None and self.any_eager),
+                      -1.0 if e is None or e.ctx_limit is None else float(e.ctx_limit),
+                      0.0 if e is None else float(e.launch), bool(e is not None and e.overlap))
+
     def __call__(self, tp: np.ndarray, batch: np.ndarray, ctx: np.ndarray) -> np.ndarray:
         """:class:`DecodeTable`'s call of each segment's TP degree ``tp``, all segments at once."""
         ti = self.ti[tp]
@@ -612,6 +647,9 @@ class Estimator:
                 self.kv_tokens(Layout(tp))
             tp *= 2
         self._stack = DecodeStack.build(self._dec)  # all of them in one, for passes over several TP degrees
+        # the schedules' compiled pass where numba is installed (None: the numpy pass; the same numbers)
+        self._kernel = schedule_kernel.segments
+        schedule_kernel.warm()
         self.calls = 0
         self._forecast = None
 
@@ -670,7 +708,10 @@ class Estimator:
         (keys ``group x BIG + step`` keep them apart: in every cumulative count the requests of lower replicas
         appear on both sides and cancel). With whole token counts (contexts, and remaining lengths, which are
         rounded up) every key and every cumulative context is an exact integer below 2^53, so each replica's
-        result is the one it gets alone, to the bit, whatever else shares the pass."""
+        result is the one it gets alone, to the bit, whatever else shares the pass. Where numba is installed
+        the schedules and their segments are made by one compiled pass per replica instead
+        (schedule_kernel.segments, for the same reason the same numbers: ``self._kernel``; None, the numpy
+        pass below), and the segments' times by DecodeStack.times."""
         self.calls += 1
         rem = np.ceil(np.maximum(np.asarray(rem, dtype=float), 0.0))
         ctx0 = np.asarray(ctx0, dtype=float)
@@ -700,61 +741,65 @@ class Estimator:
             kv, tp_g = hit
         bound = kv_slots(g, c, r, cnt, n_groups, kv)
         slots = np.maximum(1, np.minimum(self.settings.max_num_seqs, bound)).astype(np.int64)
-        # order inside a replica: running requests first, then the queue, each in the given order
-        order = stable_argsort(g * 2 + ~f)
-        go = g[order]
-        grp_start = np.searchsorted(go, np.arange(n_groups))
-        ro = r[order]
-        start_o = np.zeros(len(ro))
-        for j in np.nonzero(cnt > slots)[0].tolist():  # queued requests take the slots as earlier ones end
-            lo, hi, k = int(grp_start[j]), int(grp_start[j] + cnt[j]), int(slots[j])
-            rs = ro[lo:hi].tolist()
-            free = rs[:k]
-            heapq.heapify(free)
-            starts = []
-            for x in rs[k:]:
-                s0 = free[0]
-                heapq.heapreplace(free, s0 + x)
-                starts.append(s0)
-            start_o[lo + k:hi] = starts
-        end_o = start_o + ro
-        big = float(np.max(end_o)) + 1.0
-        # in every replica the starts are non-decreasing in this order (running ones at 0, then the queue as
-        # the slots free up), so ``skey`` is sorted already
-        skey = go * big + start_o
-        ekey = go * big + end_o
-        e_order = group_end_order(go, end_o, big, n_groups)  # ``stable_argsort(ekey)``
-        # the segments' bounds: every distinct start or end key, each with the number of starts and of ends at
-        # or before it (what ``np.searchsorted(skey, k0, side="right")`` and the same in the sorted ends give),
-        # from one merge of the two sorted runs
-        both = np.concatenate([skey, ekey[e_order]])
-        merged = np.argsort(both, kind="stable")  # two sorted runs: timsort merges them
-        at = both[merged]
-        last = np.flatnonzero(np.append(at[1:] != at[:-1], True))  # each distinct key's last entry
-        n_le = np.cumsum(merged < len(skey))[last]  # the starts at or before each distinct key
-        pts = at[last]
-        k0, k1 = pts[:-1], pts[1:]
-        g0 = np.floor(k0 / big).astype(np.int64)
-        same = g0 == np.floor(k1 / big).astype(np.int64)
-        n_started = n_le[:-1]
-        n_ended = (last + 1 - n_le)[:-1]
-        active = n_started - n_ended
-        base = c[order] - start_o  # a request's context at step k is base + k while it runs
-        cs_start = np.concatenate(([0.0], np.cumsum(base)))
-        cs_end = np.concatenate(([0.0], np.cumsum(base[e_order])))
-        mid = (k0 + k1) / 2.0 - g0 * big
-        ctx = (cs_start[n_started] - cs_end[n_ended]) + active * mid
-        okk = np.flatnonzero(same & (active > 0))  # the segments inside a replica with requests running
-        g0k = g0[okk]
-        b_ok, c_ok, steps = active[okk].astype(float), np.maximum(ctx[okk], 0.0), (k1 - k0)[okk]
+        if self._kernel is not None:  # the compiled pass (schedule_kernel): the same schedule, to the bit
+            start_o, end_o, g0k, k0r, k1r, b_ok, ctx_ok = self._kernel(c, r, f, g, n_groups, slots)
+            c_ok, steps = np.maximum(ctx_ok, 0.0), k1r - k0r
+        else:
+            # order inside a replica: running requests first, then the queue, each in the given order
+            order = stable_argsort(g * 2 + ~f)
+            go = g[order]
+            grp_start = np.searchsorted(go, np.arange(n_groups))
+            ro = r[order]
+            start_o = np.zeros(len(ro))
+            for j in np.nonzero(cnt > slots)[0].tolist():  # queued requests take the slots as earlier ones end
+                lo, hi, k = int(grp_start[j]), int(grp_start[j] + cnt[j]), int(slots[j])
+                rs = ro[lo:hi].tolist()
+                free = rs[:k]
+                heapq.heapify(free)
+                starts = []
+                for x in rs[k:]:
+                    s0 = free[0]
+                    heapq.heapreplace(free, s0 + x)
+                    starts.append(s0)
+                start_o[lo + k:hi] = starts
+            end_o = start_o + ro
+            big = float(np.max(end_o)) + 1.0
+            # in every replica the starts are non-decreasing in this order (running ones at 0, then the queue as
+            # the slots free up), so ``skey`` is sorted already
+            skey = go * big + start_o
+            ekey = go * big + end_o
+            e_order = group_end_order(go, end_o, big, n_groups)  # ``stable_argsort(ekey)``
+            # the segments' bounds: every distinct start or end key, each with the number of starts and of ends at
+            # or before it (what ``np.searchsorted(skey, k0, side="right")`` and the same in the sorted ends give),
+            # from one merge of the two sorted runs
+            both = np.concatenate([skey, ekey[e_order]])
+            merged = np.argsort(both, kind="stable")  # two sorted runs: timsort merges them
+            at = both[merged]
+            last = np.flatnonzero(np.append(at[1:] != at[:-1], True))  # each distinct key's last entry
+            n_le = np.cumsum(merged < len(skey))[last]  # the starts at or before each distinct key
+            pts = at[last]
+            k0, k1 = pts[:-1], pts[1:]
+            g0 = np.floor(k0 / big).astype(np.int64)
+            same = g0 == np.floor(k1 / big).astype(np.int64)
+            n_started = n_le[:-1]
+            n_ended = (last + 1 - n_le)[:-1]
+            active = n_started - n_ended
+            base = c[order] - start_o  # a request's context at step k is base + k while it runs
+            cs_start = np.concatenate(([0.0], np.cumsum(base)))
+            cs_end = np.concatenate(([0.0], np.cumsum(base[e_order])))
+            mid = (k0 + k1) / 2.0 - g0 * big
+            ctx = (cs_start[n_started] - cs_end[n_ended]) + active * mid
+            okk = np.flatnonzero(same & (active > 0))  # the segments inside a replica with requests running
+            g0k = g0[okk]
+            b_ok, c_ok, steps = active[okk].astype(float), np.maximum(ctx[okk], 0.0), (k1 - k0)[okk]
         if tp_g is None:
             seg = self._decode_s(b_ok, c_ok, layout.tp) * steps
         else:  # one cost-model pass over every TP degree's segments, or one per TP degree
             seg_tp = tp_g[g0k]
             if self._stack is not None and self._stack.covers(seg_tp, b_ok, c_ok):
-                seg = self._stack(seg_tp, b_ok, c_ok) * steps
+                seg = self._stack.times(seg_tp, b_ok, c_ok, steps)
             else:
-                seg = np.zeros(len(okk))
+                seg = np.zeros(len(b_ok))
                 for tp in sorted({lay.tp for lay, _ in layout}):
                     sel = seg_tp == tp
                     if sel.any():
@@ -769,9 +814,14 @@ class Estimator:
             tps = [layout.tp] * len(js) if tp_g is None else tp_g[js].tolist()
             pre[js] = [self._prefill_s(n, m, tp) for n, m, tp in zip(nw[js].tolist(), (sw[js] / nw[js]).tolist(), tps)]
             total += pre
-        out["start"][idx[order]] = start_o
-        out["end"][idx[order]] = end_o
-        out.update(seg_g=g0k, k0=k0[okk] - g0k * big, k1=k1[okk] - g0k * big, seg=seg)
+        if self._kernel is not None:
+            out["start"][idx] = start_o
+            out["end"][idx] = end_o
+            out.update(seg_g=g0k, k0=k0r, k1=k1r, seg=seg)
+        else:
+            out["start"][idx[order]] = start_o
+            out["end"][idx[order]] = end_o
+            out.update(seg_g=g0k, k0=k0[okk] - g0k * big, k1=k1[okk] - g0k * big, seg=seg)
         return out
 
     def replica_s(self, layout: Layout, ctx0: np.ndarray, rem: np.ndarray, first: np.ndarray | None = None) -> float:

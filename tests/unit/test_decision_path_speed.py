@@ -30,6 +30,7 @@ from emulation.orchestration import EngineSettings
 from emulation.workload import LOG_QUANTILE_LEVELS
 from orchestrator_cases import _bench_state, _setup
 from testbed.orchestrator import forecast as fc
+from testbed.orchestrator import schedule_kernel
 from testbed.orchestrator.estimate import (KV_BAND, Estimator, ServerLoad, engine_deal, group_end_order, kv_slots,
                                           lexsort_by_group, peak_kv, stable_argsort)
 from testbed.orchestrator.planner import ServerView, loads_from_snapshot, loads_from_snapshots
@@ -382,6 +383,24 @@ def test_a_stack_of_decode_tables_with_engine_terms_is_the_cost_models_step(prof
         assert np.array_equal(est._decode_table(t)(batch[m], ctx[m]), want)
     eager = batch > min(cm.engine.graph_cap(t) for t in (1, 2, 4, 8))
     assert eager.any() == (profile in ("vllm-v1", "vllm-v1-async", "sglang") and seqs > 256)
+    steps = rng.integers(1, 900, n).astype(float)
+    assert np.array_equal(stack.times(tp, batch, ctx, steps), got * steps)  # compiled where numba is: the same
+
+
+@pytest.mark.parametrize("model", ["Qwen2.5-14B", "Qwen3-30B-A3B"])
+def test_segment_times_of_the_kernels_only_stack_are_its_call_times_the_steps(model):
+    """DecodeStack.times (the segments' times, compiled where numba is installed) of the kernels-only profile,
+    which has no engine terms: its call times the steps, to the bit."""
+    st = EngineSettings(profile="kernels", max_num_seqs=512)
+    stack = Estimator(CostModel.for_engine(model, "H800", st), 8, st)._stack
+    assert stack is not None and stack.engine is None
+    rng = np.random.default_rng(18)
+    n = 20000
+    tp = rng.choice([1, 2, 4, 8], n)
+    batch = rng.integers(1, 513, n).astype(float)
+    ctx = batch * rng.integers(0, 30000, n)
+    steps = rng.integers(1, 900, n).astype(float)
+    assert np.array_equal(stack.times(tp, batch, ctx, steps), stack(tp, batch, ctx) * steps)
 
 
 def test_engine_terms_the_table_does_not_reproduce_take_the_cost_models_engine_step():
@@ -482,3 +501,76 @@ def test_the_estimators_deal_is_remembered_by_what_it_reads(monkeypatch):
     moved = dataclasses.replace(ld, ctx0=ld.ctx0 + 1.0)  # what the deal reads
     est.dealt(Layout(2), moved, Layout(1))
     assert len(calls) == 3
+
+
+needs_numba = pytest.mark.skipif(not schedule_kernel.available(), reason="numba is not installed (the fast extra)")
+
+
+def _schedule_cases():
+    """Random passes of the estimator's schedules: one layout or several blocks of layouts, replicas with no
+    request, requests with nothing left, queues (more requests than the KV cache or ``max_num_seqs`` lets run),
+    long contexts, ties in the lengths."""
+    rng = np.random.default_rng(33)
+    lays = [Layout(t) for t in (1, 2, 4, 8)]
+    for t in range(400):
+        n, ng = int(rng.integers(1, 500)), int(rng.integers(1, 14))
+        ctx0 = rng.integers(0, [4000, 60000][t % 4 == 0], n).astype(float)
+        rem = np.ceil(rng.lognormal(5.0, 1.5, n)) if t % 5 else rng.integers(1, 4, n).astype(float)
+        rem[rng.random(n) < 0.05] = 0.0
+        first = rng.random(n) > rng.random() * 0.6
+        group = rng.integers(0, ng, n)
+        if t % 2:
+            layout = lays[int(rng.integers(0, 4))]
+        else:
+            layout, left = [], ng
+            while left > 0:
+                k = min(left, int(rng.integers(1, 4)))
+                layout.append((lays[int(rng.integers(0, 4))], k))
+                left -= k
+        yield t, ctx0, rem, first, group, ng, layout
+
+
+@needs_numba
+@pytest.mark.parametrize("seqs", [24, 256])
+def test_the_compiled_schedules_are_the_numpy_passes(seqs):
+    """Estimator._grouped's compiled pass (schedule_kernel.segments) gives every array of the numpy pass, to the
+    bit and in the same dtype: the requests' starts and ends, the segments (replica, steps, time), the
+    replicas' prefills and totals."""
+    est = Estimator(CostModel.for_names("Qwen2.5-7B", "H800"), 8, EngineSettings(max_num_seqs=seqs))
+    queued = 0
+    for t, ctx0, rem, first, group, ng, layout in _schedule_cases():
+        est._kernel = None
+        want = est._grouped(layout, ctx0, rem, first, group, ng)
+        est._kernel = schedule_kernel.segments
+        got = est._grouped(layout, ctx0, rem, first, group, ng)
+        queued += bool(np.isfinite(want["start"]).any() and want["start"][np.isfinite(want["start"])].max() > 0)
+        for k, a in want.items():
+            assert got[k].dtype == a.dtype and np.array_equal(got[k], a), (t, k)
+    assert queued > 50  # the queues' slot-by-slot starts were exercised
+
+
+@needs_numba
+def test_the_compiled_deal_is_engine_deals_own(monkeypatch):
+    """engine_deal with the compiled deal (schedule_kernel.deal) places and queues every request as its Python
+    deal does (the comparisons of two and four replicas, the heap, the cache's refusals, the slots running out),
+    on loads with and without ids, waiting requests, caches that bind and that do not."""
+    import testbed.orchestrator.estimate as estmod
+
+    rng = np.random.default_rng(34)
+    compiled = schedule_kernel.deal
+    refused = full = 0
+    for t in range(1500):
+        n = int(rng.integers(0, 300))
+        ld = ServerLoad(rng.integers(0, 30000, n).astype(float), np.ones(n), rng.random(n) > rng.random() * 0.6,
+                        np.zeros(n, np.int64), rid=rng.permutation(n) if t % 5 else None)
+        r, slots = int(rng.choice([1, 2, 3, 4, 8])), int(rng.integers(1, 300))
+        kv = [math.inf, float(rng.integers(10, 100000))][t % 2]
+        monkeypatch.setattr(estmod.schedule_kernel, "deal", None)
+        want = engine_deal(dataclasses.replace(ld), r, slots, kv)
+        monkeypatch.setattr(estmod.schedule_kernel, "deal", compiled)
+        got = engine_deal(dataclasses.replace(ld), r, slots, kv)
+        assert got[0].dtype == want[0].dtype and np.array_equal(got[0], want[0]), t
+        assert np.array_equal(got[1], want[1]), t
+        refused += int((ld.running & ~want[1]).sum() > 0)
+        full += int(ld.running.sum() > r * slots)
+    assert refused > 100 and full > 100

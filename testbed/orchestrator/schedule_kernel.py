@@ -1,0 +1,239 @@
+"""The estimator's decode schedules (testbed/orchestrator/estimate.py ``Estimator._grouped``), compiled.
+
+``_grouped`` turns every replica's requests into a schedule: the running requests first, then the queue, the
+queue taking the slots as earlier requests end (a heap of the slots' ends), and the schedule cut into segments
+between consecutive distinct start or end steps, each with its batch (requests running) and its mean context.
+In numpy that is ~35 passes over the requests of every replica of every block (sorts, a merge of two sorted
+runs, cumulative sums) and a Python heap loop for each replica with a queue: ~0.25 us a request on 2 cores,
+most of a planning tick. :func:`segments` makes the same schedule in one compiled pass per replica.
+
+The same numbers, to the bit: every quantity here is a whole number (contexts, remaining lengths rounded up,
+starts and ends that are sums of them) or a half of one, below 2^53, so every sum is exact in any order and the
+segments' batches, contexts and bounds are those of the numpy pass (which sums the same values in another order,
+globally across replicas, exactly for the same reason); a replica's queue takes the same slots (the smallest end
+is the smallest end whatever heap holds it). The step times (the cost model's) are still evaluated by the caller,
+in numpy, on these segments, so none of that arithmetic moves here. ``tests/unit/test_estimator.py`` checks the
+compiled pass against the numpy one on random schedules; :func:`available` says whether numba is installed (the
+numpy pass is used where it is not: ``pip install -e .[fast]``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+try:  # numba is optional: the numpy pass computes the same schedule where it is not installed
+    import numba
+except ImportError:  # pragma: no cover - exercised on an install without the extra
+    numba = None
+
+
+def available() -> bool:
+    """Whether the compiled pass can be used (numba is installed)."""
+    return numba is not None
+
+
+def _segments(c, r, f, g, n_groups, slots):
+    """Every replica's schedule: (start and end step of every request, in the arrays' order; per segment, in
+    replica then step order: its replica, first and last step, requests running and their mean context)."""
+    n = len(r)
+    # the requests of each replica, running ones first, then the queue, each in the arrays' order
+    # (``stable_argsort(g * 2 + ~f)`` of the numpy pass)
+    cnt = np.zeros(n_groups, np.int64)
+    for i in range(n):
+        cnt[g[i]] += 1
+    first = np.zeros(n_groups + 1, np.int64)
+    for j in range(n_groups):
+        first[j + 1] = first[j] + cnt[j]
+    fill = first[:-1].copy()
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        if f[i]:
+            order[fill[g[i]]] = i
+            fill[g[i]] += 1
+    for i in range(n):
+        if not f[i]:
+            order[fill[g[i]]] = i
+            fill[g[i]] += 1
+    start = np.zeros(n)
+    end = np.zeros(n)
+    seg_g = np.empty(2 * n, np.int64)
+    k0 = np.empty(2 * n)
+    k1 = np.empty(2 * n)
+    batch = np.empty(2 * n)
+    ctx = np.empty(2 * n)
+    m = 0
+    heap = np.empty(max(1, n))
+    ends = np.empty(max(1, n))
+    for j in range(n_groups):
+        lo, hi = first[j], first[j + 1]
+        if hi == lo:
+            continue
+        k = slots[j]
+        # the first ``k`` start at once; each later one when the slot that frees first frees (a min-heap of ends)
+        for q in range(lo, hi):
+            start[order[q]] = 0.0
+        if hi - lo > k:
+            h = 0
+            for q in range(lo, lo + k):
+                x = r[order[q]]
+                heap[h] = x  # sift up
+                p = h
+                while p > 0:
+                    up = (p - 1) // 2
+                    if heap[up] > heap[p]:
+                        heap[up], heap[p] = heap[p], heap[up]
+                        p = up
+                    else:
+                        break
+                h += 1
+            for q in range(lo + k, hi):
+                s0 = heap[0]
+                start[order[q]] = s0
+                heap[0] = s0 + r[order[q]]  # replace the smallest, sift down
+                p = 0
+                while True:
+                    a = 2 * p + 1
+                    if a >= h:
+                        break
+                    b = a + 1
+                    if b < h and heap[b] < heap[a]:
+                        a = b
+                    if heap[a] < heap[p]:
+                        heap[a], heap[p] = heap[p], heap[a]
+                        p = a
+                    else:
+                        break
+        for q in range(lo, hi):
+            i = order[q]
+            end[i] = start[i] + r[i]
+        # the ends in step order (the starts are in it already: 0 for the running, then non-decreasing)
+        w = hi - lo
+        for q in range(w):
+            ends[q] = end[order[lo + q]]
+        e_ord = np.argsort(ends[:w])
+        # walk the distinct steps: the requests started and ended at or before each, and their contexts' sums
+        ps = lo  # next start (in ``order``)
+        pe = 0  # next end (in ``e_ord``)
+        started = 0
+        ended = 0
+        sum_s = 0.0
+        sum_e = 0.0
+        prev = -1.0
+        have = False
+        while ps < hi or pe < w:
+            if ps < hi:
+                t = start[order[ps]]
+                if pe < w and ends[e_ord[pe]] < t:
+                    t = ends[e_ord[pe]]
+            else:
+                t = ends[e_ord[pe]]
+            if have:
+                active = started - ended
+                if active > 0:
+                    seg_g[m] = j
+                    k0[m] = prev
+                    k1[m] = t
+                    batch[m] = active
+                    ctx[m] = (sum_s - sum_e) + active * ((prev + t) / 2.0)
+                    m += 1
+            while ps < hi and start[order[ps]] == t:
+                i = order[ps]
+                sum_s += c[i] - start[i]
+                started += 1
+                ps += 1
+            while pe < w and ends[e_ord[pe]] == t:
+                i = order[lo + e_ord[pe]]
+                sum_e += c[i] - start[i]
+                ended += 1
+                pe += 1
+            prev = t
+            have = True
+    return start, end, seg_g[:m], k0[:m], k1[:m], batch[:m], ctx[:m]
+
+
+def _deal(need, r, slots, kv_blocks):
+    """engine_deal's deal of the running requests (``need``: their KV blocks, in the order the engine deals
+    them) onto ``r`` replicas of ``slots`` slots and ``kv_blocks`` blocks each: each keeps its KV on the
+    replica with a slot left that holds the fewest blocks (the lowest of equals) if it fits there, else waits,
+    queued on the replica with the fewest requests (running and queued; the lowest of equals); once every
+    replica's slots are taken the rest wait. Returns (each dealt request's replica, whether it waits, the
+    requests each replica runs, those queued on each, how many were dealt before the slots ran out).
+    The replica picked is the heap's of engine_deal (the smallest (blocks held, replica) among those with a
+    slot left), found by a scan of the ``r`` replicas; each replica's blocks are summed in the same order."""
+    n = len(need)
+    held = np.zeros(r)
+    count = np.zeros(r, np.int64)
+    queued = np.zeros(r, np.int64)
+    picks = np.zeros(n, np.int64)
+    waits = np.zeros(n, np.bool_)
+    for q in range(n):
+        j = -1
+        for a in range(r):
+            if count[a] < slots and (j < 0 or held[a] < held[j]):
+                j = a
+        if j < 0:  # every replica's slots are taken
+            return picks, waits, count, queued, q
+        c = need[q]
+        if held[j] + c <= kv_blocks:
+            count[j] += 1
+            held[j] = held[j] + c
+        else:  # no room for its KV anywhere: it waits, on the replica with the fewest requests
+            j = 0
+            for a in range(1, r):
+                if count[a] + queued[a] < count[j] + queued[j]:
+                    j = a
+            queued[j] += 1
+            waits[q] = True
+        picks[q] = j
+    return picks, waits, count, queued, n
+
+
+def _stack_steps(ti, batch, ctx, steps, width, pre, read_b, kv_write_s, post, kv_gpu, qr, hd, hbm, peak, floor,
+                 layers, engine, cpu, eager, any_eager, ctx_limit, launch, overlap):
+    """estimate.DecodeStack's call times ``steps``: each segment's decode step (its TP degree's table ``ti``,
+    its batch and context) times its steps, with the same operations in the same order on the same values
+    (the kernels' terms, the tabulated ones added row by row, then the engine's: the eager launches where the
+    step runs past the graphs, its CPU time in series or overlapped); ``ctx_limit`` < 0: none."""
+    n = len(batch)
+    out = np.empty(n)
+    rows = post.shape[0]
+    for i in range(n):
+        t = ti[i]
+        at = t * width + np.int64(batch[i])
+        read = ctx[i] * kv_gpu[t] + read_b[at]
+        flops = 4.0 * ctx[i] * qr[t] * hd[t]
+        a = read / hbm
+        b = flops / peak
+        x = pre[at] + layers * (floor + (a if a >= b else b) + kv_write_s[at])
+        for k in range(rows):
+            x = x + post[k, at]
+        if engine:
+            if any_eager:
+                e = eager[at]
+                if ctx_limit >= 0.0 and ctx[i] > ctx_limit * batch[i]:
+                    e = True
+                if e and launch > x:
+                    x = launch
+            c = cpu[at]
+            if overlap:
+                x = x if x >= c else c
+            else:
+                x = x + c
+        out[i] = x * steps[i]
+    return out
+
+
+if numba is not None:
+    segments = numba.njit(cache=True, nogil=True)(_segments)
+    deal = numba.njit(cache=True, nogil=True)(_deal)
+    stack_steps = numba.njit(cache=True, nogil=True)(_stack_steps)
+else:  # pragma: no cover
+    segments = deal = stack_steps = None
+
+
+def warm() -> None:
+    """Compile (or load the cached compilation of) the kernel now, not inside a planning tick."""
+    if segments is not None:  # (each looked up here: a caller may have set one aside)
+        segments(np.array([100.0, 120.0]), np.array([5.0, 3.0]), np.array([True, False]), np.array([0, 0], np.int64),
+                 1, np.array([1], np.int64))
+    if deal is not None:
+        deal(np.array([7.0, 8.0]), 2, 1, 10.0)
