@@ -129,13 +129,8 @@ def engine_deal(load: ServerLoad, r: int, slots: int, kv_blocks: float = math.in
     run, need = _deal_order(load, block_size)
     if r == 1 and len(run) < slots and float(need.sum()) <= kv_blocks:  # whole numbers: an exact sum
         return rep, running  # one replica, not filled, its cache holding every running request: all stay
-    if schedule_kernel.deal is not None and bool(np.isfinite(need).all()):  # compiled: the picks below, faster
-        picks, waits, count, queued, full = schedule_kernel.deal(need, r, slots, float(kv_blocks))
-        rep[run[:full]] = picks[:full]
-        running[run[:full][waits[:full]]] = False
-        rest = run[full:]  # no slot left anywhere: the rest all wait, before the waiting ones
-        running[rest] = False
-        return _deal_waiting(load, rep, running, run, rest, count + queued)
+    if schedule_kernel.deal_many is not None and bool(np.isfinite(need).all()):  # compiled: the same picks
+        return _deal_compiled([(load, r, slots, kv_blocks, block_size)])[0]
     count = [0] * r
     queued = [0] * r
     picks = None
@@ -187,6 +182,41 @@ def engine_deal(load: ServerLoad, r: int, slots: int, kv_blocks: float = math.in
         rest = run[full:]  # no slot left anywhere: the rest all wait, before the waiting ones
         running[rest] = False
     return _deal_waiting(load, rep, running, run, rest, np.asarray(count) + np.asarray(queued))
+
+
+def engine_deal_many(items: list) -> list:
+    """:func:`engine_deal` of every (load, replicas, slots, kv_blocks, block_size) of ``items``: the deals the
+    compiled kernel can make (numba installed, finite footprints) in one call of it (schedule_kernel.deal_many:
+    the same picks), the others one by one."""
+    if schedule_kernel.deal_many is None:
+        return [engine_deal(*it) for it in items]
+    needs = [_deal_order(ld, bs)[1] for ld, _, _, _, bs in items]
+    if not needs or bool(np.isfinite(np.concatenate(needs)).all()):
+        return _deal_compiled(items) if items else []
+    ok = [bool(np.isfinite(x).all()) for x in needs]
+    out = [None if k else engine_deal(*it) for it, k in zip(items, ok)]
+    batch = [k for k, fine in enumerate(ok) if fine]
+    for k, res in zip(batch, _deal_compiled([items[k] for k in batch]) if batch else ()):
+        out[k] = res
+    return out
+
+
+def _deal_compiled(items: list) -> list:
+    """engine_deal of ``items`` (as :func:`engine_deal_many`'s, every footprint finite) by the compiled kernel."""
+    runs, needs, flags, n_off, run_off = [], [], [], [0], [0]
+    for load, r, slots, kv, bs in items:
+        run, need = _deal_order(load, bs)
+        runs.append(run)
+        needs.append(need)
+        flags.append(np.asarray(load.running, bool))
+        n_off.append(n_off[-1] + load.n)
+        run_off.append(run_off[-1] + len(run))
+    cat = (lambda xs: xs[0] if len(xs) == 1 else np.concatenate(xs))  # noqa: E731
+    rep, running = schedule_kernel.deal_many(
+        np.asarray(cat(needs), np.float64), np.asarray(cat(runs), np.int64), np.array(run_off, np.int64),
+        np.array(n_off, np.int64), cat(flags), np.array([it[1] for it in items], np.int64),
+        np.array([it[2] for it in items], np.int64), np.array([float(it[3]) for it in items]))
+    return [(rep[a:b], running[a:b]) for a, b in zip(n_off[:-1], n_off[1:])]
 
 
 def _deal_waiting(load: ServerLoad, rep: np.ndarray, running: np.ndarray, run: np.ndarray, rest: np.ndarray,
@@ -846,6 +876,12 @@ class Estimator:
         interpolated inside the segment that holds it; all replicas at once (each replica's running sum of
         segment times in a row of its own, so every sum is the one it has alone)."""
         sg = sch["seg_g"]
+        if schedule_kernel.reached is not None:  # compiled: the same steps
+            k_at = schedule_kernel.reached(np.asarray(sg, np.int64), np.asarray(sch["seg"], np.float64),
+                                           np.asarray(sch["k0"], np.float64), np.asarray(sch["k1"], np.float64),
+                                           np.asarray(sch["prefill"], np.float64), float(dt), n_groups)
+            done = np.clip(np.floor(k_at[group]) - sch["start"], 0.0, None)
+            return np.where(np.isfinite(sch["start"]), np.minimum(done, np.ceil(np.maximum(rem, 0.0))), 0.0)
         k_at = np.zeros(n_groups)
         t = dt - sch["prefill"]
         nseg = np.bincount(sg, minlength=n_groups)
@@ -883,21 +919,37 @@ class Estimator:
         engine would run, not on more running requests than it has slots for. ``fresh``: ``load`` is new to the
         estimator and no later call deals it again (the planner's lookahead): its deal is neither looked up nor
         remembered (:meth:`_engine_deal`)."""
+        placed = self._as_placed(layout, load, current)
+        if placed is not None:
+            return placed, load
+        rep, running = self._engine_deal(layout, load, fresh)
+        return rep, self._with_running(load, running)
+
+    def _as_placed(self, layout: Layout, load: ServerLoad, current: Layout | None) -> np.ndarray | None:
+        """The placement of ``load`` under its current layout (:meth:`dealt`'s first case), or None where it is
+        dealt (another layout, or a replica the layout does not have)."""
+        if current is None or layout != current:
+            return None
         r = layout.replicas(self.gpus)
         new = load.replica < 0
-        if current is not None and layout == current and bool((load.replica[~new] < r).all()):
-            rep = load.replica.copy()
-            if new.any():
-                tot = np.bincount(rep[~new], weights=load.rem[~new], minlength=r)
-                for i in np.nonzero(new)[0]:
-                    j = int(np.argmin(tot))
-                    rep[i] = j
-                    tot[j] += load.rem[i]
-            return rep, load
-        rep, running = self._engine_deal(layout, load, fresh)
-        if not np.array_equal(running, load.running):
-            load = dataclasses.replace(load, running=running)  # the other arrays shared (stratified once)
-        return rep, load
+        if not bool((load.replica[~new] < r).all()):
+            return None
+        rep = load.replica.copy()
+        if new.any():
+            tot = np.bincount(rep[~new], weights=load.rem[~new], minlength=r)
+            for i in np.nonzero(new)[0]:
+                j = int(np.argmin(tot))
+                rep[i] = j
+                tot[j] += load.rem[i]
+        return rep
+
+    @staticmethod
+    def _with_running(load: ServerLoad, running: np.ndarray) -> ServerLoad:
+        """``load`` with the running flags a deal left it (itself where they are its own; else a copy whose other
+        arrays are the load's: stratified once)."""
+        if np.array_equal(running, load.running):
+            return load
+        return dataclasses.replace(load, running=running)
 
     def _engine_deal(self, layout: Layout, load: ServerLoad, fresh: bool = False) -> tuple:
         """:func:`engine_deal` of ``load`` onto ``layout``'s replicas, remembered: the deal reads the requests'
@@ -917,10 +969,34 @@ class Estimator:
             hit = _put_bounded(self._deals, key, (self.settings, rep, running))
         return hit[1].copy(), hit[2].copy()
 
-    def _block(self, layout: Layout, load: ServerLoad, current: Layout | None, fresh: bool = False) -> tuple:
-        """(layout, load as dealt, placement): a block of :meth:`_blocks` (``fresh``: as :meth:`dealt`'s)."""
-        rep, dealt = self.dealt(layout, load, current, fresh)
-        return layout, dealt, rep
+    def _blocks_of(self, items: list, fresh: bool = False) -> list:
+        """The blocks of :meth:`_blocks` for every (layout, load, current) of ``items``: (layout, the load as dealt,
+        its placement), as :meth:`dealt` gives them (``fresh``: as its), the engine's deals that are not remembered
+        made in one call (:func:`engine_deal_many`), each remembered as :meth:`_engine_deal` does; the same
+        blocks as one by one."""
+        out = [None] * len(items)
+        todo, keys = [], []
+        for k, (layout, load, current) in enumerate(items):
+            placed = self._as_placed(layout, load, current)
+            if placed is not None:
+                out[k] = (layout, load, placed)
+                continue
+            key = None if fresh else (layout, _content_key(load.ctx0, load.running, load.rid))
+            hit = None if key is None else self._deals.get(key)
+            if hit is not None and hit[0] is self.settings:
+                out[k] = (layout, self._with_running(load, hit[2].copy()), hit[1].copy())
+                continue
+            todo.append(k)
+            keys.append(key)
+        if todo:
+            deals = engine_deal_many([(items[k][1], items[k][0].replicas(self.gpus), self.settings.max_num_seqs,
+                                       self.kv_blocks(items[k][0]), self.settings.block_size) for k in todo])
+            for k, key, (rep, running) in zip(todo, keys, deals):
+                if key is not None:
+                    _put_bounded(self._deals, key, (self.settings, rep, running))
+                    rep, running = rep.copy(), running.copy()
+                out[k] = (items[k][0], self._with_running(items[k][1], running), rep)
+        return out
 
     def replica_times(self, layout: Layout, load: ServerLoad, current: Layout | None = None,
                       rep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -937,7 +1013,7 @@ class Estimator:
         done = [self._recall(lay, load, cur) for lay, load, cur in items]
         todo = [k for k, (d, _) in enumerate(done) if d is None]
         if todo:
-            blocks = [self._block(*items[k]) for k in todo]
+            blocks = self._blocks_of([items[k] for k in todo])
             for k, d in zip(todo, self._blocks(blocks, joint=False)):
                 self._remember(done[k][1], d)
                 done[k] = (d, None)
@@ -987,12 +1063,16 @@ class Estimator:
 
     def _stratified(self, gen: np.ndarray, key: np.ndarray, group: np.ndarray, n_groups: int,
                     shift: np.ndarray | None = None) -> np.ndarray:
-        order = lexsort_by_group(key, group)
-        g = group[order]
-        first = np.searchsorted(g, np.arange(n_groups))
-        cnt = np.bincount(g, minlength=n_groups)
-        levels = np.empty(len(gen))
-        levels[order] = (np.arange(len(gen)) - first[g] + 0.5) / cnt[g]
+        kernel = schedule_kernel.levels
+        if kernel is not None and not np.isnan(key).any():  # compiled: the same levels
+            levels = kernel(np.asarray(key, np.float64), np.asarray(group, np.int64), n_groups)
+        else:
+            order = lexsort_by_group(key, group)
+            g = group[order]
+            first = np.searchsorted(g, np.arange(n_groups))
+            cnt = np.bincount(g, minlength=n_groups)
+            levels = np.empty(len(gen))
+            levels[order] = (np.arange(len(gen)) - first[g] + 0.5) / cnt[g]
         return np.clip(np.ceil(self.forecast.remaining_quantile(gen, levels, shift)), 1.0, None)
 
     def _stratified_loads(self, loads: list) -> np.ndarray:
@@ -1104,7 +1184,8 @@ class Estimator:
         cells = [(lay, s) for lay in layouts for s in keys if (lay, s) not in skip]
         store = tuple((k, self._recall(lay, loads[s], currents[s])[1]) for k, (lay, s) in enumerate(cells)
                       if remember and lay == currents[s])
-        done = self._blocks([self._block(lay, loads[s], currents[s], fresh) for lay, s in cells], joint=True, store=store)
+        done = self._blocks(self._blocks_of([(lay, loads[s], currents[s]) for lay, s in cells], fresh), joint=True,
+                            store=store)
         for (lay, s), d in zip(cells, done):
             out[lay][s] = float(d.times.max())
         return out
@@ -1139,7 +1220,7 @@ class Estimator:
         done = [self._recall(items[k][0], items[k][1], items[k][0]) for k in todo]
         miss = [q for q, (d, _) in enumerate(done) if d is None]
         if miss:
-            blocks = [self._block(items[todo[q]][0], items[todo[q]][1], items[todo[q]][0]) for q in miss]
+            blocks = self._blocks_of([(items[todo[q]][0], items[todo[q]][1], items[todo[q]][0]) for q in miss])
             for q, d in zip(miss, self._blocks(blocks, joint=False)):
                 self._remember(done[q][1], d)
                 done[q] = (d, None)

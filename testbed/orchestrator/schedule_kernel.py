@@ -150,41 +150,75 @@ def _segments(c, r, f, g, n_groups, slots):
     return start, end, seg_g[:m], k0[:m], k1[:m], batch[:m], ctx[:m]
 
 
-def _deal(need, r, slots, kv_blocks):
-    """engine_deal's deal of the running requests (``need``: their KV blocks, in the order the engine deals
-    them) onto ``r`` replicas of ``slots`` slots and ``kv_blocks`` blocks each: each keeps its KV on the
-    replica with a slot left that holds the fewest blocks (the lowest of equals) if it fits there, else waits,
-    queued on the replica with the fewest requests (running and queued; the lowest of equals); once every
-    replica's slots are taken the rest wait. Returns (each dealt request's replica, whether it waits, the
-    requests each replica runs, those queued on each, how many were dealt before the slots ran out).
-    The replica picked is the heap's of engine_deal (the smallest (blocks held, replica) among those with a
-    slot left), found by a scan of the ``r`` replicas; each replica's blocks are summed in the same order."""
-    n = len(need)
-    held = np.zeros(r)
-    count = np.zeros(r, np.int64)
-    queued = np.zeros(r, np.int64)
-    picks = np.zeros(n, np.int64)
-    waits = np.zeros(n, np.bool_)
-    for q in range(n):
-        j = -1
-        for a in range(r):
-            if count[a] < slots and (j < 0 or held[a] < held[j]):
-                j = a
-        if j < 0:  # every replica's slots are taken
-            return picks, waits, count, queued, q
-        c = need[q]
-        if held[j] + c <= kv_blocks:
-            count[j] += 1
-            held[j] = held[j] + c
-        else:  # no room for its KV anywhere: it waits, on the replica with the fewest requests
+def _deal_many(need, run, run_off, n_off, running, rs, slots, kv_blocks):
+    """estimate.engine_deal of many loads at once: load ``i``'s requests are rows ``n_off[i]:n_off[i + 1]`` of
+    ``running`` (whether each runs), its running ones in the order the engine deals them are ``run`` (indices
+    into the load) rows ``run_off[i]:run_off[i + 1]``, with their KV blocks ``need``; it goes onto ``rs[i]``
+    replicas of ``slots[i]`` slots and ``kv_blocks[i]`` blocks each. Returns (every request's replica, whether
+    it runs), rows as ``running``'s.
+
+    Each running request keeps its KV on the replica with a slot left that holds the fewest blocks (the lowest
+    of equals) if it fits there (the smallest (blocks held, replica) of engine_deal's heap, found by a scan of
+    the replicas; each replica's blocks summed in the same order), else waits, queued on the replica with the
+    fewest requests (running and queued; the lowest of equals); once every replica's slots are taken the rest
+    wait. Then the rest, and after them the requests that were waiting, in order, each onto the replica with
+    the fewest requests (engine_deal's ``_fewest_first``: the same picks one at a time)."""
+    rep = np.zeros(len(running), np.int64)
+    out = running.copy()
+    for i in range(len(rs)):
+        r, k, kv = rs[i], slots[i], kv_blocks[i]
+        base = n_off[i]
+        held = np.zeros(r)
+        count = np.zeros(r, np.int64)
+        queued = np.zeros(r, np.int64)
+        lo, hi = run_off[i], run_off[i + 1]
+        full = hi
+        for q in range(lo, hi):
+            j = -1
+            for a in range(r):
+                if count[a] < k and (j < 0 or held[a] < held[j]):
+                    j = a
+            if j < 0:  # every replica's slots are taken
+                full = q
+                break
+            c = need[q]
+            if held[j] + c <= kv:
+                count[j] += 1
+                held[j] = held[j] + c
+            else:  # no room for its KV anywhere: it waits, on the replica with the fewest requests
+                j = 0
+                for a in range(1, r):
+                    if count[a] + queued[a] < count[j] + queued[j]:
+                        j = a
+                queued[j] += 1
+                out[base + run[q]] = False
+            rep[base + run[q]] = j
+        tot = count + queued
+        n_wait = hi - full
+        for q in range(full, hi):  # the rest wait, before the waiting ones
+            out[base + run[q]] = False
+        if hi - lo < n_off[i + 1] - base:  # the requests that were waiting
+            n_wait += n_off[i + 1] - base - (hi - lo)
+        placed = 0
+        p_rest = full
+        p_wait = base
+        while placed < n_wait:
+            if p_rest < hi:
+                x = base + run[p_rest]
+                p_rest += 1
+            else:
+                while running[p_wait]:
+                    p_wait += 1
+                x = p_wait
+                p_wait += 1
             j = 0
             for a in range(1, r):
-                if count[a] + queued[a] < count[j] + queued[j]:
+                if tot[a] < tot[j]:
                     j = a
-            queued[j] += 1
-            waits[q] = True
-        picks[q] = j
-    return picks, waits, count, queued, n
+            tot[j] += 1
+            rep[x] = j
+            placed += 1
+    return rep, out
 
 
 def _stack_steps(ti, batch, ctx, steps, width, pre, read_b, kv_write_s, post, kv_gpu, qr, hd, hbm, peak, floor,
@@ -222,12 +256,78 @@ def _stack_steps(ti, batch, ctx, steps, width, pre, read_b, kv_write_s, post, kv
     return out
 
 
+def _levels(key, group, n_groups):
+    """Each request's stratified level in its group: ``(rank + 0.5) / count``, ranked by key within the group
+    (ties by position: ``np.lexsort((key, group))``'s order), as Estimator._stratified computes it in numpy."""
+    n = len(key)
+    cnt = np.zeros(n_groups, np.int64)
+    for i in range(n):
+        cnt[group[i]] += 1
+    first = np.zeros(n_groups + 1, np.int64)
+    for j in range(n_groups):
+        first[j + 1] = first[j] + cnt[j]
+    fill = first[:-1].copy()
+    members = np.empty(n, np.int64)
+    for i in range(n):  # each group's requests, in position order
+        members[fill[group[i]]] = i
+        fill[group[i]] += 1
+    levels = np.empty(n)
+    for j in range(n_groups):
+        lo, hi = first[j], first[j + 1]
+        if hi == lo:
+            continue
+        ks = np.empty(hi - lo)
+        for q in range(lo, hi):
+            ks[q - lo] = key[members[q]]
+        by = np.argsort(ks, kind="mergesort")  # stable: equal keys in position order
+        for rank in range(hi - lo):
+            levels[members[lo + by[rank]]] = (rank + 0.5) / cnt[j]
+    return levels
+
+
+def _reached(seg_g, seg, k0, k1, prefill, dt, n_groups):
+    """estimate.Estimator._progress's step reached by every replica ``dt`` seconds on (its prefill first): the
+    segments' running sum of times (``seg``, replica ``seg_g``, in order; the same sums as numpy's cumsum along
+    a replica's row), the segments whose sum is within the time counted, and the step interpolated inside the
+    segment that holds it (the last one's end past them all); 0 where no time is left after the prefill."""
+    out = np.zeros(n_groups)
+    m = len(seg_g)
+    cum = np.empty(max(1, m))
+    a = 0
+    for j in range(n_groups):
+        b = a
+        while b < m and seg_g[b] == j:
+            b += 1
+        t = dt - prefill[j]
+        if b > a and t > 0:
+            s = 0.0
+            i = 0
+            for q in range(a, b):
+                s = seg[q] if q == a else s + seg[q]
+                cum[q] = s
+                if s <= t:
+                    i += 1
+            if i >= b - a:
+                out[j] = k1[b - 1]
+            else:
+                at = a + i
+                before = cum[at - 1] if i > 0 else 0.0
+                if seg[at] > 0:
+                    out[j] = k0[at] + (t - before) / seg[at] * (k1[at] - k0[at])
+                else:
+                    out[j] = k1[at]
+        a = b
+    return out
+
+
 if numba is not None:
     segments = numba.njit(cache=True, nogil=True)(_segments)
-    deal = numba.njit(cache=True, nogil=True)(_deal)
+    deal_many = numba.njit(cache=True, nogil=True)(_deal_many)
     stack_steps = numba.njit(cache=True, nogil=True)(_stack_steps)
+    levels = numba.njit(cache=True, nogil=True)(_levels)
+    reached = numba.njit(cache=True, nogil=True)(_reached)
 else:  # pragma: no cover
-    segments = deal = stack_steps = None
+    segments = deal_many = stack_steps = levels = reached = None
 
 
 def warm() -> None:
@@ -235,5 +335,11 @@ def warm() -> None:
     if segments is not None:  # (each looked up here: a caller may have set one aside)
         segments(np.array([100.0, 120.0]), np.array([5.0, 3.0]), np.array([True, False]), np.array([0, 0], np.int64),
                  1, np.array([1], np.int64))
-    if deal is not None:
-        deal(np.array([7.0, 8.0]), 2, 1, 10.0)
+    if deal_many is not None:
+        deal_many(np.array([7.0, 8.0]), np.array([0, 1], np.int64), np.array([0, 2], np.int64),
+                  np.array([0, 3], np.int64), np.array([True, True, False]), np.array([2], np.int64),
+                  np.array([1], np.int64), np.array([10.0]))
+    if levels is not None:
+        levels(np.array([0.3, 0.1]), np.array([0, 0], np.int64), 1)
+    if reached is not None:
+        reached(np.array([0], np.int64), np.array([1.0]), np.array([0.0]), np.array([3.0]), np.zeros(1), 0.5, 1)

@@ -31,8 +31,8 @@ from emulation.workload import LOG_QUANTILE_LEVELS
 from orchestrator_cases import _bench_state, _setup
 from testbed.orchestrator import forecast as fc
 from testbed.orchestrator import schedule_kernel
-from testbed.orchestrator.estimate import (KV_BAND, Estimator, ServerLoad, engine_deal, group_end_order, kv_slots,
-                                          lexsort_by_group, peak_kv, stable_argsort)
+from testbed.orchestrator.estimate import (KV_BAND, Estimator, ServerLoad, engine_deal, engine_deal_many, group_end_order,
+                                          kv_slots, lexsort_by_group, peak_kv, stable_argsort)
 from testbed.orchestrator.planner import ServerView, loads_from_snapshot, loads_from_snapshots
 
 
@@ -550,14 +550,35 @@ def test_the_compiled_schedules_are_the_numpy_passes(seqs):
 
 
 @needs_numba
+def test_the_compiled_progress_is_the_numpy_progress(monkeypatch):
+    """Estimator._progress (the tokens each request is predicted to make in ``dt``: the lookahead's and the
+    balancer's) with the compiled step reached (schedule_kernel.reached) against the numpy pass, to the bit, at
+    times inside the prefill, inside and between segments, and past every replica's end."""
+    import testbed.orchestrator.estimate as estmod
+
+    est = Estimator(CostModel.for_names("Qwen2.5-7B", "H800"), 8, EngineSettings(max_num_seqs=64))
+    compiled = schedule_kernel.reached
+    for t, ctx0, rem, first, group, ng, layout in _schedule_cases():
+        if t % 4:
+            continue
+        sch = est._grouped(layout, ctx0, rem, first, group, ng)
+        for dt in (0.0, 1e-4, 0.05, 0.7, 3.0, float(sch["total"].max()) * 0.5, float(sch["total"].max()) + 1.0):
+            monkeypatch.setattr(estmod.schedule_kernel, "reached", None)
+            want = est._progress(sch, rem, dt, group, ng)
+            monkeypatch.setattr(estmod.schedule_kernel, "reached", compiled)
+            got = est._progress(sch, rem, dt, group, ng)
+            assert got.dtype == want.dtype and np.array_equal(got, want), (t, dt)
+
+
+@needs_numba
 def test_the_compiled_deal_is_engine_deals_own(monkeypatch):
-    """engine_deal with the compiled deal (schedule_kernel.deal) places and queues every request as its Python
+    """engine_deal with the compiled deal (schedule_kernel.deal_many) places and queues every request as its Python
     deal does (the comparisons of two and four replicas, the heap, the cache's refusals, the slots running out),
     on loads with and without ids, waiting requests, caches that bind and that do not."""
     import testbed.orchestrator.estimate as estmod
 
     rng = np.random.default_rng(34)
-    compiled = schedule_kernel.deal
+    compiled = schedule_kernel.deal_many
     refused = full = 0
     for t in range(1500):
         n = int(rng.integers(0, 300))
@@ -565,12 +586,40 @@ def test_the_compiled_deal_is_engine_deals_own(monkeypatch):
                         np.zeros(n, np.int64), rid=rng.permutation(n) if t % 5 else None)
         r, slots = int(rng.choice([1, 2, 3, 4, 8])), int(rng.integers(1, 300))
         kv = [math.inf, float(rng.integers(10, 100000))][t % 2]
-        monkeypatch.setattr(estmod.schedule_kernel, "deal", None)
+        monkeypatch.setattr(estmod.schedule_kernel, "deal_many", None)
         want = engine_deal(dataclasses.replace(ld), r, slots, kv)
-        monkeypatch.setattr(estmod.schedule_kernel, "deal", compiled)
+        monkeypatch.setattr(estmod.schedule_kernel, "deal_many", compiled)
         got = engine_deal(dataclasses.replace(ld), r, slots, kv)
         assert got[0].dtype == want[0].dtype and np.array_equal(got[0], want[0]), t
         assert np.array_equal(got[1], want[1]), t
         refused += int((ld.running & ~want[1]).sum() > 0)
         full += int(ld.running.sum() > r * slots)
     assert refused > 100 and full > 100
+
+
+def test_many_deals_at_once_are_each_deal_alone():
+    """engine_deal_many (the planner's pass deals every candidate at once) gives each load what engine_deal gives
+    it alone: loads of every size (none included), caches that bind and that do not, a footprint that is not
+    finite (dealt alone); and the estimator's blocks of a pass, remembered or fresh, are those of its one-by-one
+    deal (Estimator.dealt)."""
+    rng = np.random.default_rng(35)
+    items = []
+    for t in range(60):
+        n = int(rng.integers(0, 120))
+        ld = ServerLoad(rng.integers(0, 20000, n).astype(float), np.ones(n), rng.random(n) > rng.random() * 0.6,
+                        np.zeros(n, np.int64), rid=rng.permutation(n) if t % 4 else None)
+        if t == 7 and n:
+            ld = dataclasses.replace(ld, ctx0=np.r_[np.inf, ld.ctx0[1:]])
+        items.append((ld, int(rng.choice([1, 2, 4, 8])), int(rng.integers(1, 80)),
+                      [math.inf, float(rng.integers(50, 40000))][t % 2], 16))
+    got = engine_deal_many(items)
+    for (ld, r, slots, kv, bs), (rep, running) in zip(items, got):
+        want = engine_deal(dataclasses.replace(ld), r, slots, kv, bs)
+        assert np.array_equal(rep, want[0]) and np.array_equal(running, want[1])
+    st, est, ld, _ = _deal_state(9, 180)
+    cells = [(lay, dataclasses.replace(ld, ctx0=ld.ctx0 + k), Layout(1)) for k in range(3)
+             for lay in (Layout(1), Layout(2), Layout(4), Layout(8))]
+    for fresh in (False, True, False):  # the third finds the second's deals remembered
+        for (lay, dealt, rep), (layout, load, cur) in zip(est._blocks_of(cells, fresh), cells):
+            want_rep, want = Estimator(est.cm, 8, st).dealt(layout, load, cur)
+            assert lay == layout and np.array_equal(rep, want_rep) and np.array_equal(dealt.running, want.running)
