@@ -458,6 +458,8 @@ class DecodeStack:
         self.kv_gpu = np.array([tabs[tp].kv_gpu for tp in tps])
         self.qr = np.array([tabs[tp].flops_per_ctx[0] for tp in tps])
         self.hd = np.array([tabs[tp].flops_per_ctx[1] for tp in tps])
+        # as floats for the compiled call (whole numbers: the same values; one signature for every model)
+        self._qr_f, self._hd_f = self.qr.astype(np.float64), self.hd.astype(np.float64)
         self.hbm, self.peak, self.floor, self.layers = first.hbm, first.peak, first.floor, first.layers
         self.engine = first.engine_rows  # the engine's terms (its shared constants; the rows gathered below)
         if self.engine is not None:
@@ -498,7 +500,7 @@ class DecodeStack:
         else:
             rows, eager, dummy = self.cpu, self.eager, None
         return kernel(self.ti[tp], batch, ctx, steps, self.width, self.pre, self.read_b, self.kv_write_s, self.post,
-                      self.kv_gpu, self.qr, self.hd, float(self.hbm), float(self.peak), float(self.floor),
+                      self.kv_gpu, self._qr_f, self._hd_f, float(self.hbm), float(self.peak), float(self.floor),
                       int(self.layers), e is not None, rows, eager, bool(e is not None and self.any_eager),
                       -1.0 if e is None or e.ctx_limit is None else float(e.ctx_limit),
                       0.0 if e is None else float(e.launch), bool(e is not None and e.overlap))

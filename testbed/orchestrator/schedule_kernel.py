@@ -341,5 +341,9 @@ def warm() -> None:
                   np.array([1], np.int64), np.array([10.0]))
     if levels is not None:
         levels(np.array([0.3, 0.1]), np.array([0, 0], np.int64), 1)
+    if stack_steps is not None:
+        one, f1, i1, b1 = np.ones(1), np.ones(1), np.zeros(1, np.int64), np.zeros(1, np.bool_)
+        stack_steps(i1, one, one, one, 1, f1, f1, f1, np.ones((1, 1)), f1, f1, f1, 1.0, 1.0, 0.0, 1, True, f1, b1,
+                    True, -1.0, 0.0, False)
     if reached is not None:
         reached(np.array([0], np.int64), np.array([1.0]), np.array([0.0]), np.array([3.0]), np.zeros(1), 0.5, 1)

@@ -623,3 +623,28 @@ def test_many_deals_at_once_are_each_deal_alone():
         for (lay, dealt, rep), (layout, load, cur) in zip(est._blocks_of(cells, fresh), cells):
             want_rep, want = Estimator(est.cm, 8, st).dealt(layout, load, cur)
             assert lay == layout and np.array_equal(rep, want_rep) and np.array_equal(dealt.running, want.running)
+
+
+@needs_numba
+def test_no_planning_tick_compiles_a_kernel():
+    """A compiled kernel meeting argument types it has not met compiles again (seconds, inside a tick): the
+    estimator's construction compiles (or loads) each kernel once (schedule_kernel.warm), and ticks of every
+    engine profile and of a dense and an MoE model call them with those same types."""
+    kernels = [schedule_kernel.segments, schedule_kernel.deal_many, schedule_kernel.stack_steps,
+               schedule_kernel.levels, schedule_kernel.reached]
+    Estimator(CostModel.for_names("Qwen2.5-7B", "H800"), 8, EngineSettings())
+    want = [list(k.signatures) for k in kernels]
+    assert all(len(s) == 1 for s in want)
+    for model, profile in (("Qwen2.5-14B", "vllm-v1"), ("Qwen3-30B-A3B", "sglang"), ("Qwen2.5-7B", "kernels")):
+        st = EngineSettings(profile=profile, max_num_seqs=64)
+        est = Estimator(CostModel.for_engine(model, "H800", st), 8, st)
+        est.use_forecast(fc.LengthForecast(step=0, mu=6.5, sigma=0.9, cap=8192, mu_se=0.1, method="test"))
+        rng = np.random.default_rng(36)
+        n = 300
+        ld = ServerLoad(rng.integers(256, 3000, n).astype(float), rng.integers(1, 900, n).astype(float),
+                        rng.random(n) < 0.7, rng.integers(0, 8, n), gen=rng.integers(0, 800, n).astype(float),
+                        key=rng.random(n), rid=rng.permutation(n))
+        loads, cur = {0: ld, 1: dataclasses.replace(ld, ctx0=ld.ctx0 + 3.0)}, {0: Layout(1), 1: Layout(1)}
+        est.servers_s_many([Layout(t) for t in (1, 2, 4, 8)], loads, cur)
+        est.advance_many_at([(Layout(1), ld)], [0.5, 5.0])
+    assert [list(k.signatures) for k in kernels] == want
