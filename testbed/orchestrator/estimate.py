@@ -39,9 +39,13 @@ changes). What makes it fast:
   all fit the cache at once (:func:`kv_slots`);
 - :func:`engine_deal` by comparisons (two or four replicas) or on a heap instead of an argmin per request; the
   list scheduling of queued requests on a heap of Python floats; the lookahead's progress and the balancer's
-  comparison of candidate moves vectorised.
+  comparison of candidate moves vectorised;
+- where numba is installed (the ``fast`` extra), the schedules and their segments, the segments' step times,
+  every deal of a pass, the stratified levels and the lookahead's progress compiled
+  (testbed/orchestrator/schedule_kernel.py: the same arithmetic on the same values, so the same numbers; the
+  numpy forms above run without it).
 
-What the last four gave (with the balancer's and the forecast's share of issue 33): docs/orchestrator.md,
+What the last five gave (with the balancer's and the forecast's share of issue 33): docs/orchestrator.md,
 "Decision time".
 """
 from __future__ import annotations
