@@ -31,18 +31,28 @@ def available() -> bool:
     return numba is not None
 
 
+def _group_starts(group, n_groups):
+    """(requests in each group, where each group starts in an order by group: its cumulative counts)."""
+    cnt = np.zeros(n_groups, np.int64)
+    for i in range(len(group)):
+        cnt[group[i]] += 1
+    first = np.zeros(n_groups + 1, np.int64)
+    for j in range(n_groups):
+        first[j + 1] = first[j] + cnt[j]
+    return cnt, first
+
+
+if numba is not None:  # compiled before the kernels that call it
+    _group_starts = numba.njit(cache=True, nogil=True)(_group_starts)
+
+
 def _segments(c, r, f, g, n_groups, slots):
     """Every replica's schedule: (start and end step of every request, in the arrays' order; per segment, in
     replica then step order: its replica, first and last step, requests running and their mean context)."""
     n = len(r)
     # the requests of each replica, running ones first, then the queue, each in the arrays' order
     # (``stable_argsort(g * 2 + ~f)`` of the numpy pass)
-    cnt = np.zeros(n_groups, np.int64)
-    for i in range(n):
-        cnt[g[i]] += 1
-    first = np.zeros(n_groups + 1, np.int64)
-    for j in range(n_groups):
-        first[j + 1] = first[j] + cnt[j]
+    cnt, first = _group_starts(g, n_groups)
     fill = first[:-1].copy()
     order = np.empty(n, np.int64)
     for i in range(n):
@@ -260,12 +270,7 @@ def _levels(key, group, n_groups):
     """Each request's stratified level in its group: ``(rank + 0.5) / count``, ranked by key within the group
     (ties by position: ``np.lexsort((key, group))``'s order), as Estimator._stratified computes it in numpy."""
     n = len(key)
-    cnt = np.zeros(n_groups, np.int64)
-    for i in range(n):
-        cnt[group[i]] += 1
-    first = np.zeros(n_groups + 1, np.int64)
-    for j in range(n_groups):
-        first[j + 1] = first[j] + cnt[j]
+    cnt, first = _group_starts(group, n_groups)
     fill = first[:-1].copy()
     members = np.empty(n, np.int64)
     for i in range(n):  # each group's requests, in position order
