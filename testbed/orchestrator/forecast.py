@@ -53,6 +53,7 @@ from scipy.special import log_ndtr, ndtr, ndtri_exp
 from emulation.orchestration import ForecastSettings
 from emulation.validation import require
 from emulation.workload import LOG_QUANTILE_LEVELS, LengthComponent, StepStats, WorkloadSpec
+from testbed.orchestrator import schedule_kernel
 
 log = logging.getLogger(__name__)
 
@@ -721,6 +722,10 @@ def prompt_offsets(law: PromptLaw, share: float, done_pid: np.ndarray, done_len:
     table = np.concatenate(terms) if len(terms) > 1 else terms[0]
     src = np.concatenate(src)
     at = np.searchsorted(pids, np.concatenate(rows))
+    if schedule_kernel.sum_rows is not None:  # compiled: np.add.at's sums, sample by sample in order
+        ll = schedule_kernel.sum_rows(len(pids), at.astype(np.int64), np.ascontiguousarray(table, np.float64),
+                                      src.astype(np.int64))
+        return _offsets_mean(pids, ll, prior, grid)
     order = np.argsort(at, kind="stable")
     sat = at[order]
     first = np.flatnonzero(np.concatenate(([True], sat[1:] != sat[:-1])))
@@ -732,6 +737,11 @@ def prompt_offsets(law: PromptLaw, share: float, done_pid: np.ndarray, done_len:
         for k in range(int(rank.max()) + 1):
             m = rank == k
             ll[sat[m]] += table[src[order[m]]]
+    return _offsets_mean(pids, ll, prior, grid)
+
+
+def _offsets_mean(pids: np.ndarray, ll: np.ndarray, prior: np.ndarray, grid: np.ndarray) -> dict[int, float]:
+    """:func:`prompt_offsets`' posterior means from each prompt's summed log-likelihoods ``ll`` over ``grid``."""
     post = ll + prior[None, :]
     post = np.exp(post - post.max(axis=1, keepdims=True))
     mean = (post @ grid) / post.sum(axis=1)

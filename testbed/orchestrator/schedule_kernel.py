@@ -325,14 +325,26 @@ def _reached(seg_g, seg, k0, k1, prefill, dt, n_groups):
     return out
 
 
+def _sum_rows(n_rows, at, table, src):
+    """``np.add.at(out, at, table[src])`` into ``n_rows`` zero rows: row ``src[i]`` of ``table`` added to row
+    ``at[i]``, for i in order (each row's terms summed in the same order, so the same sums)."""
+    out = np.zeros((n_rows, table.shape[1]))
+    for i in range(len(at)):
+        a, b = at[i], src[i]
+        for j in range(table.shape[1]):
+            out[a, j] = out[a, j] + table[b, j]
+    return out
+
+
 if numba is not None:
     segments = numba.njit(cache=True, nogil=True)(_segments)
     deal_many = numba.njit(cache=True, nogil=True)(_deal_many)
     stack_steps = numba.njit(cache=True, nogil=True)(_stack_steps)
     levels = numba.njit(cache=True, nogil=True)(_levels)
     reached = numba.njit(cache=True, nogil=True)(_reached)
+    sum_rows = numba.njit(cache=True, nogil=True)(_sum_rows)
 else:  # pragma: no cover
-    segments = deal_many = stack_steps = levels = reached = None
+    segments = deal_many = stack_steps = levels = reached = sum_rows = None
 
 
 def warm() -> None:
@@ -350,5 +362,7 @@ def warm() -> None:
         one, f1, i1, b1 = np.ones(1), np.ones(1), np.zeros(1, np.int64), np.zeros(1, np.bool_)
         stack_steps(i1, one, one, one, 1, f1, f1, f1, np.ones((1, 1)), f1, f1, f1, 1.0, 1.0, 0.0, 1, True, f1, b1,
                     True, -1.0, 0.0, False)
+    if sum_rows is not None:
+        sum_rows(2, np.array([1, 0], np.int64), np.ones((2, 3)), np.array([0, 1], np.int64))
     if reached is not None:
         reached(np.array([0], np.int64), np.array([1.0]), np.array([0.0]), np.array([3.0]), np.zeros(1), 0.5, 1)

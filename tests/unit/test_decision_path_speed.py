@@ -629,9 +629,10 @@ def test_many_deals_at_once_are_each_deal_alone():
 def test_no_planning_tick_compiles_a_kernel():
     """A compiled kernel meeting argument types it has not met compiles again (seconds, inside a tick): the
     estimator's construction compiles (or loads) each kernel once (schedule_kernel.warm), and ticks of every
-    engine profile and of a dense and an MoE model call them with those same types."""
+    engine profile and of a dense and an MoE model (and the prompt groups' offsets) call them with those same
+    types."""
     kernels = [schedule_kernel.segments, schedule_kernel.deal_many, schedule_kernel.stack_steps,
-               schedule_kernel.levels, schedule_kernel.reached]
+               schedule_kernel.levels, schedule_kernel.reached, schedule_kernel.sum_rows]
     Estimator(CostModel.for_names("Qwen2.5-7B", "H800"), 8, EngineSettings())
     want = [list(k.signatures) for k in kernels]
     assert all(len(s) == 1 for s in want)
@@ -647,4 +648,6 @@ def test_no_planning_tick_compiles_a_kernel():
         loads, cur = {0: ld, 1: dataclasses.replace(ld, ctx0=ld.ctx0 + 3.0)}, {0: Layout(1), 1: Layout(1)}
         est.servers_s_many([Layout(t) for t in (1, 2, 4, 8)], loads, cur)
         est.advance_many_at([(Layout(1), ld)], [0.5, 5.0])
+        fc.prompt_offsets(fc.PromptLaw(0.05, 7.0, 0.9, 0.7, 8192.0), 0.44, np.arange(40) % 9,
+                          rng.integers(1, 8192, 40), np.arange(60) % 11, rng.integers(0, 3000, 60))
     assert [list(k.signatures) for k in kernels] == want

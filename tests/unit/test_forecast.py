@@ -508,12 +508,16 @@ def _offsets_one_by_one(law, share, done_pid, done_len, run_pid, run_gen):
     return dict(zip(pids.tolist(), ((post @ grid) / post.sum(axis=1)).tolist()))
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
 @pytest.mark.parametrize("per_prompt", [8, fc.PROMPT_PASSES + 8])
-def test_prompt_offsets_equal_the_plain_sum_to_the_bit(per_prompt):
+def test_prompt_offsets_equal_the_plain_sum_to_the_bit(per_prompt, compiled, monkeypatch):
     """prompt_offsets evaluates each distinct running token count once (a replica's batch runs in lockstep) and
-    sums a prompt's terms rank by rank (or, for prompts of many samples, one by one): the same offsets to the
-    bit as every sample's terms added one at a time, with and without a spike at the cap, samples at the cap,
-    waiting ones (0 tokens) and counts that repeat or do not."""
+    sums a prompt's terms sample by sample in a compiled loop (numba installed) or rank by rank (or, for prompts
+    of many samples, one by one): the same offsets to the bit as every sample's terms added one at a time, with
+    and without a spike at the cap, samples at the cap, waiting ones (0 tokens) and counts that repeat or do
+    not."""
+    if not compiled:
+        monkeypatch.setattr(fc.schedule_kernel, "sum_rows", None)
     rng = np.random.default_rng(3)
     for trial in range(12):
         n_prompts = 60
