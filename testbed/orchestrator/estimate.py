@@ -32,7 +32,7 @@ changes). What makes it fast:
 - memoised prefills (a pure function of few distinct arguments) and per-server results under the current
   layout (:meth:`Estimator._recall`: by the load's content, the forecast object and the settings), so the
   balancer's load indices (with the stratified lengths they were computed on) and the lookahead's progress
-  reuse the planner's pass; the deals after a switch by what they read (:meth:`Estimator._engine_deal`), so
+  reuse the planner's pass; the deals after a switch by what they read (:meth:`Estimator._blocks_of`), so
   the planner's judgement over other draws of the long requests reuses its pass's deals;
 - the pass's sorts as numpy's SIMD quicksort or 16-bit radix sort with the stable sort's order
   (:func:`stable_argsort`, :func:`lexsort_by_group`), and the KV peak only for replicas whose requests do not
@@ -124,8 +124,9 @@ def engine_deal(load: ServerLoad, r: int, slots: int, kv_blocks: float = math.in
     can fill up (fewer running requests than ``slots``) the deal is made without the cache first (two or four
     replicas by comparisons, ~2.5x faster than the heap) and kept if no replica ends above its cache (then
     none was above it when it took a request, so none was turned away); otherwise it is made again with it.
-    Where numba is installed the deal of the running requests is compiled (schedule_kernel.deal: the same
-    picks, the heap's smallest (blocks held, replica) found by a scan of the replicas)."""
+    Where numba is installed the deal is compiled (schedule_kernel.deal_many, several deals in one call:
+    :func:`engine_deal_many`; the same picks, the heap's smallest (blocks held, replica) found by a scan of the
+    replicas)."""
     rep = np.zeros(load.n, np.int64)
     running = np.asarray(load.running, bool).copy()
     if load.n == 0:
@@ -498,11 +499,7 @@ class DecodeStack:
         if kernel is None:
             return self(tp, batch, ctx) * steps
         e = self.engine
-        if e is None:
-            rows = dummy = np.zeros(1)
-            eager = np.zeros(1, bool)
-        else:
-            rows, eager, dummy = self.cpu, self.eager, None
+        rows, eager = (np.zeros(1), np.zeros(1, bool)) if e is None else (self.cpu, self.eager)
         return kernel(self.ti[tp], batch, ctx, steps, self.width, self.pre, self.read_b, self.kv_write_s, self.post,
                       self.kv_gpu, self._qr_f, self._hd_f, float(self.hbm), float(self.peak), float(self.floor),
                       int(self.layers), e is not None, rows, eager, bool(e is not None and self.any_eager),
@@ -673,7 +670,7 @@ class Estimator:
         self._kv: dict[Layout, float] = {}
         self._prefill: dict[tuple, float] = {}
         self._memo: dict[tuple, tuple] = {}
-        self._deals: dict[tuple, tuple] = {}  # engine_deal's results by what they read (:meth:`_engine_deal`)
+        self._deals: dict[tuple, tuple] = {}  # engine_deal's results by what they read (:meth:`_blocks_of`)
         self._dec: dict[int, object] = {}
         self._per_group: dict[tuple, tuple] = {}  # (layout, replicas) per block -> (KV, TP degree) per replica
         tp = 1
@@ -924,12 +921,9 @@ class Estimator:
         replicas wait and recompute (:func:`engine_deal`), so a candidate layout is predicted on what the
         engine would run, not on more running requests than it has slots for. ``fresh``: ``load`` is new to the
         estimator and no later call deals it again (the planner's lookahead): its deal is neither looked up nor
-        remembered (:meth:`_engine_deal`)."""
-        placed = self._as_placed(layout, load, current)
-        if placed is not None:
-            return placed, load
-        rep, running = self._engine_deal(layout, load, fresh)
-        return rep, self._with_running(load, running)
+        remembered (:meth:`_blocks_of`)."""
+        _, dealt, rep = self._blocks_of([(layout, load, current)], fresh)[0]
+        return rep, dealt
 
     def _as_placed(self, layout: Layout, load: ServerLoad, current: Layout | None) -> np.ndarray | None:
         """The placement of ``load`` under its current layout (:meth:`dealt`'s first case), or None where it is
@@ -957,29 +951,16 @@ class Estimator:
             return load
         return dataclasses.replace(load, running=running)
 
-    def _engine_deal(self, layout: Layout, load: ServerLoad, fresh: bool = False) -> tuple:
-        """:func:`engine_deal` of ``load`` onto ``layout``'s replicas, remembered: the deal reads the requests'
-        footprints, running flags and ids only, not their lengths, so a tick's re-estimates of one server under
-        other draws of its long requests (the planner's judgement) find the planner's pass's deal. Remembered by
-        content (those arrays byte for byte), layout and settings, as :meth:`_recall` does; a hit is returned as
-        copies (a caller may change its placement). ``fresh``: dealt without the memo (a load no call has dealt
-        and none will: keying it, ~6 us a deal, and keeping it, which pushes the tick's own deals out, buy nothing)."""
-        if fresh:
-            return engine_deal(load, layout.replicas(self.gpus), self.settings.max_num_seqs, self.kv_blocks(layout),
-                               self.settings.block_size)
-        key = (layout, _content_key(load.ctx0, load.running, load.rid))
-        hit = self._deals.get(key)
-        if hit is None or hit[0] is not self.settings:
-            rep, running = engine_deal(load, layout.replicas(self.gpus), self.settings.max_num_seqs,
-                                       self.kv_blocks(layout), self.settings.block_size)
-            hit = _put_bounded(self._deals, key, (self.settings, rep, running))
-        return hit[1].copy(), hit[2].copy()
-
     def _blocks_of(self, items: list, fresh: bool = False) -> list:
         """The blocks of :meth:`_blocks` for every (layout, load, current) of ``items``: (layout, the load as dealt,
-        its placement), as :meth:`dealt` gives them (``fresh``: as its), the engine's deals that are not remembered
-        made in one call (:func:`engine_deal_many`), each remembered as :meth:`_engine_deal` does; the same
-        blocks as one by one."""
+        its placement), as :meth:`dealt` gives them, the engine's deals that are not remembered made in one call
+        (:func:`engine_deal_many`). Deals are remembered: a deal reads the requests' footprints, running flags
+        and ids only, not their lengths, so a tick's re-estimates of one server under other draws of its long
+        requests (the planner's judgement) find the planner's pass's deal. Remembered by content (those arrays
+        byte for byte), layout and settings, as :meth:`_recall` does; a hit is returned as copies (a caller may
+        change its placement). ``fresh``: dealt without the memo (loads no call has dealt and none will, the
+        planner's lookahead: keying them, ~6 us a deal, and keeping them, which pushes the tick's own deals out,
+        buy nothing)."""
         out = [None] * len(items)
         todo, keys = [], []
         for k, (layout, load, current) in enumerate(items):
