@@ -378,10 +378,9 @@ class PlanningTick:
         if share <= 0:
             return fc, {}
         di = self._done(states, req)  # as _online: only as many as the backends report finished
-        run_idx = np.concatenate([st.snapshot["rid"] for st in states.values()]) - req.rid[0]
+        pids = [req.prompt_id[st.snapshot["rid"] - req.rid[0]] for st in states.values()]  # each server's requests'
         run_gen = np.concatenate([st.snapshot["generated"] for st in states.values()])
-        pids = [req.prompt_id[st.snapshot["rid"] - req.rid[0]] for st in states.values()]
-        fc, shifts = shifted_forecast(fc, share, req.prompt_id[di], req.target[di], req.prompt_id[run_idx], run_gen,
+        fc, shifts = shifted_forecast(fc, share, req.prompt_id[di], req.target[di], np.concatenate(pids), run_gen,
                                       pids)
         return fc, ({} if shifts is None else dict(zip(states, shifts)))
 

@@ -461,10 +461,10 @@ class DecodeStack:
         self.kv_write_s = np.concatenate([tabs[tp].kv_write_s for tp in tps])
         self.post = np.ascontiguousarray(np.concatenate([tabs[tp].post for tp in tps], axis=1))
         self.kv_gpu = np.array([tabs[tp].kv_gpu for tp in tps])
-        self.qr = np.array([tabs[tp].flops_per_ctx[0] for tp in tps])
-        self.hd = np.array([tabs[tp].flops_per_ctx[1] for tp in tps])
-        # as floats for the compiled call (whole numbers: the same values; one signature for every model)
-        self._qr_f, self._hd_f = self.qr.astype(np.float64), self.hd.astype(np.float64)
+        # as floats (whole numbers: the same values in every product; one signature of the compiled call for
+        # every model)
+        self.qr = np.array([tabs[tp].flops_per_ctx[0] for tp in tps], np.float64)
+        self.hd = np.array([tabs[tp].flops_per_ctx[1] for tp in tps], np.float64)
         self.hbm, self.peak, self.floor, self.layers = first.hbm, first.peak, first.floor, first.layers
         self.engine = first.engine_rows  # the engine's terms (its shared constants; the rows gathered below)
         if self.engine is not None:
@@ -501,7 +501,7 @@ class DecodeStack:
         e = self.engine
         rows, eager = (np.zeros(1), np.zeros(1, bool)) if e is None else (self.cpu, self.eager)
         return kernel(self.ti[tp], batch, ctx, steps, self.width, self.pre, self.read_b, self.kv_write_s, self.post,
-                      self.kv_gpu, self._qr_f, self._hd_f, float(self.hbm), float(self.peak), float(self.floor),
+                      self.kv_gpu, self.qr, self.hd, float(self.hbm), float(self.peak), float(self.floor),
                       int(self.layers), e is not None, rows, eager, bool(e is not None and self.any_eager),
                       -1.0 if e is None or e.ctx_limit is None else float(e.ctx_limit),
                       0.0 if e is None else float(e.launch), bool(e is not None and e.overlap))
@@ -680,9 +680,7 @@ class Estimator:
                 self.kv_tokens(Layout(tp))
             tp *= 2
         self._stack = DecodeStack.build(self._dec)  # all of them in one, for passes over several TP degrees
-        # the schedules' compiled pass where numba is installed (None: the numpy pass; the same numbers)
-        self._kernel = schedule_kernel.segments
-        schedule_kernel.warm()
+        schedule_kernel.warm()  # the compiled passes where numba is installed, compiled now rather than in a tick
         self.calls = 0
         self._forecast = None
 
@@ -743,8 +741,8 @@ class Estimator:
         rounded up) every key and every cumulative context is an exact integer below 2^53, so each replica's
         result is the one it gets alone, to the bit, whatever else shares the pass. Where numba is installed
         the schedules and their segments are made by one compiled pass per replica instead
-        (schedule_kernel.segments, for the same reason the same numbers: ``self._kernel``; None, the numpy
-        pass below), and the segments' times by DecodeStack.times."""
+        (schedule_kernel.segments, for the same reason the same numbers; None without numba: the numpy pass
+        below), and the segments' times by DecodeStack.times."""
         self.calls += 1
         rem = np.ceil(np.maximum(np.asarray(rem, dtype=float), 0.0))
         ctx0 = np.asarray(ctx0, dtype=float)
@@ -774,8 +772,9 @@ class Estimator:
             kv, tp_g = hit
         bound = kv_slots(g, c, r, cnt, n_groups, kv)
         slots = np.maximum(1, np.minimum(self.settings.max_num_seqs, bound)).astype(np.int64)
-        if self._kernel is not None:  # the compiled pass (schedule_kernel): the same schedule, to the bit
-            start_o, end_o, g0k, k0r, k1r, b_ok, ctx_ok = self._kernel(c, r, f, g, n_groups, slots)
+        kernel = schedule_kernel.segments
+        if kernel is not None:  # the compiled pass (schedule_kernel): the same schedule, to the bit
+            start_o, end_o, g0k, k0r, k1r, b_ok, ctx_ok = kernel(c, r, f, g, n_groups, slots)
             c_ok, steps = np.maximum(ctx_ok, 0.0), k1r - k0r
         else:
             # order inside a replica: running requests first, then the queue, each in the given order
@@ -847,7 +846,7 @@ class Estimator:
             tps = [layout.tp] * len(js) if tp_g is None else tp_g[js].tolist()
             pre[js] = [self._prefill_s(n, m, tp) for n, m, tp in zip(nw[js].tolist(), (sw[js] / nw[js]).tolist(), tps)]
             total += pre
-        if self._kernel is not None:
+        if kernel is not None:
             out["start"][idx] = start_o
             out["end"][idx] = end_o
             out.update(seg_g=g0k, k0=k0r, k1=k1r, seg=seg)
@@ -878,13 +877,19 @@ class Estimator:
         """:meth:`progress` from a schedule: in every replica the step reached after ``dt`` (its prefill first),
         interpolated inside the segment that holds it; all replicas at once (each replica's running sum of
         segment times in a row of its own, so every sum is the one it has alone)."""
+        k_at = Estimator._reached(sch, dt, n_groups)
+        done = np.clip(np.floor(k_at[group]) - sch["start"], 0.0, None)
+        return np.where(np.isfinite(sch["start"]), np.minimum(done, np.ceil(np.maximum(rem, 0.0))), 0.0)
+
+    @staticmethod
+    def _reached(sch: dict, dt: float, n_groups: int) -> np.ndarray:
+        """The step every replica of schedule ``sch`` reaches after ``dt`` (:meth:`_progress`'s; compiled where
+        numba is installed: schedule_kernel.reached, the same steps)."""
         sg = sch["seg_g"]
-        if schedule_kernel.reached is not None:  # compiled: the same steps
-            k_at = schedule_kernel.reached(np.asarray(sg, np.int64), np.asarray(sch["seg"], np.float64),
+        if schedule_kernel.reached is not None:
+            return schedule_kernel.reached(np.asarray(sg, np.int64), np.asarray(sch["seg"], np.float64),
                                            np.asarray(sch["k0"], np.float64), np.asarray(sch["k1"], np.float64),
                                            np.asarray(sch["prefill"], np.float64), float(dt), n_groups)
-            done = np.clip(np.floor(k_at[group]) - sch["start"], 0.0, None)
-            return np.where(np.isfinite(sch["start"]), np.minimum(done, np.ceil(np.maximum(rem, 0.0))), 0.0)
         k_at = np.zeros(n_groups)
         t = dt - sch["prefill"]
         nseg = np.bincount(sg, minlength=n_groups)
@@ -906,8 +911,7 @@ class Estimator:
             with np.errstate(divide="ignore", invalid="ignore"):
                 inside = np.where(seg > 0, k0 + (tr - before) / seg * (k1 - k0), k1)
             k_at[rows] = np.where(last, k1, inside)
-        done = np.clip(np.floor(k_at[group]) - sch["start"], 0.0, None)
-        return np.where(np.isfinite(sch["start"]), np.minimum(done, np.ceil(np.maximum(rem, 0.0))), 0.0)
+        return k_at
 
     def placement(self, layout: Layout, load: ServerLoad, current: Layout | None = None) -> np.ndarray:
         """Replica of every request under ``layout``: where it is (current layout; an arrival, replica -1,

@@ -348,7 +348,8 @@ else:  # pragma: no cover
 
 
 def warm() -> None:
-    """Compile (or load the cached compilation of) the kernel now, not inside a planning tick."""
+    """Compile (or load the cached compilation of) the kernels now, not inside a planning tick (after the first
+    time in a process each call is microseconds: every estimator's construction asks)."""
     if segments is not None:  # (each looked up here: a caller may have set one aside)
         segments(np.array([100.0, 120.0]), np.array([5.0, 3.0]), np.array([True, False]), np.array([0, 0], np.int64),
                  1, np.array([1], np.int64))

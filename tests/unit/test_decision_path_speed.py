@@ -532,16 +532,17 @@ def _schedule_cases():
 
 @needs_numba
 @pytest.mark.parametrize("seqs", [24, 256])
-def test_the_compiled_schedules_are_the_numpy_passes(seqs):
+def test_the_compiled_schedules_are_the_numpy_passes(seqs, monkeypatch):
     """Estimator._grouped's compiled pass (schedule_kernel.segments) gives every array of the numpy pass, to the
     bit and in the same dtype: the requests' starts and ends, the segments (replica, steps, time), the
     replicas' prefills and totals."""
     est = Estimator(CostModel.for_names("Qwen2.5-7B", "H800"), 8, EngineSettings(max_num_seqs=seqs))
+    compiled = schedule_kernel.segments
     queued = 0
     for t, ctx0, rem, first, group, ng, layout in _schedule_cases():
-        est._kernel = None
+        monkeypatch.setattr(schedule_kernel, "segments", None)
         want = est._grouped(layout, ctx0, rem, first, group, ng)
-        est._kernel = schedule_kernel.segments
+        monkeypatch.setattr(schedule_kernel, "segments", compiled)
         got = est._grouped(layout, ctx0, rem, first, group, ng)
         queued += bool(np.isfinite(want["start"]).any() and want["start"][np.isfinite(want["start"])].max() > 0)
         for k, a in want.items():
