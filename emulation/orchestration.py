@@ -286,8 +286,10 @@ class PolicySpec:
     entry point; ``params``: per part, its parameters (``{planner: {threshold: 1.05}}``), validated against the
     plug-in's own ``Params`` when the testbed resolves it (testbed.orchestrator.policies), before anything
     starts. Without a planner the servers keep one layout (the tuned static one in a comparison). ``start``: the
-    layout a planner's servers are loaded in before its first step (a name such as ``TP1x8``; None: the tuned
-    static layout)."""
+    layout the servers are loaded in before the first step (a name such as ``TP1x8``; None: the tuned static
+    layout): a planner's first step keeps it or moves from it, a policy without a planner runs on it throughout.
+    ``best``: the layout where this policy itself does best, tuned as the static baseline is (the policy run
+    from every feasible layout on the simulated backend, its own steps and seed; testbed/runs/experiment.py)."""
 
     name: str
     dispatch: str | None = None
@@ -309,9 +311,8 @@ class PolicySpec:
             if getattr(self, role) in (None, "none"):
                 raise SpecError(f"params.{role}", f"the policy has no {role} to take parameters")
         if self.start is not None:
-            require(isinstance(self.start, str) and bool(self.start), "start", f"must be a layout name, got {self.start!r}")
-            require(self.planner not in (None, "none"), "start",
-                    "only a policy with a planner starts elsewhere than the tuned static layout")
+            require(isinstance(self.start, str) and bool(self.start), "start",
+                    f"must be a layout name or 'best', got {self.start!r}")
 
 
 def _check_policies(specs: tuple[PolicySpec, ...]) -> None:

@@ -38,7 +38,10 @@ class Policy:
     ``orchestrator.engine.max_num_seqs``); ``dispatch``: its own dispatcher (None: the scenario's
     ``orchestrator.dispatch``); ``start``: where a planner's servers start, their weights loaded in it (the
     tuned static layout: the planner's first step keeps it unless another is predicted faster by its margin,
-    as the switch oracle's bound starts from it; None: the smallest TP that fits)."""
+    as the switch oracle's bound starts from it; None: the smallest TP that fits). ``tune_start``: the layout
+    (a planner's ``start``, else ``layout``) is still to be tuned for this policy (``start: best``:
+    testbed.runs.experiment.Experiment.policy runs it from every feasible layout); ``start_tuning``: what that
+    tuning measured, (layout name, mean step makespan s) per layout tried."""
 
     name: str
     layout: Layout | None
@@ -47,6 +50,8 @@ class Policy:
     max_num_seqs: int | None = None
     dispatch: Component | None = None
     start: Layout | None = None
+    tune_start: bool = False
+    start_tuning: tuple = ()
 
     @property
     def start_layout(self) -> Layout | None:
@@ -195,7 +200,9 @@ def make_policy(name: str | PolicySpec, layouts: list[Layout], gpus: int, tuned:
     composed policy: one of ``defined`` (default: the built-in ones, :data:`BUILTIN_POLICIES`) or a
     :class:`PolicySpec`. A composed policy without a planner runs on the tuned static configuration (or
     static-low's layout when there is none): ``balancer`` is migrations on the tuned configuration; one with a
-    planner starts from it (:func:`compose`)."""
+    planner starts from it (:func:`compose`). A definition's ``start`` replaces that layout (a planner starts
+    from it, a policy without one runs on it), at the tuned max_num_seqs; ``start: best`` leaves it to be tuned
+    for the policy (``tune_start``)."""
     if not layouts:
         raise SpecError("workload", "no layout of a server holds the model and one longest response")
     low, high = layouts[0], layouts[-1]
@@ -205,12 +212,17 @@ def make_policy(name: str | PolicySpec, layouts: list[Layout], gpus: int, tuned:
         field = f"--policies.{spec.name}" if isinstance(name, PolicySpec) else f"policy {spec.name!r}"
         base = tuned if tuned is not None else Policy("static-low", low)
         pol = compose(spec, field, base.layout, base.max_num_seqs)
-        if spec.start is not None:
-            start = Layout.parse(spec.start, gpus, f"{field}.start")
+        if spec.start == START_BEST:
+            pol = dataclasses.replace(pol, tune_start=True)
+        elif spec.start is not None:
+            try:
+                start = Layout.parse(spec.start, gpus, f"{field}.start")
+            except SpecError as e:
+                raise SpecError(e.field, f"{e.message}, or '{START_BEST}' (the layout tuned for the policy)") from None
             if start not in layouts:
                 raise SpecError(f"{field}.start", f"{spec.start}: that layout does not hold the model and the "
                                                   f"longest response")
-            pol = dataclasses.replace(pol, start=start)
+            pol = started(pol, start)
         return pol
     if name == "static-low":
         return Policy(name, low)
@@ -235,6 +247,17 @@ def make_policy(name: str | PolicySpec, layouts: list[Layout], gpus: int, tuned:
     raise SpecError("policy", f"unknown policy {name!r} (known: {', '.join(['static-low', 'static-high', *defined])}, "
                               f"static-tuned, static-TP<t>x<r>, static-TP<t>x<r>@<max_num_seqs> or a definition "
                               f"NAME[planner=pkg.mod:Class,...])")
+
+
+START_BEST = "best"  # a definition's ``start``: the layout tuned for the policy itself
+
+
+def started(pol: Policy, layout: Layout) -> Policy:
+    """``pol`` loaded in ``layout`` before the first step: a planner's start, or the one layout of a policy
+    without a planner."""
+    if pol.planner:
+        return dataclasses.replace(pol, start=layout)
+    return dataclasses.replace(pol, layout=layout)
 
 
 def needs_tuning(name: str | PolicySpec, defined: Mapping[str, PolicySpec] | None = None) -> bool:

@@ -472,8 +472,52 @@ def test_a_planner_policy_may_name_its_start():
     assert pol.start == Layout(2) and pol.layout is None and pol.max_num_seqs == 256
     with pytest.raises(SpecError, match="start"):  # a layout that does not hold the model
         make_policy(parse_policy_arg("mine[planner=forecast,start=TP1x8]"), lays, 8, tuned)
-    with pytest.raises(SpecError, match="start"):  # nothing to start elsewhere without a planner
-        PolicySpec("mine", balancer="load-index", start="TP2x4")
+    # without a planner the policy runs on its start, at the tuned max_num_seqs (a balancer on another layout)
+    bal = make_policy(parse_policy_arg("bal[balancer=load-index,start=TP2x4]"), lays, 8, tuned)
+    assert bal.layout == bal.start_layout == Layout(2) and bal.start is None and bal.max_num_seqs == 256
+    # ``best``: left to the experiment to tune (the tuned layout until then)
+    best = make_policy(parse_policy_arg("bal[balancer=load-index,start=best]"), lays, 8, tuned)
+    assert best.tune_start and best.layout == Layout(8) and not best.static
+    with pytest.raises(SpecError, match="start"):
+        PolicySpec("mine", balancer="load-index", start="")
+    with pytest.raises(SpecError, match="start"):
+        make_policy(parse_policy_arg("bal[balancer=load-index,start=TP3x1]"), lays, 8, tuned)
+
+
+def test_start_best_runs_the_policy_from_every_layout_and_keeps_the_fastest(tmp_path, monkeypatch):
+    """``start: best``: the policy is run from every feasible layout on the simulated backend and loaded in the
+    one whose mean step makespan is smallest (the tuned layout first among equal ones); what each layout gave is
+    kept (the report's ``start_tuning``), and a policy asked for twice is tuned once."""
+    from testbed.driver import Driver
+    from testbed.orchestrator.policies import parse_policy_arg
+    from testbed.runs.experiment import Experiment
+
+    monkeypatch.setenv("ORCHESTRRL_CACHE_DIR", str(tmp_path))
+    exp = Experiment(_tiny(), "simulated", grid=(64,))
+    lays = exp.layouts
+    assert len(lays) >= 2
+    tuned = exp.tuned()
+    # made-up step times by the layout the servers start in: the largest TP but the tuned one fastest
+    want = max((lay for lay in lays if lay != tuned.layout), key=lambda lay: lay.tp)
+    seen = []
+
+    def run(self, steps):
+        lay = self.policy.start_layout
+        seen.append((self.policy.name, lay, self.policy.tune_start))
+        return {"step_makespan_s": [10.0 if lay == want else 20.0]}
+
+    monkeypatch.setattr(Driver, "run", run)
+    pol = exp.policy(parse_policy_arg("bal[balancer=load-index,start=best]"))
+    assert pol.layout == want and pol.start is None and not pol.tune_start
+    assert sorted(lay.tp for _, lay, _ in seen) == sorted(lay.tp for lay in lays) and not any(t for *_, t in seen)
+    assert seen[0][1] == tuned.layout  # the tuned layout is tried first: it wins a tie
+    assert dict(pol.start_tuning) == {lay.name(8): (10.0 if lay == want else 20.0) for lay in lays}
+    assert exp.policy(parse_policy_arg("bal[balancer=load-index,start=best]")) == pol and len(seen) == len(lays)
+    # with a planner the same tuning sets where it starts; ties keep the tuned layout
+    seen.clear()
+    monkeypatch.setattr(Driver, "run", lambda self, steps: {"step_makespan_s": [5.0]})
+    planned = exp.policy(parse_policy_arg("pl[planner=forecast,start=best]"))
+    assert planned.start == tuned.layout and planned.layout is None
 
 
 def test_the_planner_on_the_truth_estimates_on_the_true_lengths():
