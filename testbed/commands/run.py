@@ -406,6 +406,12 @@ def format_table(report: dict) -> str:
         rows.append("aliases: " + ", ".join(f"{a} = {n}" for a, n in al.items()))
     for a, b in (report.get("same_runs") or {}).items():
         rows.append(f"{a}: not run, the same run as {b} step for step (max_num_seqs never bound in the tuning grid)")
+    for n, p in pols.items():
+        tried = p.get("start_tuning")
+        if tried:  # start: best
+            pick = min(tried, key=tried.get)
+            rows.append(f"{n}: started in {pick}, the fastest for it of " + ", ".join(
+                f"{lay} {t:.1f} s" for lay, t in tried.items()) + " (mean step makespan, simulated; start: best)")
     fids = {n: p.get("fidelity") or {} for n, p in pols.items()}
     judged = {n: f for n, f in fids.items() if "distorted" in f}
     if judged:  # the first line: a reader must know before the figures whether the emulation was faithful

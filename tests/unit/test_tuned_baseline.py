@@ -551,3 +551,17 @@ def test_the_planner_on_the_truth_estimates_on_the_true_lengths():
     plain = PlanningTick(scn, Backend(None), make_policy("orchestrrl", feasible, 8), orchestrator_settings({}), est,
                          None, None)
     assert plain._planner_views(views) is views and plain.planner.estimator is est
+
+
+def test_the_table_says_where_a_start_best_policy_started():
+    from testbed.commands.run import format_table
+
+    row = {"step_makespan_s": [10.0], "throughput_tokens_per_s": 100.0, "speedup_vs_best_static": 1.0,
+           "layout_switches": 0, "migrations": 0, "lost_requests": 0, "forecast_mape": None}
+    report = {"backend": "simulated", "scenario": "tiny", "best_static": "static-TP8x1@64", "baseline_grid": [],
+              "policies": {"static-TP8x1@64": dict(row),
+                           "bal": dict(row, start_tuning={"TP8x1": 12.0, "TP1x8": 10.0, "TP2x4": 10.0})}}
+    text = format_table(report)
+    # the first of equal ones, as Experiment._tune_start picks
+    assert "bal: started in TP1x8, the fastest for it of TP8x1 12.0 s, TP1x8 10.0 s, TP2x4 10.0 s" in text
+    assert "static-TP8x1@64: started" not in text
