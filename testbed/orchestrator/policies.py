@@ -20,10 +20,13 @@ from emulation.validation import SpecError, from_dict
 
 from .interfaces import OFF, ROLES, Component
 
-# the built-in adaptive policies, composed as a user composes one
+# the built-in adaptive policies, composed as a user composes one. The balancer alone runs on the static layout
+# tuned for it (``start: best``): it cannot pick a layout and its placement bound does (testbed.runs.oracle);
+# the tuned static's layout can leave it nothing to balance (MoE: TP8x1, one replica per server; 0.88-0.91 of
+# that bound there, 0.92-0.97 on the TP1x8 its tuning picks; docs/orchestrator.md "The balancer's layout")
 BUILTIN_POLICIES = {
     "planner": PolicySpec("planner", planner="forecast"),
-    "balancer": PolicySpec("balancer", balancer="load-index"),
+    "balancer": PolicySpec("balancer", balancer="load-index", start="best"),
     "orchestrrl": PolicySpec("orchestrrl", planner="forecast", balancer="load-index"),
 }
 POLICIES = ("static-low", "static-high", *BUILTIN_POLICIES)
@@ -199,10 +202,10 @@ def make_policy(name: str | PolicySpec, layouts: list[Layout], gpus: int, tuned:
     ``max_num_seqs`` n), ``static-tuned`` (``tuned``: the best of the tuning grid, testbed.runs.tuning), or a
     composed policy: one of ``defined`` (default: the built-in ones, :data:`BUILTIN_POLICIES`) or a
     :class:`PolicySpec`. A composed policy without a planner runs on the tuned static configuration (or
-    static-low's layout when there is none): ``balancer`` is migrations on the tuned configuration; one with a
-    planner starts from it (:func:`compose`). A definition's ``start`` replaces that layout (a planner starts
-    from it, a policy without one runs on it), at the tuned max_num_seqs; ``start: best`` leaves it to be tuned
-    for the policy (``tune_start``)."""
+    static-low's layout when there is none); one with a planner starts from it (:func:`compose`). A definition's
+    ``start`` replaces that layout (a planner starts from it, a policy without one runs on it), at the tuned
+    max_num_seqs; ``start: best`` leaves it to be tuned for the policy (``tune_start``), as the built-in
+    ``balancer``'s is."""
     if not layouts:
         raise SpecError("workload", "no layout of a server holds the model and one longest response")
     low, high = layouts[0], layouts[-1]

@@ -190,6 +190,7 @@ def test_a_planner_policy_starts_from_the_tuned_configuration():
         assert pol.max_num_seqs == 128  # a planner changes layouts, not the engine's settings
     bal = make_policy("balancer", lays, 8, tuned)
     assert bal.layout == bal.start_layout == Layout(4) and bal.start is None and bal.max_num_seqs == 128
+    assert bal.tune_start  # the built-in balancer's layout is tuned for it (start: best) by the experiment
     assert make_policy("static-TP1x8", lays, 8).start_layout == Layout(1)
 
 
