@@ -384,3 +384,22 @@ def test_planner_stops_trusting_a_re_placement_the_balancer_does_not_reach():
     p.evaluate_all({4: v}, now=20.0)
     p.step_end(0, {})
     assert not p.evaluate_all({4: v}, now=22.0)[4].switch
+
+
+def test_the_built_in_balancer_runs_on_the_layout_tuned_for_it(tmp_path, monkeypatch):
+    """The balancer alone cannot pick a layout and its bound (the placement oracle) does: it runs on the layout
+    where it is fastest, each feasible layout tried on the simulated backend, and the report says what each
+    gave; its run is that layout's run."""
+    from testbed.runs.experiment import Experiment
+
+    monkeypatch.setenv("ORCHESTRRL_CACHE_DIR", str(tmp_path / "cache"))
+    exp = Experiment(small_scenario("sync"), "simulated", steps=1)
+    with exp:
+        bal = exp.policy("balancer")
+        rep, _ = exp.compare([bal], 1, tmp_path / "cmp", oracle=False)
+    tried = rep["policies"]["balancer"]["start_tuning"]
+    assert sorted(tried) == sorted(lay.name(exp.gpus) for lay in exp.layouts)
+    pick = min(tried, key=tried.get)
+    assert bal.layout.name(exp.gpus) == pick and not bal.tune_start
+    assert set(rep["policies"]["balancer"]["layouts"].values()) == {pick}
+    assert rep["policies"]["balancer"]["step_makespan_s"][0] == pytest.approx(tried[pick], abs=1e-4)
