@@ -172,6 +172,7 @@ def _prepare(args):
         scn = pin_controller_port(scn)  # the URL is printed before the cluster starts; a taken port: exit 2
         scn, fit = _fit(args, scn)  # the scale and dilation this machine forwards faithfully (fabric.fit)
     exp = Experiment(scn, args.backend, steps=steps, use_cache=not args.no_cache)
+    exp.start_progress = _start_bar(args)
     exp.fit = fit
     return exp, steps
 
@@ -200,6 +201,21 @@ def _metrics(exp) -> Iterator[None]:
 
 def _bar(args, total: int, desc: str):
     return tqdm(total=total, desc=desc, file=sys.stderr, disable=args.quiet, unit="step")
+
+
+def _start_bar(args):
+    """A progress bar per policy whose layout is tuned for it (``start: best``: one simulated run per layout)."""
+    bars = {}
+
+    def on(name: str, layout: str, k: int, n: int) -> None:
+        if name not in bars:
+            bars[name] = tqdm(total=n, desc=f"tuning {name}'s layout", file=sys.stderr, disable=args.quiet,
+                              unit="layout")
+        bars[name].set_postfix_str(layout)
+        bars[name].update(1)
+        if k == n:
+            bars.pop(name).close()
+    return on
 
 
 def _tune(args, exp) -> None:

@@ -54,6 +54,7 @@ class Experiment:
         self.grid_values = grid
         self._grid: list[GridPoint] | None = None
         self._starts: dict[str, Policy] = {}  # policy name -> the policy in its tuned layout (``start: best``)
+        self.start_progress = None  # called (policy name, layout name, runs done, runs in all) after each of them
         self._kv_memo: dict = {}  # (layout, max_num_seqs) -> KV blocks per replica (_kv_blocks)
         self._stack = contextlib.ExitStack()
         self.cluster = None
@@ -162,6 +163,8 @@ class Experiment:
                 res = Driver(self.scn, b, cand, settings).run(self.steps)
             tried.append((lay, float(np.mean(res["step_makespan_s"]))))
             log.info("%s from %s: %.2f s a step (simulated)", pol.name, lay.name(self.gpus), tried[-1][1])
+            if self.start_progress:
+                self.start_progress(pol.name, lay.name(self.gpus), len(tried), len(order))
         pick = min(tried, key=lambda x: x[1])[0]  # min keeps the first of equal ones: ``order``'s
         return dataclasses.replace(started(pol, pick), tune_start=False,
                                    start_tuning=tuple((lay.name(self.gpus), round(t, 4)) for lay, t in tried))
