@@ -229,13 +229,21 @@ def _tune(args, exp) -> None:
 def _policy_args(exp, items: list[str]) -> list:
     """``--policy``/``--policies`` items: names, or definitions ``NAME[role=ref,...]``; each resolved now, its
     plug-ins imported and checked (SpecError: exit 2 before anything starts)."""
-    from testbed.orchestrator.policies import make_policy, parse_policy_arg
+    from testbed.orchestrator.policies import parse_policy_arg
 
     out = [parse_policy_arg(x) for x in items]
-    low = make_policy("static-low", exp.layouts, exp.gpus)
-    for n in out:
-        make_policy(n, exp.layouts, exp.gpus, tuned=low, defined=exp.defined)
+    _check_policies(exp, out)
     return out
+
+
+def _check_policies(exp, names: list) -> None:
+    """Every policy of ``names`` made as it would be (SpecError: exit 2), without running anything: no tuning
+    grid, and no layout tuned for a policy (``start: best`` runs it once per layout)."""
+    from testbed.orchestrator.policies import make_policy
+
+    low = make_policy("static-low", exp.layouts, exp.gpus)
+    for n in names:
+        make_policy(n, exp.layouts, exp.gpus, tuned=low, defined=exp.defined)
 
 
 def _run(args) -> int:
@@ -372,8 +380,7 @@ def _compare_fabrics(args) -> int:
     from testbed.orchestrator.policies import split_policies
 
     names = _policy_args(exp, split_policies(args.policies)) if args.policies else exp.default_policies()
-    for n in names:
-        exp.policy(n)  # SpecError (exit 2) before anything starts
+    _check_policies(exp, names)  # SpecError (exit 2) before anything starts
     out = Path(args.out or f"runs/fabrics-{time.strftime('%Y%m%d-%H%M%S')}")
     with _bar(args, steps * len(names) * len(args.kinds), "compare fabrics") as bar:
         done = {"n": -steps}

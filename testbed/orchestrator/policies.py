@@ -115,9 +115,8 @@ def compose(spec: PolicySpec, field: str, layout: Layout | None = None, max_num_
     near-uniform, whose tuned static is TP4x2@128 under the vllm-v1 engine profile, the planner and
     orchestrrl ran at 0.941 of the static they are measured against."""
     parts = {r: resolve_component(r, getattr(spec, r), spec.params.get(r), field) for r in POLICY_ROLES}
-    planned = parts["planner"] is not None
-    return Policy(spec.name, None if planned else layout, parts["planner"], parts["balancer"], max_num_seqs,
-                  parts["dispatch"], start=layout if planned else None)
+    return started(Policy(spec.name, None, parts["planner"], parts["balancer"], max_num_seqs, parts["dispatch"]),
+                   layout)
 
 
 def scenario_dispatch(settings) -> Component:

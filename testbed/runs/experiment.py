@@ -115,17 +115,21 @@ class Experiment:
         (testbed.runs.tuning.Bounds: whether a larger max_num_seqs runs the same)."""
         from testbed.runs.tuning import Bounds
 
+        pol = make_policy(static_name(layout.name(self.gpus), max_num_seqs), self.layouts, self.gpus)
+        res, es = self._simulated(pol, layout)
+        return res, Bounds(any(e.seq_bound for e in es), any(e.kv_bound for e in es),
+                           max((e.kv_peak for e in es), default=0))
+
+    def _simulated(self, pol: Policy, layout) -> tuple:
+        """One run of ``pol`` with every generator server loaded in ``layout``, on the simulated backend, the
+        experiment's steps (no files): the result and the backend's engines (what bound them)."""
         from testbed.backends.simulated import SimulatedBackend
         from testbed.driver import Driver
 
-        pol = make_policy(static_name(layout.name(self.gpus), max_num_seqs), self.layouts, self.gpus)
         settings = self._settings(pol)
         gen = self.scn.layout.gen_servers(self.scn.fabric)
         with SimulatedBackend(self.scn, {s: layout for s in gen}, settings.engine) as b:
-            res = Driver(self.scn, b, pol, settings).run(self.steps)
-            es = list(b.engines.values())
-            return res, Bounds(any(e.seq_bound for e in es), any(e.kv_bound for e in es),
-                               max((e.kv_peak for e in es), default=0))
+            return Driver(self.scn, b, pol, settings).run(self.steps), list(b.engines.values())
 
     # ---- policies ----
     def policy(self, name: str | PolicySpec) -> Policy:
@@ -149,18 +153,11 @@ class Experiment:
         the simulated backend (its own steps and seed, at its max_num_seqs, as the tuning grid runs a static
         configuration), the smallest mean step makespan taken (ties: the tuned static layout, then the smaller
         TP). Not cached (a plug-in's code is not part of any key): one run per layout, every time."""
-        from testbed.backends.simulated import SimulatedBackend
-        from testbed.driver import Driver
-
         here = pol.start or pol.layout
         order = sorted(self.layouts, key=lambda lay: (lay != here, lay.tp))
-        gen = self.scn.layout.gen_servers(self.scn.fabric)
         tried = []
         for lay in order:
-            cand = dataclasses.replace(started(pol, lay), tune_start=False)
-            settings = self._settings(cand)
-            with SimulatedBackend(self.scn, {s: lay for s in gen}, settings.engine) as b:
-                res = Driver(self.scn, b, cand, settings).run(self.steps)
+            res, _ = self._simulated(dataclasses.replace(started(pol, lay), tune_start=False), lay)
             tried.append((lay, float(np.mean(res["step_makespan_s"]))))
             log.info("%s from %s: %.2f s a step (simulated)", pol.name, lay.name(self.gpus), tried[-1][1])
             if self.start_progress:
@@ -246,7 +243,7 @@ class Experiment:
                   "fidelity_flagged_runs": flagged, "policies": {}}
         if self.fit is not None:
             report["fit"] = self.fit.to_json()
-        tuned_starts = {p.name: p.start_tuning for p in policies}
+        by_name = {p.name: p for p in policies}
         for n, r in results.items():
             report["policies"][n] = {
                 "step_makespan_s": r["step_makespan_s"], "phases": r["phases"],
@@ -259,7 +256,7 @@ class Experiment:
                 "decision_ms_p50": r["decision_ms_p50"], "decision_ms_p99": r["decision_ms_p99"],
                 "step_mode": r["step_mode"], "idle_s": r["idle_s"], "failures": r["failures"],
                 # ``start: best``: the mean step makespan (s, simulated) from every layout tried
-                **({"start_tuning": dict(tuned_starts[n])} if tuned_starts.get(n) else {}),
+                **({"start_tuning": dict(by_name[n].start_tuning)} if by_name[n].start_tuning else {}),
                 # token accounting (driver.Driver._tokens_total) and the planning ticks (testbed/ticks.py)
                 **{k: r[k] for k in ("tokens_target", "tokens_unique", "tokens_duplicate", "exactly_once",
                                      "tokens_by_agent", "ticks")}}
@@ -267,9 +264,8 @@ class Experiment:
         # a configuration not run because the grid found it another's run, step for step (Experiment.same_runs)
         report["same_runs"] = {a: b for a, b in self.same_runs().items()
                                if a in report["aliases"].values() and a not in results and b in results}
-        kinds = {p.name: p.oracle_kind for p in policies}
         for n, p in report["policies"].items():
-            p["oracle_kind"] = kinds.get(n)
+            p["oracle_kind"] = by_name[n].oracle_kind
         if orc is not None:
             report["oracle"] = {k: v for k, v in orc.items() if k != "kinds"}
             report["oracle"]["kinds"] = {k: {"speedup": v["speedup"], "gen_s": v["gen_s"]} for k, v in orc["kinds"].items()}

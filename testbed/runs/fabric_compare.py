@@ -99,7 +99,8 @@ def compare_fabrics(scn, kinds: list[str], backend: str, policies: list | None, 
         if exp.kind.reference:  # the cross-check: RLSim on the same fabric, seed and policies
             sim = Experiment(sk, exp.kind.reference, steps=steps)
             with sim:
-                srep, _ = sim.compare([sim.policy(n) for n in given], steps, out / kind / "simulated")
+                # the same policies (a layout tuned for one, start: best, is tuned once, on the simulated backend)
+                srep, _ = sim.compare(pols, steps, out / kind / "simulated")
             simd = summarise(srep, _runs(out / kind / "simulated", names))
             for n, e in entry["policies"].items():
                 s = simd[n]
