@@ -161,12 +161,13 @@ class PlannerSettings:
       switched to TP4x2 two seconds in, where the switch oracle keeps TP1x8 to 63-102 s and then takes TP8x1).
     replace_patience: beside a balancer a switch is judged against the current layout re-placed (the balancer's
       to reach); after this many ticks in a row on which only that re-placement held a switch back, it is
-      judged against the placement as it is (the balancer has not reached it: at seed 4, 128 per GPU, vllm-v0,
-      a server's switch was held back for 260 s, 3-12 s of re-placed gain against 37-85 s as placed). 0 (the
-      default since the lookahead's later points): the re-placement never holds a switch back on its own, and
-      is not estimated;
-      on the vllm-v0 map's seeds 1-3 orchestrrl's mean is 1.121 with 0 and 1.114 with 5
-      (docs/orchestrator.md).
+      judged against the placement as it is (the balancer has not reached it). 0: the re-placement never holds
+      a switch back on its own, and is not estimated. 20 since 2026-12-07 (was 0): a switch so held back leaves
+      its server to the balancer (before, it stayed "near a switch" and the balancer left it alone, so the
+      re-placement it was credited with could never be reached: the collapse at seed 4, 128 per GPU, vllm-v0,
+      a server's switch held back for 260 s, that made the default 0); on the vllm-v0 map (seeds 1-9 at 64 and
+      128 per GPU) orchestrrl is then within 0.5% of max(planner, balancer) at all 18 points, against 15 with 0
+      (docs/orchestrator.md "The balancer reaches the server the planner leaves it").
     initial_margin: at a step's start another layout than the server's current one (at the run's first step
       the policy's start, the tuned static layout) is taken only when predicted faster by this fraction:
       nothing of the step is known yet but its forecast, so the estimates are at their least certain, and a
@@ -196,7 +197,7 @@ class PlannerSettings:
     cooldown_s: float = 2.0
     lookahead: bool = True
     lookahead_points: int = 3
-    replace_patience: int = 0
+    replace_patience: int = 20
     initial_margin: float = 0.05
     initial_switch_points: int = 3
     # a candidate predicted more than prune_ratio x slower than a server's best at a tick is skipped for that

@@ -286,7 +286,10 @@ class Planner(LayoutPlanner):
             verdict = (f"does not exceed {need:.2f} s" if gain <= need
                        else f"beyond the switch cost {d.switch_cost_s:.2f} s")
             sep = ":" if gain <= need else ","
-            out[s] = replace(d, switch=gain > need, near_switch=True, judged_gain_s=gain,
+            # a switch the judgement holds back leaves the server steady: the balancer beside the planner may level
+            # it (a server near a switch is left alone, testbed/planning.py), the very levelling the re-placement
+            # credits it with
+            out[s] = replace(d, switch=gain > need, near_switch=gain > need, judged_gain_s=gain,
                              reason=f"gain {d.gain_s:.2f} s on this tick's estimate, {what}{sep} {verdict}")
 
     def evaluate(self, view: ServerView, now: float, interval: float | None = None) -> Decision:
