@@ -602,6 +602,11 @@ class PromptLaw:
         return np.where(g >= self.cap, 0.0, np.clip(out, 0.0, None))
 
 
+# the largest prompt share the forecast takes (LengthForecast.prompt_share must stay below 1: a share of 1 leaves
+# the shifted requests no spread of their own); measured and prior shares alike are held to it
+MAX_PROMPT_SHARE = 0.95
+
+
 def prompt_share(steps: Sequence[tuple[np.ndarray, np.ndarray]], prior: float = 0.0) -> float:
     """The share of log-length variance that a prompt's samples have in common (0..1): one-way analysis of
     variance of log length by prompt over finished steps ``(lengths, prompt_ids)`` (between-prompt variance
@@ -621,15 +626,19 @@ def prompt_share(steps: Sequence[tuple[np.ndarray, np.ndarray]], prior: float = 
         total += float(np.var(y))
         k += 1
     if not k or total <= 0:
-        return float(min(max(prior, 0.0), 1.0))
-    return float(min(max(between / total, 0.0), 0.95))
+        return float(min(max(prior, 0.0), MAX_PROMPT_SHARE))
+    return float(min(max(between / total, 0.0), MAX_PROMPT_SHARE))
 
 
 def prompt_prior(workload: WorkloadSpec) -> float:
     """The prompt share before any finished step has measured one: the workload's own split of the spread,
-    ``(prompt_sigma / response_sigma)^2`` (0 for a mixture or a trace, whose split it does not state)."""
+    ``(prompt_sigma / response_sigma)^2`` (0 for a mixture or a trace, whose split it does not state), at most
+    MAX_PROMPT_SHARE (a workload whose whole spread is its prompts', ``prompt_sigma == response_sigma``, is valid:
+    the map's sigma panel at 0.5 beside the default prompt_sigma 0.6 makes one)."""
     w = workload
-    return 0.0 if w.mixture or w.trace or w.response_sigma <= 0 else (w.prompt_sigma / w.response_sigma) ** 2
+    if w.mixture or w.trace or w.response_sigma <= 0:
+        return 0.0
+    return min((w.prompt_sigma / w.response_sigma) ** 2, MAX_PROMPT_SHARE)
 
 
 def prompt_shifts(forecast: "LengthForecast", share: float, done_pid: np.ndarray, done_len: np.ndarray,

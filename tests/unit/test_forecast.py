@@ -541,3 +541,17 @@ def test_request_shifts_give_each_request_its_prompts_offset():
     np.testing.assert_array_equal(b, [np.nan, 1.0, np.nan])
     (c,) = fc.request_shifts({}, [np.array([1, 2])])
     assert np.isnan(c).all() and len(c) == 2
+
+
+def test_a_workload_whose_whole_spread_is_its_prompts_gets_a_share_the_forecast_takes():
+    """prompt_sigma == response_sigma is a valid workload (the map's sigma panel at 0.5 beside the default
+    prompt_sigma 0.6 makes one): its prior prompt share, (0.5 / 0.5)^2 = 1, is held to MAX_PROMPT_SHARE as a
+    measured share is, and the forecast takes it (a share of 1 raised a SpecError in every planner run)."""
+    w = WorkloadSpec(response_median_tokens=1500, response_sigma=0.5, prompt_sigma=0.5, cap_fraction=0.05,
+                     max_response_tokens=CAP)
+    share = fc.prompt_prior(w)
+    assert share == fc.MAX_PROMPT_SHARE < 1.0
+    assert fc.prompt_share([], prior=1.0) == fc.MAX_PROMPT_SHARE
+    assert LengthForecast.from_workload(w, 0).with_prompt_share(share).prompt_share == share
+    half = WorkloadSpec(response_median_tokens=1500, response_sigma=0.9, prompt_sigma=0.45, max_response_tokens=CAP)
+    assert fc.prompt_prior(half) == pytest.approx(0.25)  # below the cap: the workload's own split
