@@ -199,8 +199,9 @@ def _metrics(exp) -> Iterator[None]:
             exp.metrics = None
 
 
-def _bar(args, total: int, desc: str):
-    return tqdm(total=total, desc=desc, file=sys.stderr, disable=args.quiet, unit="step")
+def _bar(args, total: int, desc: str, unit: str = "step"):
+    """A progress bar on stderr (stdout carries the results), off under --quiet."""
+    return tqdm(total=total, desc=desc, file=sys.stderr, disable=args.quiet, unit=unit)
 
 
 def _start_bar(args):
@@ -209,8 +210,7 @@ def _start_bar(args):
 
     def on(name: str, layout: str, k: int, n: int) -> None:
         if name not in bars:
-            bars[name] = tqdm(total=n, desc=f"tuning {name}'s layout", file=sys.stderr, disable=args.quiet,
-                              unit="layout")
+            bars[name] = _bar(args, n, f"tuning {name}'s layout", "layout")
         bars[name].set_postfix_str(layout)
         bars[name].update(1)
         if k == n:
@@ -221,7 +221,7 @@ def _start_bar(args):
 def _tune(args, exp) -> None:
     """The tuning grid first (simulated backend, seconds per configuration; cached), with a progress bar."""
     n = len(exp.layouts) * len(exp.grid_values)
-    with tqdm(total=n, desc="tuning the static baseline", file=sys.stderr, disable=args.quiet, unit="config") as bar:
+    with _bar(args, n, "tuning the static baseline", "config") as bar:
         exp.tuning_grid(progress=lambda name: (bar.set_postfix_str(name), bar.update(1)))
         bar.update(bar.total - bar.n)
 
@@ -285,7 +285,7 @@ def _compare(args) -> int:
     _tune(args, exp)
     policies = list({p.name: p for p in (exp.policy(n) for n in (names or exp.default_policies()))}.values())
     if steps == exp.steps:  # the oracle bounds (testbed/runs/oracle.py; cached like the grid)
-        with tqdm(total=steps, desc="oracle bounds", file=sys.stderr, disable=args.quiet, unit="step") as bar:
+        with _bar(args, steps, "oracle bounds") as bar:
             exp.oracle(progress=lambda msg: bar.update(1))
             bar.update(bar.total - bar.n)
     if exp.tuned().name not in {p.name for p in policies}:
@@ -361,7 +361,7 @@ def _map(args) -> int:
                     raise UsageError(f"{a}={va}, {b}={vb}: {e}") from None
     out = Path(args.out or f"runs/map-{time.strftime('%Y%m%d-%H%M%S')}")
     n = sum(len(values.get(a, policymap.KNOBS[a][1])) * len(values.get(b, policymap.KNOBS[b][1])) for a, b in panels)
-    with tqdm(total=n, desc="map", file=sys.stderr, disable=args.quiet, unit="point") as bar:
+    with _bar(args, n, "map", "point") as bar:
         doc = policymap.build(scn, panels, values, args.steps, use_ray=False if args.no_ray else None,
                               ray_address=args.ray_address, use_cache=not args.no_cache,
                               progress=lambda c: (bar.set_postfix_str(f"{c[1]}={c[2]} {c[3]}={c[4]}"), bar.update(1)))
