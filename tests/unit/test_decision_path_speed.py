@@ -33,7 +33,7 @@ from testbed.orchestrator import forecast as fc
 from testbed.orchestrator import schedule_kernel
 from testbed.orchestrator.estimate import (KV_BAND, Estimator, ServerLoad, engine_deal, engine_deal_many, group_end_order,
                                           kv_slots, lexsort_by_group, peak_kv, stable_argsort)
-from testbed.orchestrator.planner import ServerView, loads_from_snapshot, loads_from_snapshots
+from testbed.orchestrator.planner import Planner, ServerView, loads_from_snapshot, loads_from_snapshots
 
 
 def _keys():
@@ -283,7 +283,8 @@ def test_the_lookahead_estimates_no_point_past_a_switchs_own_end(monkeypatch):
     """Waiting dt and switching then cannot beat a switch predicted to end within dt (no predicted time is
     negative): the lookahead estimates a server at its points before that end only. On servers of unequal
     loads (their switches ending at different times, the points spread over the longest) some points are left
-    out, and the decisions are those the pinned cases give (orchestrator_cases' imbalanced states)."""
+    out, and the decisions are those the pinned cases give (orchestrator_cases' imbalanced states). The later
+    points are looked at only for the servers one interval did not hold back (Planner.evaluate_all's stages)."""
     import testbed.orchestrator.planner as plmod
 
     setup = _setup(16384, 256)
@@ -302,13 +303,51 @@ def test_the_lookahead_estimates_no_point_past_a_switchs_own_end(monkeypatch):
     tempted = {s: d.predicted_s[d.best.name(8)] for s, d in out.items() if d.switch or "waiting" in d.reason}
     assert len(tempted) >= 2
     assert seen and waits
-    looked = set(seen[0])
-    left_out = [(s, j) for j, dt in enumerate(waits[0]) for s in tempted if (s, j) not in looked]
-    assert left_out, "the state has points past some server's switch"
-    for s, j in left_out:
-        assert waits[0][j] >= tempted[s]
+    points = [dt for stage in waits for dt in stage]  # one interval, then the later points
+    assert waits[0] == [1.0] and len(points) > 1
+    first = {s for s in tempted if "waiting" in out[s].reason and " 1 s later" in out[s].reason}
+    looked = set().union(*seen)
     for s, j in looked:
-        assert waits[0][j] < tempted[s]
+        assert points[j] < tempted[s]
+        assert j == 0 or s not in first  # a server one interval held back is looked at no later
+    left_out = [(s, j) for j, dt in enumerate(points) for s in tempted if (s, j) not in looked]
+    past = [(s, j) for s, j in left_out if not (j > 0 and s in first)]
+    assert past, "the state has points past some server's switch"
+    for s, j in past:
+        assert points[j] >= tempted[s]
+
+
+def test_the_staged_lookahead_holds_back_the_servers_every_point_at_once_does():
+    """evaluate_all looks one interval ahead first and at the later points only for the servers that did not
+    hold back: the servers it holds back are those one look at every point holds back (a server waits where any
+    point beats switching now), on states where some wait one interval and some only a later point."""
+    from emulation.orchestration import PlannerSettings
+
+    kinds = set()  # held back at one interval, at a later point only
+    for shape, seed, weights in (((16384, 256), 3, [0.55, 0.25, 0.15, 0.05]), ((16384, 256), 14, None),
+                                 ((4096, 64), 0, None), ((4096, 64), 5, [0.4, 0.3, 0.2, 0.1])):
+        w, est, lays = _setup(*shape)[:3]
+        views, _ = _bench_state(w, est, lays, np.random.default_rng(seed), 1024, [lays[0]] * 4, weights=weights)
+        staged = Planner(est, ModelledCost(est.cm, 8), PlannerSettings(prune_ticks=0), False, tuple(lays))
+        out = staged.evaluate_all(views, now=10.0, interval=1.0)
+        # the servers the lookahead looked at: those its holding back left switching, or held back
+        now_only = Planner(est, ModelledCost(est.cm, 8), PlannerSettings(prune_ticks=0, lookahead=False), False,
+                           tuple(lays)).evaluate_all(views, now=10.0, interval=1.0)
+        tempted = {s: d.predicted_s[d.best.name(8)] for s, d in now_only.items() if d.switch}
+        if not tempted:
+            continue
+        n = staged.settings.lookahead_points
+        span = max(tempted.values())
+        points = [1.0] + [span * k / (n + 1) for k in range(1, n + 1) if span * k / (n + 1) > 1.0]
+        strat = all(views[s].load.gen is not None and views[s].load.key is not None for s in tempted)
+        at_once = staged._waits(views, tempted, points, 10.0, 0, strat)
+        for s in views:
+            held = s in tempted and not out[s].switch
+            assert held == (s in at_once), (seed, s, out[s].reason)
+            assert out[s].near_switch == (out[s].switch or held)
+            if held:
+                kinds.add("interval" if " 1 s later" in out[s].reason else "later")
+    assert kinds == {"interval", "later"}, kinds
 
 
 def test_the_lookaheads_points_in_one_pass_are_each_points_own():

@@ -13,7 +13,9 @@ time when a candidate request was held at its expected remaining length (not the
 moves inside a server were judged with the quantiles dealt inside each replica (balancer.py's within view);
 a fourth (2026-12-06) when a step's start began judging each layout by its best plan of one later switch
 (Planner._plans) and its margin came down from 0.10 to 0.05: only the ``initial`` decisions moved, every
-tick's decision and estimate stayed the same."""
+tick's decision and estimate stayed the same; a fifth (2026-12-07) when the lookahead looked one interval
+ahead first and at its later points only for the servers that did not hold back: 7 reasons of waits moved
+(they name the one-interval plan), every flag, layout and float the same."""
 import json
 import math
 import os
