@@ -150,6 +150,9 @@ class PlannerSettings:
       2026-12-07: on the vllm-v0 map's 14 points orchestrrl's mean 1.124 -> 1.136 and its composition with the
       balancer alone (orchestrrl >= max(planner, balancer) - 0.5%) failing at 1 point instead of 3
       (docs/orchestrator.md "The margin beside a balancer", with the sweep and the cases it was not chosen on).
+      Only where the server's current layout has several replicas (since 2026-12-07, later): on one replica
+      (TP8x1) there is no levelling for a switch to undo, and the balanced margin held back a switch the
+      planner alone gained 1.8% by (the default map, 16 per GPU, vllm-v0).
     cooldown_s: no second switch of a server within this time after the first one ended.
     lookahead: before switching, predict the server one planning interval later (estimate.Estimator.advance)
       and wait if switching then (to the then-best layout) is predicted to finish sooner: the best layout

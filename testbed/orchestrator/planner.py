@@ -113,12 +113,13 @@ class Planner(LayoutPlanner):
         for lay in self.candidates:
             lay.check(self.estimator.gpus, "orchestrator.planner.layouts")
 
-    @property
-    def _margin(self) -> float:
+    def _margin(self, current: Layout) -> float:
         """The share of a server's remaining makespan a switch's gain must exceed: PlannerSettings.gain_margin, or
-        beside a balancer its balanced_gain_margin."""
+        beside a balancer its balanced_gain_margin where the server's ``current`` layout has several replicas
+        (the balancer's levelling of them is what a switch undoes; a single replica has none to undo)."""
         bal = self.settings.balanced_gain_margin
-        return bal if self.beside_balancer and bal is not None else self.settings.gain_margin
+        several = current.replicas(self.estimator.gpus) > 1
+        return bal if self.beside_balancer and bal is not None and several else self.settings.gain_margin
 
     def _all_times(self, views: dict, now: float, prune: bool = False, remember: bool = True,
                    fresh: bool = False) -> dict:
@@ -165,7 +166,7 @@ class Planner(LayoutPlanner):
             best = min(times[s], key=lambda lay: (times[s][lay][0], lay != cur, lay.tp))
             best_t, best_cost = times[s][best]
             gain = base - best_t
-            need = max(self.settings.min_gain_s, self._margin * base)
+            need = max(self.settings.min_gain_s, self._margin(cur) * base)
             if best == cur:
                 reason, switch = "current layout is predicted fastest", False
             elif v.busy_until > now:
@@ -284,7 +285,7 @@ class Planner(LayoutPlanner):
             ends = [times[s][best][0] - busy] + [t[best][(s, k, 0)] + cost for k in todo[s]]
             placed = [times[s][cur][0] - busy] + [t[cur][(s, k, 0)] for k in todo[s]]
             gain = as_placed = float(np.mean([b - e for b, e in zip(placed, ends)]))
-            need = max(self.settings.min_gain_s, self._margin * times[s][cur][0])
+            need = max(self.settings.min_gain_s, self._margin(cur) * times[s][cur][0])
             draws_s = f" over {len(ends)} draws of the lengths" if len(ends) > 1 else ""
             what = f"{gain:.2f} s{draws_s}"
             if replaced:

@@ -300,6 +300,24 @@ def test_beside_a_balancer_a_switch_must_clear_the_balanced_margin():
     assert PlannerSettings().balanced_gain_margin == 0.08 and PlannerSettings().gain_margin == 0.05
 
 
+def test_the_balanced_margin_applies_where_the_current_layout_has_several_replicas():
+    """The balanced margin stands for the balancer's levelling of a server's replicas, which a switch undoes; a
+    server on one replica (TP8x1) has none, so beside a balancer its switch clears gain_margin only (at 16
+    requests per GPU under vllm-v0 the balanced margin held back a switch from TP8x1 that the planner alone
+    made and gained 1.8% by: docs/orchestrator.md). On two replicas the balanced margin holds it back."""
+    n = 512  # a batch eight times one replica's max_num_seqs: a throughput layout gains most of the step
+    for tp, rep in ((8, np.zeros(n, int)), (4, np.arange(n) % 2)):
+        v = ServerView(4, Layout(tp), load(np.full(n, 600), np.full(n, 400), rep))
+        base = planner(confirm_draws=1, gain_margin=0.0).evaluate(v, now=10.0)
+        share = base.gain_s / base.predicted_s[Layout(tp).name(8)]
+        assert base.switch and base.best.tp < tp and 0.05 < share < 0.85
+        p = Planner(Estimator(CM, 8, SETTINGS), ModelledCost(CM, 8),
+                    PlannerSettings(lookahead=False, confirm_draws=1, replace_patience=0, gain_margin=0.9 * share,
+                                    balanced_gain_margin=1.1 * share), beside_balancer=True)
+        d = p.evaluate(v, now=10.0)
+        assert d.switch == (tp == 8), (tp, d.reason)
+
+
 def test_planner_judges_a_switch_over_several_draws_of_the_long_requests():
     """confirm_draws: a tempting switch's gain is averaged over other stratified draws (the levels dealt by
     other hashes of the request ids), each computed as the tick's own is."""
