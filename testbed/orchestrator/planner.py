@@ -193,7 +193,8 @@ class Planner(LayoutPlanner):
             # in two stages: one interval first, the later points only for the servers one interval did not hold
             # back. Whether a server waits is the same either way (it waits where any point beats switching now);
             # where one interval does, the reason names that plan, not a later point's that may beat it by more
-            # (one pass of every server at every point cost a bench tick ~3 ms: bench_orchestrator)
+            # (on the bench's states one interval held back about half the tempted servers, the later points none
+            # of the rest: docs/orchestrator.md "The lookahead in two stages")
             # loads that all carry what stratifying needs are estimated on the forecast's quantiles, never on
             # their rem, so it is not asked of the forecast for them (Estimator.advance_many's mean)
             strat = all(views[s].load.gen is not None and views[s].load.key is not None for s in tempted)
