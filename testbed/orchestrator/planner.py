@@ -187,17 +187,12 @@ class Planner(LayoutPlanner):
         if self.settings.lookahead and interval:
             tempted = {s: times[s][out[s].best][0] for s in switching if out[s].switch}
         if tempted:  # would it pay to wait (one interval, or longer) and switch then (to the then-best layout)?
-            n = self.settings.lookahead_points
-            span = max(tempted.values())
-            waits = [interval] + [span * k / (n + 1) for k in range(1, n + 1) if span * k / (n + 1) > interval]
+            waits, strat = self._lookahead(views, tempted, interval)
             # in two stages: one interval first, the later points only for the servers one interval did not hold
             # back. Whether a server waits is the same either way (it waits where any point beats switching now);
             # where one interval does, the reason names that plan, not a later point's that may beat it by more
             # (on the bench's states one interval held back about half the tempted servers, the later points none
             # of the rest: docs/orchestrator.md "The lookahead in two stages")
-            # loads that all carry what stratifying needs are estimated on the forecast's quantiles, never on
-            # their rem, so it is not asked of the forecast for them (Estimator.advance_many's mean)
-            strat = all(views[s].load.gen is not None and views[s].load.key is not None for s in tempted)
             waiting = self._waits(views, tempted, waits[:1], now, 0, strat)
             rest = {s: t for s, t in tempted.items() if s not in waiting}
             if rest and len(waits) > 1:
@@ -208,6 +203,18 @@ class Planner(LayoutPlanner):
                     f"gain {d.gain_s:.2f} s now, but {dt:g} s later {l2.name(gpus)} is predicted "
                     f"to finish {tempted[s] - t_wait:.2f} s sooner: waiting"))
         return out
+
+    def _lookahead(self, views: dict, tempted: dict, interval: float) -> tuple[list, bool]:
+        """The lookahead's points for the servers of ``tempted`` (server -> the predicted end of switching now):
+        one interval, and k/(n+1) of the longest switch's end (``lookahead_points`` n) where later than that; and
+        whether every load is stratified: loads that all carry what stratifying needs are estimated on the
+        forecast's quantiles, never on their rem, so it is not asked of the forecast for them (advanced without
+        Estimator.advance_many's mean)."""
+        n = self.settings.lookahead_points
+        span = max(tempted.values())
+        waits = [interval] + [span * k / (n + 1) for k in range(1, n + 1) if span * k / (n + 1) > interval]
+        strat = all(views[s].load.gen is not None and views[s].load.key is not None for s in tempted)
+        return waits, strat
 
     def _waits(self, views: dict, tempted: dict, waits: list, now: float, first: int, strat: bool) -> dict:
         """The lookahead at the points ``waits`` (seconds from now) for the servers of ``tempted`` (server -> the

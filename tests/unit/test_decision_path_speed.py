@@ -336,10 +336,7 @@ def test_the_staged_lookahead_holds_back_the_servers_every_point_at_once_does():
         tempted = {s: d.predicted_s[d.best.name(8)] for s, d in now_only.items() if d.switch}
         if not tempted:
             continue
-        n = staged.settings.lookahead_points
-        span = max(tempted.values())
-        points = [1.0] + [span * k / (n + 1) for k in range(1, n + 1) if span * k / (n + 1) > 1.0]
-        strat = all(views[s].load.gen is not None and views[s].load.key is not None for s in tempted)
+        points, strat = staged._lookahead(views, tempted, 1.0)
         at_once = staged._waits(views, tempted, points, 10.0, 0, strat)
         for s in views:
             held = s in tempted and not out[s].switch
