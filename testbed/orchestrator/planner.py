@@ -182,11 +182,14 @@ class Planner(LayoutPlanner):
         switching = [s for s, d in out.items() if d.switch]
         for s in [s for s in self._held if s not in switching]:  # held back on consecutive ticks only
             del self._held[s]
-        if switching and (self.beside_balancer or self.settings.confirm_draws > 1):
-            self._judge_again(views, out, times, switching, now)
-        if self.settings.lookahead and interval:
-            tempted = {s: times[s][out[s].best][0] for s in switching if out[s].switch}
-        if tempted:  # would it pay to wait (one interval, or longer) and switch then (to the then-best layout)?
+        waiting = {}
+        if switching and self.settings.lookahead and interval:
+            # would it pay to wait (one interval, or longer) and switch then (to the then-best layout)? Asked
+            # before the judgement: a switch the lookahead holds back is not made this tick whatever the
+            # judgement says, and the judgement is a tempting tick's largest cost (10 estimates of a server beside
+            # a balancer, against the lookahead's ~2.5): on a step's first ticks every server is tempted and
+            # waits, tick after tick (docs/orchestrator.md "The lookahead before the judgement")
+            tempted = {s: times[s][out[s].best][0] for s in switching}
             waits, strat = self._lookahead(views, tempted, interval)
             # in two stages: one interval first, the later points only for the servers one interval did not hold
             # back. Whether a server waits is the same either way (it waits where any point beats switching now);
@@ -202,7 +205,36 @@ class Planner(LayoutPlanner):
                 out[s] = replace(d, switch=False, near_switch=True, reason=(
                     f"gain {d.gain_s:.2f} s now, but {dt:g} s later {l2.name(gpus)} is predicted "
                     f"to finish {tempted[s] - t_wait:.2f} s sooner: waiting"))
+                self._held.pop(s, None)  # a tick the re-placement did not hold it back: not in a row
+            self._near_of_waiting(views, out, times, list(waiting), now)
+        judged = [s for s in switching if s not in waiting]
+        if judged and (self.beside_balancer or self.settings.confirm_draws > 1):
+            self._judge_again(views, out, times, judged, now)
         return out
+
+    def _near_of_waiting(self, views: dict, out: dict, times: dict, servers: list, now: float) -> None:
+        """Whether the servers the lookahead holds back (``servers``) are near a switch, which the balancer beside
+        the planner leaves alone. Beside a balancer that the judgement credits with the current layout re-placed
+        (``replace_patience`` > 0): only where this tick's draw, judged against the better of the current
+        placement and the current layout re-dealt as :meth:`_judge_again` judges it, still clears the margin; a
+        server whose switch the re-placement would hold back is the balancer's to level (one estimate a server,
+        against the judgement's ten). Otherwise every one (the lookahead plans its switch)."""
+        if not servers or not (self.beside_balancer and self.settings.replace_patience > 0):
+            return
+        lays = list(dict.fromkeys(views[s].layout for s in servers))
+        skip = frozenset((lay, s) for lay in lays for s in servers if lay != views[s].layout)
+        redealt = self.estimator.servers_s_many(lays, {s: views[s].load for s in servers}, dict.fromkeys(servers),
+                                                skip, remember=False)
+        for s in servers:
+            v, d = views[s], out[s]
+            busy = max(0.0, v.busy_until - now)
+            placed, end = times[s][v.layout][0] - busy, times[s][d.best][0] - busy
+            gain = min(placed, redealt[v.layout][s]) - end
+            need = max(self.settings.min_gain_s, self._margin(v.layout) * times[s][v.layout][0])
+            if gain <= need:
+                out[s] = replace(d, near_switch=False, reason=d.reason + (
+                    f" (against the current layout re-placed {gain:.2f} s, not beyond {need:.2f} s: left to the "
+                    "balancer)"))
 
     def _lookahead(self, views: dict, tempted: dict, interval: float) -> tuple[list, bool]:
         """The lookahead's points for the servers of ``tempted`` (server -> the predicted end of switching now):

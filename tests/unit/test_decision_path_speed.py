@@ -330,8 +330,10 @@ def test_the_staged_lookahead_holds_back_the_servers_every_point_at_once_does():
         views, _ = _bench_state(w, est, lays, np.random.default_rng(seed), 1024, [lays[0]] * 4, weights=weights)
         staged = Planner(est, ModelledCost(est.cm, 8), PlannerSettings(prune_ticks=0), False, tuple(lays))
         out = staged.evaluate_all(views, now=10.0, interval=1.0)
-        # the servers the lookahead looked at: those its holding back left switching, or held back
-        now_only = Planner(est, ModelledCost(est.cm, 8), PlannerSettings(prune_ticks=0, lookahead=False), False,
+        # the servers the lookahead looks at: every one the tick's own estimate tempts (it is asked before the
+        # judgement over the draws)
+        now_only = Planner(est, ModelledCost(est.cm, 8), PlannerSettings(prune_ticks=0, lookahead=False,
+                                                                         confirm_draws=1), False,
                            tuple(lays)).evaluate_all(views, now=10.0, interval=1.0)
         tempted = {s: d.predicted_s[d.best.name(8)] for s, d in now_only.items() if d.switch}
         if not tempted:
@@ -339,12 +341,47 @@ def test_the_staged_lookahead_holds_back_the_servers_every_point_at_once_does():
         points, strat = staged._lookahead(views, tempted, 1.0)
         at_once = staged._waits(views, tempted, points, 10.0, 0, strat)
         for s in views:
-            held = s in tempted and not out[s].switch
+            held = "waiting" in out[s].reason
             assert held == (s in at_once), (seed, s, out[s].reason)
+            assert not (held and out[s].switch)
             assert out[s].near_switch == (out[s].switch or held)
             if held:
                 kinds.add("interval" if " 1 s later" in out[s].reason else "later")
     assert kinds == {"interval", "later"}, kinds
+
+
+def test_the_judgement_is_asked_only_of_the_switches_the_lookahead_does_not_hold_back(monkeypatch):
+    """evaluate_all asks the lookahead first, of every server the tick's own estimate tempts, and judges again
+    (over the draws, beside a balancer against the current layout re-placed) only those it did not hold back:
+    a held-back switch is not made this tick whatever the judgement says, and the judgement is a tempting
+    tick's largest cost. Every tempted server is either held back (no judged gain) or judged, on states where
+    the lookahead holds back some servers and not others."""
+    import testbed.orchestrator.planner as plmod
+    from emulation.orchestration import PlannerSettings
+
+    judged_calls = []
+    real = plmod.Planner._judge_again
+    monkeypatch.setattr(plmod.Planner, "_judge_again", lambda self, v, out, times, servers, now:
+                        judged_calls.append(list(servers)) or real(self, v, out, times, servers, now))
+    both = 0
+    for seed, weights in ((0, None), (1, [0.55, 0.25, 0.15, 0.05]), (3, None), (5, [0.55, 0.25, 0.15, 0.05])):
+        w, est, lays = _setup(16384, 256)[:3]
+        mix = [lays[0], lays[1], lays[0], lays[1]]
+        views, _ = _bench_state(w, est, lays, np.random.default_rng(seed), 1024, mix, weights=weights)
+        tick = Planner(est, ModelledCost(est.cm, 8), PlannerSettings(prune_ticks=0, lookahead=False, confirm_draws=1,
+                                                                     replace_patience=0), False, tuple(lays),
+                       beside_balancer=True).evaluate_all(views, now=10.0, interval=1.0)
+        tempted = {s for s, d in tick.items() if d.switch}
+        judged_calls.clear()
+        out = Planner(est, ModelledCost(est.cm, 8), PlannerSettings(prune_ticks=0), False, tuple(lays),
+                      beside_balancer=True).evaluate_all(views, now=10.0, interval=1.0)
+        held = {s for s, d in out.items() if "waiting" in d.reason}
+        judged = set().union(*map(set, judged_calls)) if judged_calls else set()
+        assert held | judged == tempted and not held & judged, (seed, held, judged, tempted)
+        assert all(out[s].judged_gain_s is None and not out[s].switch for s in held)
+        assert all(out[s].judged_gain_s is not None for s in judged)
+        both += bool(held) and bool(judged)
+    assert both >= 2
 
 
 def test_the_lookaheads_points_in_one_pass_are_each_points_own():

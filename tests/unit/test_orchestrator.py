@@ -278,6 +278,34 @@ def test_planner_beside_a_balancer_leaves_a_placement_gain_to_it():
     assert not d.near_switch and alone.near_switch
 
 
+def test_a_server_the_lookahead_holds_back_is_near_a_switch_where_this_draw_judged_would_switch():
+    """The lookahead is asked before the judgement, so a server it holds back is not judged over the draws;
+    beside a balancer it is near a switch (left alone by the balancer) exactly where this tick's draw, judged
+    against the current layout re-placed, would make its switch (Planner._near_of_waiting): a server whose gain
+    is its placement's is the balancer's to level, one whose layout gains is not."""
+    n = 96
+    views = [ServerView(4, Layout(2), load(np.full(n, 500), np.full(n, 2000), np.zeros(n, int))),  # on replica 0
+             ServerView(4, Layout(1), load(np.full(8, 1256), np.full(8, 3000), np.arange(8)))]  # a long tail
+    kinds = []
+    for v in views:
+        make = lambda **kw: Planner(Estimator(CM, 8, SETTINGS), ModelledCost(CM, 8),  # noqa: E731
+                                    PlannerSettings(lookahead=False, confirm_draws=1, **kw), beside_balancer=True)
+        tick = make(replace_patience=0).evaluate(v, now=10.0)  # the tick's own estimate: a tempting switch
+        assert tick.switch
+        judged = make().evaluate(v, now=10.0)  # this draw against the current layout re-placed
+        p = make()
+        out = {4: tick}
+        p._near_of_waiting({4: v}, out, p._all_times({4: v}, 10.0), [4], 10.0)
+        assert out[4].near_switch == judged.switch
+        assert ("left to the balancer" in out[4].reason) == (not judged.switch)
+        kinds.append(judged.switch)
+    assert kinds == [False, True]
+    alone = Planner(Estimator(CM, 8, SETTINGS), ModelledCost(CM, 8), PlannerSettings(lookahead=False, confirm_draws=1))
+    out = {4: alone.evaluate(views[0], now=10.0)}
+    alone._near_of_waiting({4: views[0]}, out, alone._all_times({4: views[0]}, 10.0), [4], 10.0)
+    assert out[4].near_switch  # no balancer: the lookahead plans its switch
+
+
 def test_beside_a_balancer_a_switch_must_clear_the_balanced_margin():
     """balanced_gain_margin: beside a balancer (orchestrrl) a switch's gain must exceed that share of the
     server's remaining makespan instead of gain_margin's; alone the planner keeps gain_margin, and None is
