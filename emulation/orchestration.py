@@ -157,6 +157,10 @@ class PlannerSettings:
     lookahead: before switching, predict the server one planning interval later (estimate.Estimator.advance)
       and wait if switching then (to the then-best layout) is predicted to finish sooner: the best layout
       drifts towards larger TP as the batch drains, and a switch made too early pays its cost again later.
+      Asked before the judgement over ``confirm_draws`` (since 2026-12-07): a switch it holds back is not
+      judged, and beside a balancer its server is near a switch (left alone by the balancer) only where this
+      tick's draw against the current layout re-placed clears the margin (docs/orchestrator.md "The lookahead
+      before the judgement").
     lookahead_points: ... and also ``k/(n+1)`` of the switch's predicted time later, k = 1..n (0: one interval
       only): a layout kept for a while and switched later can beat switching now, which a comparison of
       each layout held to the end does not see (the start's plans of one later switch, initial_switch_points,

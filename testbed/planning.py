@@ -241,8 +241,9 @@ class PlanningTick:
                 late: list[int]) -> tuple[int, int]:
         """One planning tick's decisions, carried out: (layout switches, migrations). The planner decides first;
         the balancer then leaves alone every server in or near a switch (switching, cooling down after one, or
-        held by the lookahead: its replicas are being or about to be rebuilt), and the planner looks again at
-        the servers the balancer's moves changed, so its predictions see the moves."""
+        held by the lookahead where the switch would otherwise be made: its replicas are being or about to be
+        rebuilt), and the planner looks again at the servers the balancer's moves changed, so its predictions see
+        the moves."""
         t0 = time.perf_counter()
         fc, shifts = self._prompt_shifts(fc, states, req, late)  # the shifted requests' law (forecast.PromptLaw)
         self.est.use_forecast(fc)

@@ -69,7 +69,9 @@ class Decision:
     gain_s: float
     switch_cost_s: float
     reason: str
-    near_switch: bool = False  # a switch in progress, cooling down, or worth making but held by the lookahead
+    # a switch in progress, cooling down, or worth making but held by the lookahead (beside a balancer: unless
+    # this tick's draw, judged against the current layout re-placed, does not clear the margin)
+    near_switch: bool = False
     # the gain a tempting switch was judged on again (Planner._judge_again: over several draws of the long
     # requests, against the current layout re-placed); None: not judged again. ``gain_s`` stays the tick's own.
     judged_gain_s: float | None = None
