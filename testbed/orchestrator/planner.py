@@ -123,6 +123,12 @@ class Planner(LayoutPlanner):
         several = current.replicas(self.estimator.gpus) > 1
         return bal if self.beside_balancer and bal is not None and several else self.settings.gain_margin
 
+    def _need(self, current: Layout, base: float) -> float:
+        """The gain a switch from ``current`` must exceed, for a server whose remaining makespan keeping it is
+        ``base``: min_gain_s, or the margin's share of ``base`` where larger (the tick, the judgement and the
+        near-a-switch judgement of a held-back server all ask this)."""
+        return max(self.settings.min_gain_s, self._margin(current) * base)
+
     def _all_times(self, views: dict, now: float, prune: bool = False, remember: bool = True,
                    fresh: bool = False) -> dict:
         """For every server: {layout: predicted remaining time with that layout, its switch cost and a
@@ -160,7 +166,7 @@ class Planner(LayoutPlanner):
                 for lay, (t, _) in ts.items():
                     if lay != views[s].layout and t > self.settings.prune_ratio * best_t:
                         self._pruned[(lay, s)] = self._ticks + self.settings.prune_ticks
-        out, tempted = {}, {}
+        out = {}
         for s, v in views.items():
             cur = v.layout
             pred = {lay.name(gpus): t for lay, (t, _) in times[s].items()}
@@ -168,7 +174,7 @@ class Planner(LayoutPlanner):
             best = min(times[s], key=lambda lay: (times[s][lay][0], lay != cur, lay.tp))
             best_t, best_cost = times[s][best]
             gain = base - best_t
-            need = max(self.settings.min_gain_s, self._margin(cur) * base)
+            need = self._need(cur, base)
             if best == cur:
                 reason, switch = "current layout is predicted fastest", False
             elif v.busy_until > now:
@@ -232,7 +238,7 @@ class Planner(LayoutPlanner):
             busy = max(0.0, v.busy_until - now)
             placed, end = times[s][v.layout][0] - busy, times[s][d.best][0] - busy
             gain = min(placed, redealt[v.layout][s]) - end
-            need = max(self.settings.min_gain_s, self._margin(v.layout) * times[s][v.layout][0])
+            need = self._need(v.layout, times[s][v.layout][0])
             if gain <= need:
                 out[s] = replace(d, near_switch=False, reason=d.reason + (
                     f" (against the current layout re-placed {gain:.2f} s, not beyond {need:.2f} s: left to the "
@@ -327,7 +333,7 @@ class Planner(LayoutPlanner):
             ends = [times[s][best][0] - busy] + [t[best][(s, k, 0)] + cost for k in todo[s]]
             placed = [times[s][cur][0] - busy] + [t[cur][(s, k, 0)] for k in todo[s]]
             gain = as_placed = float(np.mean([b - e for b, e in zip(placed, ends)]))
-            need = max(self.settings.min_gain_s, self._margin(cur) * times[s][cur][0])
+            need = self._need(cur, times[s][cur][0])
             draws_s = f" over {len(ends)} draws of the lengths" if len(ends) > 1 else ""
             what = f"{gain:.2f} s{draws_s}"
             if replaced:
