@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from controller.datapath import FLUSH_MODES
 from emulation.spec import HOST_TCP_CCS, FabricSpec
-from testbed.commands.common import UsageError, positive
+from testbed.commands.common import UsageError, out_folder, positive
 
 
 def _reconfig(args: argparse.Namespace) -> int:
@@ -57,7 +57,7 @@ def _faults(args: argparse.Namespace) -> int:
         raise UsageError(f"scenario: no such file {args.scenario!r}")
     if args.after_tokens < 1:
         raise UsageError(f"--after-tokens must be >= 1, got {args.after_tokens}")
-    out = Path(args.out or f"runs/bench-faults-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = out_folder(args.out, f"runs/bench-faults-{time.strftime('%Y%m%d-%H%M%S')}")
     with tqdm(total=len(modes), desc="faults", file=sys.stderr, disable=args.quiet) as bar:
         res = bench_faults(args.scenario, modes, out, tokens=args.after_tokens, baseline=not args.no_baseline,
                            progress=lambda n: bar.update(n - bar.n))
@@ -74,7 +74,7 @@ def _crosscheck(args: argparse.Namespace) -> int:
     if not Path(args.scenario).is_file():
         raise UsageError(f"scenario: no such file {args.scenario!r}")
     positive("timeout-s", args.timeout_s)
-    out = Path(args.out or f"runs/bench-crosscheck-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = out_folder(args.out, f"runs/bench-crosscheck-{time.strftime('%Y%m%d-%H%M%S')}")
     with tqdm(total=1, desc="crosscheck (demo, then simulated)", file=sys.stderr, disable=args.quiet) as bar:
         res = bench_crosscheck(Path(args.scenario), out, timeout_s=args.timeout_s)
         bar.update(1)

@@ -15,7 +15,7 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from testbed.commands.common import UsageError
+from testbed.commands.common import UsageError, out_folder
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", help="scenario YAML")
@@ -251,6 +251,7 @@ def _run(args) -> int:
     from testbed.orchestrator.policies import needs_tuning
 
     name, = _policy_args(exp, [args.policy])
+    out_folder(args.out, "runs")  # exit 2 before the tuning, not at the first write
     if needs_tuning(name, exp.defined):
         _tune(args, exp)
     policy = exp.policy(name)
@@ -282,6 +283,7 @@ def _compare(args) -> int:
     from testbed.orchestrator.policies import split_policies
 
     names = _policy_args(exp, split_policies(args.policies)) if args.policies else None  # exit 2 before the tuning
+    out_folder(args.out, "runs")
     _tune(args, exp)
     policies = list({p.name: p for p in (exp.policy(n) for n in (names or exp.default_policies()))}.values())
     if steps == exp.steps:  # the oracle bounds (testbed/runs/oracle.py; cached like the grid)
@@ -359,7 +361,7 @@ def _map(args) -> int:
                     policymap.apply(policymap.apply(scn, a, va), b, vb)
                 except (SpecError, TypeError, ValueError) as e:
                     raise UsageError(f"{a}={va}, {b}={vb}: {e}") from None
-    out = Path(args.out or f"runs/map-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = out_folder(args.out, f"runs/map-{time.strftime('%Y%m%d-%H%M%S')}")  # before the points run
     n = sum(len(values.get(a, policymap.KNOBS[a][1])) * len(values.get(b, policymap.KNOBS[b][1])) for a, b in panels)
     with _bar(args, n, "map", "point") as bar:
         doc = policymap.build(scn, panels, values, args.steps, use_ray=False if args.no_ray else None,
@@ -381,7 +383,7 @@ def _compare_fabrics(args) -> int:
 
     names = _policy_args(exp, split_policies(args.policies)) if args.policies else exp.default_policies()
     _check_policies(exp, names)  # SpecError (exit 2) before anything starts
-    out = Path(args.out or f"runs/fabrics-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = out_folder(args.out, f"runs/fabrics-{time.strftime('%Y%m%d-%H%M%S')}")
     with _bar(args, steps * len(names) * len(args.kinds), "compare fabrics") as bar:
         done = {"n": -steps}
 

@@ -84,6 +84,9 @@ def run(args) -> int:
         return _sweep(args)
     if args.scenario:
         raise UsageError(f"unexpected argument {args.scenario!r} (did you mean 'sim sweep {args.target}'?)")
+    if args.out:  # one iteration prints its figures; only a sweep writes a folder
+        raise UsageError(f"--out is for 'sim sweep' (one iteration writes nothing; did you mean 'sim sweep "
+                         f"{args.target} --out {args.out}'?)")
     from rlsim.fabrics import FabricOptions
     from rlsim.sim import SimSettings, resolved, simulate_iteration
 
@@ -137,6 +140,9 @@ def _sweep(args) -> int:
     from rlsim.fabrics import FabricOptions
     from rlsim.sim import SimSettings
 
+    from testbed.commands.common import out_folder
+
+    out_folder(args.out, args.out)  # exit 2 before the sweep runs, not at its first write
     settings = SimSettings(train_rewire=args.train_rewire, fabric=FabricOptions(fat_tree_tiers=args.fat_tree_tiers))
     results = run_sweep(scn, points, settings, use_ray=use_ray, ray_address=args.ray_address)
     ceilings = {}

@@ -36,6 +36,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CASES_FILE = os.path.join(ROOT, "agents", "data", "engine_cases.yaml")
 KINDS = ("step_ms", "cpu_share", "overlap_speedup", "eager_ms", "rollout_s")
 ROLES = ("fit", "validate", "context")
+ROUNDS = ("short", "long")  # rollout_s: RollPacker's rounds (:func:`rollpacker_rounds`)
+ROLLOUT_LAYOUTS = ("TP1x8", "TP2x4")  # rollout_s: the layouts :func:`rollpacker_rounds` runs (its default)
 CASE_TOLERANCE = 0.15  # a validated case within 15% of its measured figure
 RATIO_TOLERANCE = 0.10  # a ratio between two layouts of one set-up within 10%
 
@@ -65,6 +67,13 @@ class Case:
         require(self.kind in KINDS, "kind", f"must be one of {', '.join(KINDS)}, got {self.kind!r}")
         require(self.role in ROLES, "role", f"must be one of {', '.join(ROLES)}, got {self.role!r}")
         require(math.isfinite(self.measured) and self.measured > 0, "measured", f"must be > 0, got {self.measured}")
+        if self.kind == "rollout_s":  # a round of RollPacker's through the engine: which scenario, round and layout
+            require(bool(self.scenario), "scenario", "is required for a rollout_s case (a scenario file, repo-relative)")
+            require(os.path.isfile(os.path.join(ROOT, self.scenario)), "scenario",
+                    f"no such file {self.scenario!r} (repo-relative, under {ROOT})")
+            require(self.round in ROUNDS, "round", f"must be one of {', '.join(ROUNDS)}, got {self.round!r}")
+            require(self.layout in ROLLOUT_LAYOUTS, "layout",
+                    f"must be one of {', '.join(ROLLOUT_LAYOUTS)} (the layouts rollpacker_rounds runs), got {self.layout!r}")
 
 
 @dataclass(frozen=True)
@@ -82,10 +91,30 @@ class CaseFile:
 
 
 def load_cases(path: str = CASES_FILE) -> CaseFile:
-    with open(path, encoding="utf-8") as f:
-        raw = yaml.safe_load(f)
+    """The case file at ``path``; SpecError naming what is wrong (no such file, not YAML, not a mapping, a bad
+    case or ratio)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise SpecError("cases", f"no such file {path!r}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError("cases", f"{path}: cannot be read ({e})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        raise SpecError("cases", f"{path}: not valid YAML ({str(e).splitlines()[0]}{where})") from None
+    if not isinstance(raw, dict):
+        raise SpecError("cases", f"{path}: must be a mapping with 'cases' (and 'ratios'), got {type(raw).__name__}")
+    for k in ("cases", "ratios"):
+        require(isinstance(raw.get(k, []), list), k, f"must be a list, got {type(raw.get(k)).__name__}")
     cases = tuple(from_dict(Case, c, f"cases[{i}]") for i, c in enumerate(raw.get("cases", [])))
     ratios = tuple(from_dict(Ratio, r, f"ratios[{i}]") for i, r in enumerate(raw.get("ratios", [])))
+    for i, c in enumerate(cases):  # the model, GPU and engine profile exist (named by the case, before any runs)
+        try:
+            _cm(c)
+        except SpecError as e:
+            raise SpecError(f"cases[{i}].{e.field}", e.message) from None
     ids = [c.id for c in cases]
     require(len(set(ids)) == len(ids), "cases", "ids must be unique")
     for r in ratios:
@@ -134,7 +163,7 @@ def _rollpacker(path: str) -> dict:
 
 
 # ---- RollPacker's rounds (tail batching) ------------------------------------------------------------
-def rollpacker_rounds(scn, layouts=("TP1x8", "TP2x4"), short_rounds: int = 4, eta: float = 1.25,
+def rollpacker_rounds(scn, layouts=ROLLOUT_LAYOUTS, short_rounds: int = 4, eta: float = 1.25,
                       seed: int | None = None) -> dict:
     """RollPacker's rounds of ``scn``'s workload on one generator server, per layout (RollPacker section 3,
     tail batching): a short round launches ``eta`` x the prompts and ``eta`` x the samples and ends when

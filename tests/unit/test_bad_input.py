@@ -192,3 +192,83 @@ def test_info_file_replaced_by_someone_else_is_not_removed(tmp_path, monkeypatch
     monkeypatch.setattr(testbed.cluster.fabric, "running_testbed", _fake_testbed(on_running=other_writer))
     assert cli.main(["fabric", "up", DEFAULT, "--info-file", str(info)]) == 1
     assert info.read_text() == "someone else's\n"
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", DEFAULT, "--backend", "simulated"],
+    ["compare", DEFAULT, "--backend", "simulated", "--fabric", "rfabric,fat-tree"],
+    ["run", DEFAULT, "--backend", "simulated", "--policy", "planner"],
+    ["map", DEFAULT],
+    ["sim", "sweep", DEFAULT],
+    ["bench", "faults", DEFAULT],
+    ["bench", "crosscheck", DEFAULT],
+    ["demo", DEFAULT],
+])
+@pytest.mark.parametrize("where", ["file", "below a file"])
+def test_an_output_folder_that_cannot_be_one_exits_2_before_anything_runs(tmp_path, run_cli, nothing_starts,
+                                                                          monkeypatch, argv, where):
+    """--out names a file, or a folder below one: exit 2 naming --out before the tuning grid, the map's points
+    or the sweep run (each would run for minutes and fail at its first write), and nothing is written."""
+    import testbed.commands.run as run_cmd
+    from rlsim import sweep
+    from testbed.runs import policymap
+
+    def boom(*a, **k):
+        raise AssertionError("ran before the output folder was checked")
+
+    monkeypatch.setattr(run_cmd, "_tune", boom)
+    monkeypatch.setattr(policymap, "build", boom)
+    monkeypatch.setattr(sweep, "run_sweep", boom)
+    (tmp_path / "f").write_text("mine")
+    out = tmp_path / "f" if where == "file" else tmp_path / "f" / "sub"
+    rc, res = run_cli(argv + ["--out", str(out)])
+    assert rc == 2, res.err[-2000:]
+    assert "--out" in res.err and ("is not a folder" in res.err), res.err[-500:]
+    assert sorted(os.listdir(tmp_path)) == ["f"] and (tmp_path / "f").read_text() == "mine"
+
+
+def test_an_output_folder_nothing_can_be_made_in_exits_2(tmp_path, run_cli, nothing_starts):
+    rc, res = run_cli(["compare", DEFAULT, "--backend", "simulated", "--out", "/proc/orl-no-folder"])
+    assert rc == 2 and "--out /proc/orl-no-folder: nothing can be created in /proc" in res.err, res.err[-500:]
+
+
+def test_the_output_folder_check_leaves_nothing_behind(tmp_path):
+    from testbed.commands.common import out_folder
+
+    assert out_folder(None, str(tmp_path / "a" / "b")) == tmp_path / "a" / "b"
+    assert out_folder(str(tmp_path), "unused") == tmp_path
+    assert os.listdir(tmp_path) == []  # the folder made to try the nearest existing one is gone
+
+
+def test_sim_of_one_iteration_refuses_an_output_folder(tmp_path, run_cli, nothing_starts):
+    rc, res = run_cli(["sim", DEFAULT, "--out", str(tmp_path / "o")])
+    assert rc == 2 and "--out is for 'sim sweep'" in res.err
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("text,field", [
+    (None, "cases: no such file"),
+    ("cases: [\n", "not valid YAML"),
+    ("- 1\n", "must be a mapping"),
+    ("", "must be a mapping"),
+    ("cases: 5\n", "cases: must be a list"),
+    ("cases:\n- {id: a, kind: step_ms, role: fit, model: NoModel, gpu: H100, profile: vllm-v1, measured: 1, source: x}\n",
+     "cases[0].model: unknown model"),
+    ("cases:\n- {id: a, kind: step_ms, role: fit, model: Qwen3-8B, gpu: Z900, profile: vllm-v1, measured: 1, source: x}\n",
+     "cases[0].gpu: unknown GPU"),
+    ("cases:\n- {id: a, kind: rollout_s, role: fit, model: Qwen3-8B, gpu: H100, profile: vllm-v1, measured: 1, "
+     "source: x}\n", "cases[0].scenario: is required"),
+    ("cases:\n- {id: a, kind: rollout_s, role: fit, model: Qwen3-8B, gpu: H100, profile: vllm-v1, measured: 1, "
+     "source: x, scenario: scenarios/nope.yaml, round: short, layout: TP1x8}\n", "cases[0].scenario: no such file"),
+    ("cases:\n- {id: a, kind: rollout_s, role: fit, model: Qwen3-8B, gpu: H100, profile: vllm-v1, measured: 1, "
+     "source: x, scenario: scenarios/rollpacker-qwen3-8b.yaml, round: mid, layout: TP1x8}\n", "cases[0].round"),
+    ("cases:\n- {id: a, kind: rollout_s, role: fit, model: Qwen3-8B, gpu: H100, profile: vllm-v1, measured: 1, "
+     "source: x, scenario: scenarios/rollpacker-qwen3-8b.yaml, round: short, layout: TP4x2}\n", "cases[0].layout"),
+])
+def test_a_bad_engine_case_file_exits_2_naming_what_is_wrong(tmp_path, run_cli, text, field):
+    path = tmp_path / "cases.yaml"
+    if text is not None:
+        path.write_text(text)
+    rc, res = run_cli(["bench", "engine", "--cases", str(path), "--json"])
+    assert rc == 2, res.err[-2000:]
+    assert field in res.err and len(res.err) < 1000, res.err[-500:]
