@@ -37,9 +37,21 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum
 
 
+_caught: list[int] = []  # the teardown signal the last teardown_on_signals block caught, if any
+
+
+def signal_of(exc: KeyboardInterrupt) -> int:
+    """The signal that ended a command with ``exc``: an :class:`Interrupted`'s own; for a plain KeyboardInterrupt
+    the one the teardown handler caught (a library that catches Interrupted and raises a KeyboardInterrupt of its
+    own, as Ray's ``ray.wait`` does, loses it), else SIGINT (Ctrl-C before any handler)."""
+    if isinstance(exc, Interrupted):
+        return exc.signum
+    return _caught[-1] if _caught else int(signal.SIGINT)
+
+
 def exit_code(exc: KeyboardInterrupt) -> int:
-    """The exit status of a command ended by ``exc`` (a plain KeyboardInterrupt is a SIGINT)."""
-    return exc.exit_code if isinstance(exc, Interrupted) else 128 + signal.SIGINT
+    """The exit status of a command ended by ``exc`` (128 + :func:`signal_of`)."""
+    return 128 + signal_of(exc)
 
 
 _state = threading.local()  # per thread: how deep in shielded() blocks; signals held meanwhile
@@ -77,6 +89,7 @@ def teardown_on_signals(signals=TEARDOWN_SIGNALS) -> Iterator[None]:
                   flush=True)
             return
         got.append(signum)
+        _caught.append(signum)
         log.warning("%s: tearing down", name)
         if _depth() > 0:  # a teardown is running: let it finish, then unwind
             _state.held = signum
@@ -87,8 +100,28 @@ def teardown_on_signals(signals=TEARDOWN_SIGNALS) -> Iterator[None]:
         yield
         return
     old = {s: signal.signal(s, handler) for s in signals}
+    _caught.clear()  # a new command: kept after the block, for the exit status of what it raises (signal_of)
     try:
         yield
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def handlers_kept(signals=TEARDOWN_SIGNALS) -> Iterator[None]:
+    """Inside: whatever a library installs for the teardown signals is put back as it was when the block ends.
+    ``ray.init`` installs Ray's own failure handler for SIGTERM, which logs and ends the process at once: the
+    command's teardown (:func:`teardown_on_signals`) would not run, Ray's workers would be left running and
+    what they created left behind. Wrapped around ``ray.init``, a SIGTERM unwinds the command as any other does
+    (``ray.shutdown`` in its ``finally`` stops the workers)."""
+    if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's to set
+        yield
+        return
+    saved = {s: signal.getsignal(s) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            if h is not None:  # None: set outside Python, nothing of ours to put back
+                signal.signal(s, h)

@@ -176,7 +176,10 @@ def run_sweep(scn: Scenario, points: Sequence[Point], settings: SimSettings = Si
 
         started = False
         if not ray.is_initialized():
-            ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
+            from emulation.signals import handlers_kept
+
+            with handlers_kept():  # a SIGTERM still unwinds the sweep (ray.shutdown below), not Ray's own exit
+                ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
             started = True
         try:
             remote = ray.remote(_one)

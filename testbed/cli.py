@@ -13,11 +13,12 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy here does small vector work: a BLAS thread pool only fights the agents and OVS for 2 cores (fits 0.05-0.1 s instead of 0.2-10 s, docs/forecast.md)
 import logging
+import signal
 import sys
 
 from emulation.plugins import DecisionError
 from emulation.registry import NameInUse
-from emulation.signals import exit_code, teardown_on_signals
+from emulation.signals import exit_code, signal_of, teardown_on_signals
 from emulation.validation import SpecError
 from testbed.commands import bench, clean, controller, demo, doctor, fabric, run, sim
 from testbed.commands.common import UsageError
@@ -54,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"orchestrrl {args.command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
-        print(f"orchestrrl {args.command}: interrupted ({e or 'SIGINT'}): everything it started was stopped",
-              file=sys.stderr)
+        print(f"orchestrrl {args.command}: interrupted ({signal.Signals(signal_of(e)).name}): everything it "
+              "started was stopped", file=sys.stderr)
         return exit_code(e)
     except BrokenPipeError:  # e.g. `orchestrrl sim ... --json | head`: the reader left, nothing is wrong
         import os

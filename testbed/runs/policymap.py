@@ -17,6 +17,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
+import shutil
+import socket
+import tempfile
 from pathlib import Path
 
 from emulation import plots
@@ -74,14 +78,20 @@ def apply(scenario, knob: str, value):
     return dataclasses.replace(scenario, orchestrator=orchestrator_settings(orch))
 
 
-def point(scenario, steps: int = 1, use_cache: bool = True) -> dict:
-    """One point of the map: the oracle bounds and every adaptive policy's speedup over the tuned baseline."""
-    import tempfile
-
+def point(scenario, steps: int = 1, use_cache: bool = True, tmp_root: tuple | None = None) -> dict:
+    """One point of the map: the oracle bounds and every adaptive policy's speedup over the tuned baseline.
+    ``tmp_root``: (host, folder) its runs' temporary folder is made in: the map's own, which the map removes
+    however it ends, a worker killed mid-point included (on another host, a Ray cluster's other node: the
+    system's temporary folder). On the map's host with that folder gone the map has ended: nothing is made."""
     from testbed.runs.experiment import ADAPTIVE, Experiment
 
+    host, root = tmp_root or (None, None)
+    if host != socket.gethostname():
+        root = None
+    elif not os.path.isdir(root):
+        raise RuntimeError(f"the map's folder {root} is gone: the map ended")
     exp = Experiment(scenario, "simulated", steps=steps, use_cache=use_cache)
-    with exp, tempfile.TemporaryDirectory(prefix="orl-map-") as tmp:
+    with exp, tempfile.TemporaryDirectory(prefix="orl-map-", dir=root) as tmp:
         rep, _ = exp.compare([exp.policy(n) for n in ADAPTIVE], steps, Path(tmp))
     out = {"best_static": rep["best_static"], "floor": rep["oracle"]["floor_speedup"]}
     for k, v in rep["oracle"]["kinds"].items():
@@ -93,9 +103,9 @@ def point(scenario, steps: int = 1, use_cache: bool = True) -> dict:
 
 
 def _run_point(args):
-    scenario, steps, use_cache = args
+    scenario, steps, use_cache, tmp_root = args
     try:
-        return point(scenario, steps, use_cache)
+        return point(scenario, steps, use_cache, tmp_root)
     except Exception as e:  # noqa: BLE001 - a point that cannot run (no layout fits, ...) is reported, not fatal
         return {"error": f"{type(e).__name__}: {e}"}
 
@@ -112,18 +122,42 @@ def build(scenario, panels=DEFAULT_PANELS, values: dict | None = None, steps: in
             for vb in values.get(b, KNOBS[b][1]):
                 cells.append((f"{a}x{b}", a, va, b, vb))
     jobs = []
+    # every point's runs in a folder of the map's own, removed however the map ends: a point's own temporary
+    # folder is not removed when its Ray worker is killed mid-point (a SIGTERM, Ctrl-C)
+    tmp_root = tempfile.mkdtemp(prefix="orl-map-")
     for _, a, va, b, vb in cells:
         scn = apply(apply(scenario, a, va), b, vb)
-        jobs.append((dataclasses.replace(scn, name=f"{scenario.name}-{a}={va}-{b}={vb}"), steps, use_cache))
+        jobs.append((dataclasses.replace(scn, name=f"{scenario.name}-{a}={va}-{b}={vb}"), steps, use_cache,
+                     (socket.gethostname(), tmp_root)))
     if use_ray is None:
         use_ray = ray_available()
     results = [None] * len(jobs)
+    try:
+        _run_jobs(jobs, cells, results, use_ray, ray_address, progress)
+    finally:
+        shutil.rmtree(tmp_root, ignore_errors=True)
+    out = {"scenario": scenario.name, "steps": steps, "panels": {}}
+    for (panel, a, va, b, vb), res in zip(cells, results):
+        p = out["panels"].setdefault(panel, {"x": a, "y": b, "x_values": [], "y_values": [], "points": []})
+        if va not in p["x_values"]:
+            p["x_values"].append(va)
+        if vb not in p["y_values"]:
+            p["y_values"].append(vb)
+        p["points"].append({a: va, b: vb, **res})
+    return out
+
+
+def _run_jobs(jobs: list, cells: list, results: list, use_ray: bool, ray_address: str | None, progress) -> None:
+    """:func:`build`'s points, on Ray where asked (and more than one), else one after another, into ``results``."""
     if use_ray and len(jobs) > 1:
         import ray
 
+        from emulation.signals import handlers_kept
+
         started = not ray.is_initialized()
         if started:
-            ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
+            with handlers_kept():  # a SIGTERM still unwinds the map (ray.shutdown below), not Ray's own exit
+                ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
         try:
             remote = ray.remote(_run_point)
             refs = {remote.remote(j): k for k, j in enumerate(jobs)}
@@ -142,15 +176,6 @@ def build(scenario, panels=DEFAULT_PANELS, values: dict | None = None, steps: in
             results[k] = _run_point(j)
             if progress:
                 progress(cells[k])
-    out = {"scenario": scenario.name, "steps": steps, "panels": {}}
-    for (panel, a, va, b, vb), res in zip(cells, results):
-        p = out["panels"].setdefault(panel, {"x": a, "y": b, "x_values": [], "y_values": [], "points": []})
-        if va not in p["x_values"]:
-            p["x_values"].append(va)
-        if vb not in p["y_values"]:
-            p["y_values"].append(vb)
-        p["points"].append({a: va, b: vb, **res})
-    return out
 
 
 def plot(doc: dict, out: Path) -> list[str]:

@@ -422,6 +422,71 @@ def test_a_teardown_signal_unwinds_and_one_during_a_teardown_waits_for_it():
     assert {s: signal.getsignal(s) for s in before} == before  # the handlers are restored
 
 
+def test_a_library_that_replaces_the_handlers_or_the_interrupt_keeps_the_teardown_and_its_exit_status():
+    """ray.init installs its own SIGTERM handler (it ends the process without unwinding anything), and ray.wait
+    turns the Interrupted it sees into a plain KeyboardInterrupt: handlers_kept puts the teardown's handlers
+    back, and the exit status is still the signal's (143, not Ctrl-C's 130)."""
+    import os
+    import signal
+
+    from emulation.signals import exit_code, handlers_kept, signal_of, teardown_on_signals
+
+    def foreign(signum, frame):  # what a library installs
+        raise AssertionError("the library's handler ran")
+
+    with pytest.raises(KeyboardInterrupt) as ei:
+        with teardown_on_signals():
+            ours = signal.getsignal(signal.SIGTERM)
+            with handlers_kept():
+                signal.signal(signal.SIGTERM, foreign)
+            assert signal.getsignal(signal.SIGTERM) is ours
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(10_000):  # the handler runs at the next bytecode boundary
+                    pass
+            except KeyboardInterrupt:
+                raise KeyboardInterrupt() from None  # as Ray's ray.wait does
+    assert type(ei.value) is KeyboardInterrupt
+    assert signal_of(ei.value) == signal.SIGTERM and exit_code(ei.value) == 143
+    with pytest.raises(KeyboardInterrupt) as ei:  # a new command forgets the last one's signal: Ctrl-C's own
+        with teardown_on_signals():
+            raise KeyboardInterrupt()
+    assert exit_code(ei.value) == 130
+
+
+def test_a_map_removes_its_points_folders_however_it_ends(tmp_path, monkeypatch):
+    """The map's points make their run folders inside one folder of the map's own, removed when the map ends
+    (here by an interrupt in its second point); a point whose map folder is gone makes nothing."""
+    import os
+    import socket
+
+    from emulation.scenario import load_scenario
+    from testbed.runs import policymap
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(policymap.tempfile, "tempdir", None)  # TMPDIR read again
+    seen = []
+
+    def fake_point(scenario, steps, use_cache, tmp_root):
+        host, root = tmp_root
+        assert host == socket.gethostname() and os.path.isdir(root)
+        os.mkdir(os.path.join(root, f"point-{len(seen)}"))  # what a worker killed mid-point leaves
+        seen.append(root)
+        if len(seen) == 2:
+            raise KeyboardInterrupt()
+        return {}
+
+    monkeypatch.setattr(policymap, "point", fake_point)
+    scn = load_scenario(os.path.join(os.path.dirname(__file__), "..", "..", "scenarios", "default.yaml"))
+    with pytest.raises(KeyboardInterrupt):
+        policymap.build(scn, panels=[("median", "requests_per_gpu")], use_ray=False)
+    assert len(seen) == 2 and os.listdir(tmp_path) == []
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="gone"):
+        policymap.point(scn, 1, True, (socket.gethostname(), str(tmp_path / "gone")))
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_controller_whose_owner_is_killed_exits_and_clean_removes_its_folder(tmp_path, monkeypatch):
     """The process that started the controller dies by SIGKILL (no teardown at all): the controller notices
     its owner is gone and exits; its scratch folder was recorded, so `clean` removes it. (No switch needed.)"""
