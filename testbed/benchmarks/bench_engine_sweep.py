@@ -13,16 +13,20 @@ used (they are keyed by the scenario, not by the profile's figures). Prints one 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from agents.engineprofile import swept  # noqa: E402
+from agents.engineprofile import EngineProfile, get_profile, swept  # noqa: E402
 from emulation.scenario import load_scenario  # noqa: E402
+from emulation.validation import SpecError  # noqa: E402
 
 
 def compare_point(scn, steps: int) -> dict:
@@ -50,6 +54,16 @@ def rollpacker_point(scn) -> dict:
                   "preemptions": [a[rnd]["preemptions"], b[rnd]["preemptions"]]} for rnd in ("short", "long")}
 
 
+def _value(text: str):
+    """A swept value: an integer, else a number (1e-3 included), else YAML's reading (true, false, null)."""
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return yaml.safe_load(text)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="vllm-v1")
@@ -60,13 +74,31 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--rollpacker", action="store_true", help="RollPacker's rounds instead of a comparison")
     args = ap.parse_args(argv)
-    scn = load_scenario(args.scenario or str(ROOT / "scenarios" / ("rollpacker-qwen3-8b.yaml" if args.rollpacker
-                                                                    else "default.yaml")))
+    if args.steps < 1:
+        ap.error(f"--steps must be >= 1, got {args.steps}")
+    try:  # every input checked before the first point runs (each runs for minutes)
+        scn = load_scenario(args.scenario or str(ROOT / "scenarios" / (
+            "rollpacker-qwen3-8b.yaml" if args.rollpacker else "default.yaml")))
+        base = get_profile(args.profile)
+    except SpecError as e:
+        ap.error(str(e))
     if scn.orchestrator.engine.profile != args.profile:
         ap.error(f"the scenario's engine profile is {scn.orchestrator.engine.profile}, not --profile {args.profile}")
-    out = {"scenario": scn.name, "profile": args.profile, "field": args.field, "points": []}
+    figures = [f.name for f in dataclasses.fields(EngineProfile) if f.name not in ("engine", "name")]
+    if args.field not in figures:
+        ap.error(f"--field {args.field!r}: not a figure of an engine profile (known: {', '.join(figures)})")
+    values = []
     for v in args.values.split(","):
-        value = float(v) if "." in v or "e" in v else int(v)
+        try:
+            value = _value(v)
+            if isinstance(getattr(base, args.field), bool) and not isinstance(value, bool):
+                raise SpecError(args.field, f"must be true or false, got {v!r}")
+            dataclasses.replace(base, **{args.field: value})  # the profile's own checks (type, range)
+        except (yaml.YAMLError, SpecError) as e:
+            ap.error(f"--values {v!r}: {e}")
+        values.append(value)
+    out = {"scenario": scn.name, "profile": args.profile, "field": args.field, "points": []}
+    for value in values:
         with swept(args.profile, **{args.field: value}):
             res = rollpacker_point(scn) if args.rollpacker else compare_point(scn, args.steps)
         out["points"].append({"value": value, **res})

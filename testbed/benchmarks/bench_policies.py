@@ -48,8 +48,9 @@ sys.path.insert(0, str(ROOT))
 
 from emulation.orchestration import OrchestratorSettings, orchestrator_settings  # noqa: E402
 from emulation.scenario import load_scenario  # noqa: E402
-from emulation.validation import to_dict  # noqa: E402
+from emulation.validation import SpecError, to_dict  # noqa: E402
 from emulation.workload import LengthComponent  # noqa: E402
+from testbed.commands.common import UsageError, out_folder  # noqa: E402
 from testbed.orchestrator.policies import compose, parse_policy_arg  # noqa: E402
 from testbed.runs.experiment import ADAPTIVE, Experiment  # noqa: E402
 
@@ -155,13 +156,29 @@ def main(argv=None) -> int:
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         ap.error(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
-    seeds = [int(s) for s in a.seeds.split(",") if s]
-    extra = [parse_policy_arg(x) for x in a.extra]
-    for p in extra:  # every plug-in resolves and its parameters are valid before anything runs
-        if isinstance(p, str):
-            ap.error(f"--extra {p!r}: a definition NAME[role=ref,...] (docs/plugins.md)")
-        compose(p, "--extra")
-    reinits = [float(x) for x in a.reinit.split(",")] if a.reinit else [None]
+    try:  # every input checked before the first run (each case runs for minutes)
+        seeds = [int(s) for s in a.seeds.split(",") if s]
+        reinits = [float(x) for x in a.reinit.split(",")] if a.reinit else [None]
+    except ValueError as e:
+        ap.error(f"--seeds takes integers and --reinit numbers, comma-separated: {e}")
+    if not seeds or a.steps < 1:
+        ap.error(f"--seeds must name a seed and --steps be >= 1 (got {a.seeds!r}, {a.steps})")
+    try:
+        for c in cases:
+            for ri in reinits:
+                case_scenario(c, seeds[0], a.set, ri)  # the --set changes and the reinit, validated as a scenario's
+        extra = [parse_policy_arg(x) for x in a.extra]
+        for p in extra:  # every plug-in resolves and its parameters are valid before anything runs
+            if isinstance(p, str):
+                ap.error(f"--extra {p!r}: a definition NAME[role=ref,...] (docs/plugins.md)")
+            compose(p, "--extra")
+    except SpecError as e:
+        ap.error(str(e))
+    if a.out:
+        try:
+            out_folder(a.out, a.out)
+        except UsageError as e:
+            ap.error(str(e))
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="bench-policies-"))
     doc = {"backend": "simulated", "steps": a.steps, "seeds": seeds, "settings_changed": a.set,
            "reinit_s": reinits, **({"extra": a.extra} if a.extra else {}), "cases": {}}

@@ -272,3 +272,42 @@ def test_a_bad_engine_case_file_exits_2_naming_what_is_wrong(tmp_path, run_cli, 
     rc, res = run_cli(["bench", "engine", "--cases", str(path), "--json"])
     assert rc == 2, res.err[-2000:]
     assert field in res.err and len(res.err) < 1000, res.err[-500:]
+
+
+@pytest.mark.parametrize("script,argv,says", [
+    ("bench_policies", ["--seeds", "a,b"], "--seeds takes integers"),
+    ("bench_policies", ["--seeds", ","], "--seeds must name a seed"),
+    ("bench_policies", ["--reinit", "x"], "--reinit numbers"),
+    ("bench_policies", ["--reinit", "-1"], "switch_reinit_s"),
+    ("bench_policies", ["--set", "planner.nope=1"], "orchestrator.planner.nope: unknown key"),
+    ("bench_policies", ["--extra", "x[planner=nomod:C]"], "module 'nomod' does not import"),
+    ("bench_policies", ["--out", "FILE"], "exists and is not a folder"),
+    ("bench_engine_sweep", ["--field", "nope", "--values", "1"], "--field 'nope': not a figure"),
+    ("bench_engine_sweep", ["--field", "cpu_per_seq_us", "--values", "a"], "must be a finite number >= 0"),
+    ("bench_engine_sweep", ["--field", "cpu_per_seq_us", "--values", "1,-1"], "must be a finite number >= 0"),
+    ("bench_engine_sweep", ["--field", "graph_max_tokens", "--values", "1.5"], "must be an integer >= 0"),
+    ("bench_engine_sweep", ["--field", "overlap", "--values", "5"], "must be true or false"),
+    ("bench_engine_sweep", ["--field", "cpu_per_seq_us", "--values", "1", "--profile", "nope"], "unknown engine profile"),
+    ("bench_engine_sweep", ["--field", "cpu_per_seq_us", "--values", "1", "--scenario", "/nope.yaml"], "no such file"),
+])
+def test_a_benchmark_script_refuses_bad_input_before_its_first_run(tmp_path, monkeypatch, capsys, script, argv, says):
+    """The sweeps docs/costmodel.md and docs/orchestrator.md quote run for minutes a point: a bad seed, setting,
+    figure or output folder is exit 2 naming it, before any point runs (these were tracebacks, some mid-run)."""
+    import importlib
+
+    mod = importlib.import_module(f"testbed.benchmarks.{script}")
+
+    def boom(*a, **k):
+        raise AssertionError("ran before its input was checked")
+
+    for fn in ("run_case", "compare_point", "rollpacker_point"):
+        if hasattr(mod, fn):
+            monkeypatch.setattr(mod, fn, boom)
+    (tmp_path / "f").write_text("mine")
+    argv = [str(tmp_path / "f") if a == "FILE" else a for a in argv]
+    with pytest.raises(SystemExit) as e:
+        mod.main(argv + (["--cases", "default", "--seeds", "1"] if script == "bench_policies" and "--seeds" not in argv
+                         else []))
+    assert e.value.code == 2
+    assert says in capsys.readouterr().err
+    assert os.listdir(tmp_path) == ["f"]
