@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 
 from agents.costmodel import CostModel  # noqa: E402
 from emulation.scenario import load_scenario  # noqa: E402
+from emulation.validation import SpecError  # noqa: E402
 
 
 def load_engine_at(ref: str):
@@ -89,9 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.reps < 1 or not (math.isfinite(a.poll_ms) and a.poll_ms > 0) or (a.requests is not None and a.requests < 1):
         ap.error("--reps and --requests must be >= 1 and --poll-ms > 0")
+    if a.out and (os.path.isdir(a.out) or not os.path.isdir(os.path.dirname(os.path.abspath(a.out)))):
+        ap.error(f"--out {a.out}: a file to write in an existing folder")  # not only after every run
     import agents.engine as current
 
-    sc = load_scenario(a.scenario)
+    try:
+        sc = load_scenario(a.scenario)
+    except SpecError as e:
+        ap.error(str(e))
     w = sc.workload
     lengths = w.sample_lengths(np.random.default_rng(sc.seed))
     lengths = np.minimum(lengths, w.max_response_tokens)[: a.requests]

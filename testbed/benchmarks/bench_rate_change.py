@@ -74,6 +74,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--changes", type=int, default=50, help="changes per method and namespace (default 50)")
     a = ap.parse_args(argv)
+    if a.changes < 1:
+        ap.error(f"--changes must be >= 1, got {a.changes}")
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
         return 1

@@ -45,6 +45,7 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 from emulation.scenario import load_scenario  # noqa: E402
+from emulation.validation import SpecError  # noqa: E402
 from rlsim.cost import fabric_cost, load_prices  # noqa: E402
 from rlsim.fabrics import FabricOptions  # noqa: E402
 from rlsim.limits import scale_scenario  # noqa: E402
@@ -270,9 +271,18 @@ def main(argv=None) -> int:
     ap.add_argument("--traffic-scales", type=_ints, default=[1024, 2048, 16384])
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
-    scn = load_scenario(args.scenario)
-    taper = load_scenario(args.taper_scenario) if os.path.exists(args.taper_scenario) else None
     sections = [s for s in args.sections.split(",") if s]
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown or not sections:  # an unknown section was skipped without a word (exit 0, nothing measured)
+        ap.error(f"--sections: unknown {unknown or 'empty'} (known: {', '.join(SECTIONS)})")
+    if args.runs < 1 or any(n < 1 for n in args.scales + args.goal_scales + args.uplinks + args.timing_scales
+                            + args.traffic_scales):
+        ap.error("--runs, every scale and every uplink count must be >= 1")
+    try:
+        scn = load_scenario(args.scenario)
+        taper = load_scenario(args.taper_scenario) if os.path.exists(args.taper_scenario) else None
+    except SpecError as e:
+        ap.error(str(e))
     out: dict = {"scenario": args.scenario, "taper_scenario": args.taper_scenario if taper else None}
     if "scales" in sections:
         out["scales"] = scales_section(scn, args.scales)

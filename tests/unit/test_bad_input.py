@@ -289,6 +289,11 @@ def test_a_bad_engine_case_file_exits_2_naming_what_is_wrong(tmp_path, run_cli, 
     ("bench_engine_sweep", ["--field", "overlap", "--values", "5"], "must be true or false"),
     ("bench_engine_sweep", ["--field", "cpu_per_seq_us", "--values", "1", "--profile", "nope"], "unknown engine profile"),
     ("bench_engine_sweep", ["--field", "cpu_per_seq_us", "--values", "1", "--scenario", "/nope.yaml"], "no such file"),
+    ("bench_engine", ["--scenario", "/nope.yaml"], "scenario: no such file"),
+    ("bench_engine", ["--out", "FILE/x"], "a file to write in an existing folder"),
+    ("bench_rlsim", ["--sections", "nope"], "--sections: unknown ['nope']"),
+    ("bench_rlsim", ["--runs", "0"], "must be >= 1"),
+    ("bench_rate_change", ["--changes", "0"], "--changes must be >= 1"),
 ])
 def test_a_benchmark_script_refuses_bad_input_before_its_first_run(tmp_path, monkeypatch, capsys, script, argv, says):
     """The sweeps docs/costmodel.md and docs/orchestrator.md quote run for minutes a point: a bad seed, setting,
@@ -300,11 +305,11 @@ def test_a_benchmark_script_refuses_bad_input_before_its_first_run(tmp_path, mon
     def boom(*a, **k):
         raise AssertionError("ran before its input was checked")
 
-    for fn in ("run_case", "compare_point", "rollpacker_point"):
+    for fn in ("run_case", "compare_point", "rollpacker_point", "one_run", "scales_section", "_measure"):
         if hasattr(mod, fn):
             monkeypatch.setattr(mod, fn, boom)
     (tmp_path / "f").write_text("mine")
-    argv = [str(tmp_path / "f") if a == "FILE" else a for a in argv]
+    argv = [str(tmp_path / "f") + a[4:] if a.startswith("FILE") else a for a in argv]
     with pytest.raises(SystemExit) as e:
         mod.main(argv + (["--cases", "default", "--seeds", "1"] if script == "bench_policies" and "--seeds" not in argv
                          else []))
