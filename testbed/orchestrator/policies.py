@@ -190,8 +190,12 @@ def _split(text: str) -> list[str]:
 
 
 def split_policies(text: str) -> list[str]:
-    """``compare --policies``'s items (commas inside a definition's brackets do not split)."""
-    return [x.strip() for x in _split(text)]
+    """``compare --policies``'s items (commas inside a definition's brackets do not split; empty items dropped);
+    SpecError where none is left (``--policies ,`` ran every default policy, as if the flag were not given)."""
+    items = [x.strip() for x in _split(text) if x.strip()]
+    if not items:
+        raise SpecError("--policies", f"a comma-separated list of policy names or definitions, got {text!r}")
+    return items
 
 
 def make_policy(name: str | PolicySpec, layouts: list[Layout], gpus: int, tuned: Policy | None = None,

@@ -87,6 +87,7 @@ def test_bad_scenario_exits_2_naming_the_field(tmp_path, run_cli, nothing_starts
     (["compare", DEFAULT, "--backend", "simulated", "--fabric", "torus", "--out", "OUT"], "fabric"),
     (["run", DEFAULT, "--backend", "simulated", "--fabric", "rfabric,fat-tree", "--out", "OUT"], "--fabric"),
     (["compare", DEFAULT, "--backend", "simulated", "--time-dilation", "0.01", "--out", "OUT"], "time_dilation"),
+    (["compare", DEFAULT, "--backend", "simulated", "--policies", ",", "--out", "OUT"], "--policies"),
 ])
 def test_bad_flag_exits_2_naming_the_field(tmp_path, run_cli, nothing_starts, argv, field):
     argv = [str(tmp_path / a) if a in ("OUT", "STATE") else a for a in argv]
