@@ -27,7 +27,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from emulation import registry, shaping  # noqa: E402
+from emulation import registry, shaping, signals  # noqa: E402
 from emulation.netlink import Netlink  # noqa: E402
 
 PAIR = ("orlbr0", "orlbr1")
@@ -79,13 +79,25 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
         return 1
-    res: dict = {"changes": a.changes, "cpus": os.cpu_count()}
+    try:
+        with signals.teardown_on_signals():  # SIGINT/SIGTERM/SIGHUP unwind: the pairs and the namespace go
+            res = _bench(a.changes)
+    except KeyboardInterrupt as e:
+        print("bench_rate_change: interrupted; its veth pairs and namespace were removed", file=sys.stderr)
+        return signals.exit_code(e)
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+def _bench(changes: int) -> dict:
+    """Both namespaces measured (:func:`main`'s document)."""
+    res: dict = {"changes": changes, "cpus": os.cpu_count()}
     for name in PAIR:
         registry.record_resource("interface", name)
     try:
         subprocess.run(["ip", "link", "add", PAIR[0], "type", "veth", "peer", "name", PAIR[1]], check=True)
         subprocess.run(["ip", "link", "set", PAIR[0], "up"], check=True)
-        res["root_namespace"] = _measure(PAIR[0], None, a.changes)
+        res["root_namespace"] = _measure(PAIR[0], None, changes)
     finally:
         with Netlink() as nl:
             nl.delete_link(PAIR[0])
@@ -100,12 +112,11 @@ def main(argv=None) -> int:
             time.sleep(0.01)
         subprocess.run(["nsenter", "-t", str(ns.pid), "-n", "ip", "link", "add", "orlbn0", "type", "veth", "peer",
                         "name", "orlbn1"], check=True)
-        res["host_namespace"] = _measure("orlbn0", ns.pid, a.changes)
+        res["host_namespace"] = _measure("orlbn0", ns.pid, changes)
     finally:
         ns.kill()
         ns.wait()
-    print(json.dumps(res, indent=1))
-    return 0
+    return res
 
 
 if __name__ == "__main__":
