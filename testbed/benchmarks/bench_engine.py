@@ -41,16 +41,17 @@ from emulation.validation import SpecError  # noqa: E402
 
 def load_engine_at(ref: str):
     """The agents.engine module of git revision ``ref`` (imported under another name)."""
-    src = subprocess.run(["git", "-C", ROOT, "show", f"{ref}:agents/engine.py"], check=True, capture_output=True,
-                         text=True).stdout
-    d = tempfile.mkdtemp(prefix="bench-engine-")
-    path = os.path.join(d, "engine_baseline.py")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location("engine_baseline", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["engine_baseline"] = mod
-    spec.loader.exec_module(mod)
+    got = subprocess.run(["git", "-C", ROOT, "show", f"{ref}:agents/engine.py"], capture_output=True, text=True)
+    if got.returncode != 0:
+        raise ValueError(f"no agents/engine.py at git revision {ref!r}: {got.stderr.strip().splitlines()[-1:]}")
+    with tempfile.TemporaryDirectory(prefix="bench-engine-") as d:  # imported, then removed (it was left in /tmp)
+        path = os.path.join(d, "engine_baseline.py")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(got.stdout)
+        spec = importlib.util.spec_from_file_location("engine_baseline", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["engine_baseline"] = mod
+        spec.loader.exec_module(mod)
     return mod
 
 
@@ -103,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     lengths = np.minimum(lengths, w.max_response_tokens)[: a.requests]
     impls = {"this": current}
     if a.baseline:
-        impls["baseline"] = load_engine_at(a.baseline)
+        try:
+            impls["baseline"] = load_engine_at(a.baseline)
+        except ValueError as e:
+            ap.error(f"--baseline: {e}")
     res: dict = {"scenario": os.path.basename(a.scenario), "requests": int(len(lengths)), "reps": a.reps,
                  "poll_ms": a.poll_ms, "baseline": a.baseline, "ways": {}}
     for way in ("poll", "sink"):
