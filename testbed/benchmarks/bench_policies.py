@@ -34,6 +34,7 @@ A benchmark reports; it asserts nothing. Simulated runs are deterministic: the s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import statistics
@@ -47,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from emulation.orchestration import OrchestratorSettings, orchestrator_settings  # noqa: E402
+from emulation import signals  # noqa: E402
 from emulation.scenario import load_scenario  # noqa: E402
 from emulation.validation import SpecError, to_dict  # noqa: E402
 from emulation.workload import LengthComponent  # noqa: E402
@@ -146,7 +148,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--reinit", default=None, help="comma-separated switch_reinit_s values (default: the scenario's)")
-    ap.add_argument("--out", default=None, help="keep the per-run reports here (default: a temporary folder)")
+    ap.add_argument("--out", default=None, help="keep the per-run reports here (default: a temporary folder, removed "
+                                                "at the end)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an orchestrator setting to change, e.g. planner.gain_margin=0.1 (repeatable)")
     ap.add_argument("--extra", action="append", default=[], metavar="NAME[ROLE=REF,...]",
@@ -179,7 +182,20 @@ def main(argv=None) -> int:
             out_folder(a.out, a.out)
         except UsageError as e:
             ap.error(str(e))
-    out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="bench-policies-"))
+    try:  # the default folder is temporary: removed however the run ends (SIGTERM and Ctrl-C included)
+        with signals.teardown_on_signals(), contextlib.ExitStack() as stack:
+            out = Path(a.out) if a.out else Path(stack.enter_context(tempfile.TemporaryDirectory(
+                prefix="bench-policies-")))
+            doc = _run_all(a, cases, seeds, reinits, extra, out)
+    except KeyboardInterrupt as e:
+        print("bench_policies.py: interrupted", file=sys.stderr)
+        return signals.exit_code(e)
+    print(json.dumps(doc, indent=1))
+    return 0
+
+
+def _run_all(a, cases: list, seeds: list, reinits: list, extra: list, out: Path) -> dict:
+    """:func:`main`'s runs, every case x seed x reinit, their reports under ``out``: the JSON document."""
     doc = {"backend": "simulated", "steps": a.steps, "seeds": seeds, "settings_changed": a.set,
            "reinit_s": reinits, **({"extra": a.extra} if a.extra else {}), "cases": {}}
     with tqdm(total=len(cases) * len(seeds) * len(reinits), file=sys.stderr, desc="compare") as bar:
@@ -201,8 +217,7 @@ def main(argv=None) -> int:
                                        for n in ADAPTIVE},
                                "runs": runs}
     doc["checks"] = checks(doc)
-    print(json.dumps(doc, indent=1))
-    return 0
+    return doc
 
 
 if __name__ == "__main__":
