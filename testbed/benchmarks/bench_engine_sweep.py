@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from agents.engineprofile import EngineProfile, get_profile, swept  # noqa: E402
+from emulation import signals  # noqa: E402
 from emulation.scenario import load_scenario  # noqa: E402
 from emulation.validation import SpecError  # noqa: E402
 
@@ -98,11 +99,16 @@ def main(argv=None) -> int:
             ap.error(f"--values {v!r}: {e}")
         values.append(value)
     out = {"scenario": scn.name, "profile": args.profile, "field": args.field, "points": []}
-    for value in values:
-        with swept(args.profile, **{args.field: value}):
-            res = rollpacker_point(scn) if args.rollpacker else compare_point(scn, args.steps)
-        out["points"].append({"value": value, **res})
-        print(json.dumps(out["points"][-1]), file=sys.stderr, flush=True)
+    try:  # SIGTERM and Ctrl-C unwind: a point's temporary run folder is removed
+        with signals.teardown_on_signals():
+            for value in values:
+                with swept(args.profile, **{args.field: value}):
+                    res = rollpacker_point(scn) if args.rollpacker else compare_point(scn, args.steps)
+                out["points"].append({"value": value, **res})
+                print(json.dumps(out["points"][-1]), file=sys.stderr, flush=True)
+    except KeyboardInterrupt as e:
+        print("bench_engine_sweep.py: interrupted", file=sys.stderr)
+        return signals.exit_code(e)
     print(json.dumps(out, indent=1))
     return 0
 
