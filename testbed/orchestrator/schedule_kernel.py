@@ -31,6 +31,10 @@ def available() -> bool:
     return numba is not None
 
 
+SMALL_SORT = 48  # a replica of at most this many requests sorts its ends by insertion (measured: the bench's
+# worst tick's schedules, 19k requests in replicas of 6-256, 1.00 -> 0.77 ms; np.argsort allocates per replica)
+
+
 def _group_starts(group, n_groups):
     """(requests in each group, where each group starts in an order by group: its cumulative counts)."""
     cnt = np.zeros(n_groups, np.int64)
@@ -73,6 +77,7 @@ def _segments(c, r, f, g, n_groups, slots):
     m = 0
     heap = np.empty(max(1, n))
     ends = np.empty(max(1, n))
+    eidx = np.empty(max(1, n), np.int64)
     for j in range(n_groups):
         lo, hi = first[j], first[j + 1]
         if hi == lo:
@@ -119,7 +124,17 @@ def _segments(c, r, f, g, n_groups, slots):
         w = hi - lo
         for q in range(w):
             ends[q] = end[order[lo + q]]
-        e_ord = np.argsort(ends[:w])
+        if w <= SMALL_SORT:  # a replica's few requests: insertion sort into a kept buffer (no allocation;
+            e_ord = eidx[:w]  # the order of equal ends does not matter: they are walked past together)
+            for q in range(w):
+                v = ends[q]
+                p = q
+                while p > 0 and ends[e_ord[p - 1]] > v:
+                    e_ord[p] = e_ord[p - 1]
+                    p -= 1
+                e_ord[p] = q
+        else:
+            e_ord = np.argsort(ends[:w])
         # walk the distinct steps: the requests started and ended at or before each, and their contexts' sums
         ps = lo  # next start (in ``order``)
         pe = 0  # next end (in ``e_ord``)
