@@ -77,6 +77,7 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
     fc0 = LengthForecast.from_workload(w, 0)
     rng = np.random.default_rng(seed)
     times, plan_ms, bal_ms, online_ms, sample_ms, shift_ms, raised = [], [], [], [], [], [], []
+    shapes = []  # per tick: what the planner did (tempted servers, held back by the lookahead, judged, switched)
     # prompt groups (the scenario's samples_per_prompt, consecutive requests, as veRL batches them): the driver's
     # tick gives every request its prompt's shift from what the prompt's samples have shown (the finished ones
     # below belong to the same prompts); its share before any finished step has measured one is the workload's
@@ -137,6 +138,11 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
             balancer.decide(views, rids, now=10.0)
             t3 = time.perf_counter()
         raised.append(up)
+        held = sum("waiting" in d.reason for d in decisions.values())
+        judged = sum(d.judged_gain_s is not None for d in decisions.values())
+        shapes.append({"held_by_lookahead": held, "judged": judged, "switched": sum(d.switch for d in decisions.values()),
+                       "tempted": held + len([d for d in decisions.values() if d.judged_gain_s is not None or
+                                              (d.switch and "waiting" not in d.reason)])})
         times.append((t3 - t0 - sample_s) * 1e3)
         online_ms.append((t1 - t0) * 1e3)
         plan_ms.append((t2 - t1 - sample_s) * 1e3 - shift_ms[-1])
@@ -159,5 +165,9 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
             "prompt_share": round(share, 4), "planner_ms_p50": pct(plan_ms, 50),
             "planner_ms_p99": pct(plan_ms, 99), "balancer_ms_p50": pct(bal_ms, 50), "balancer_ms_p99": pct(bal_ms, 99),
             "gc_full_collections": len(full), "tick_priority": "SCHED_RR" if all(raised) else "fair",
+            # the p99 is its slowest ticks': what the planner did in each (docs/orchestrator.md "The tick's time")
+            "slowest_ticks": [{"tick": k, "decision_ms": round(times[k], 3), "planner_ms": round(plan_ms[k], 3),
+                               **shapes[k]} for k in sorted(range(len(times)), key=lambda k: -times[k])[:3]],
+            "median_tick": {key: float(np.median([x[key] for x in shapes])) for key in shapes[0]} if shapes else None,
             "metrics": bool(metrics), "sample_ms_p50": pct(sample_ms, 50),
             "sample_ms_p99": pct(sample_ms, 99), "scrapes": scraper.scrapes if metrics else None}

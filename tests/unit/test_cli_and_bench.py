@@ -123,9 +123,16 @@ def test_bench_planner_times_the_settings_it_is_given(run_cli, monkeypatch):
     assert doc["settings_changed"] == ["planner.confirm_draws=2", "planner.lookahead=false"]
     assert doc["policy"] == "orchestrrl"
     assert (seen[0].confirm_draws, seen[0].lookahead) == (2, False)
+    assert all(t["held_by_lookahead"] == 0 for t in doc["slowest_ticks"])  # no lookahead: none held back by it
     rc, out = run_cli(["bench", "planner", "--requests", "64", "--ticks", "2", "--json", "-q"])
     doc = json.loads(out.out)
     assert rc == 0 and doc["settings_changed"] == []
+    # what the planner did in the slowest ticks: a tempted server is held back by the lookahead or judged, and
+    # only a judged one switches (orchestrrl judges every switch the lookahead does not hold back)
+    assert len(doc["slowest_ticks"]) == 2 and doc["median_tick"] is not None
+    for t in doc["slowest_ticks"]:
+        assert t["held_by_lookahead"] + t["judged"] == t["tempted"] <= doc["servers"]
+        assert t["switched"] <= t["judged"]
     # the tick takes the prompt groups' shifts as the driver's does (the workload's share before a step measured one)
     assert doc["prompt_share"] == pytest.approx((0.6 / 0.9) ** 2, abs=1e-4) and doc["prompt_shifts_ms_p50"] > 0
     rc, out = run_cli(["bench", "planner", "--requests", "64", "--ticks", "2", "--json", "-q",
