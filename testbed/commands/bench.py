@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from controller.datapath import FLUSH_MODES
 from emulation.spec import HOST_TCP_CCS, FabricSpec
-from testbed.commands.common import UsageError, out_folder, positive
+from testbed.commands.common import UsageError, out_folder, positive, shipped_scenario
 
 
 def _reconfig(args: argparse.Namespace) -> int:
@@ -114,7 +114,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "switch or a weight sync: noticed when, longest tick, migrations per "
                                        "interval, lost, duplicates, generation time against the simulated "
                                        "survivors' (root)")
-    k.add_argument("scenario", nargs="?", default="scenarios/default.yaml", help="scenario YAML")
+    k.add_argument("scenario", nargs="?", default=shipped_scenario("default.yaml"), help="scenario YAML")
     k.add_argument("--kill", default="generation,migration,layout_switch,weight_sync",
                    help="comma-separated kill modes (a fresh cluster for each)")
     from testbed.benchmarks.bench_faults import KILL_AFTER_TOKENS
@@ -136,7 +136,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.set_defaults(func=_fabric)
     x = bsub.add_parser("crosscheck", help="`orchestrrl demo SCENARIO`, then the simulated backend on the same "
                                            "policies: per-policy makespan and phase times side by side (root)")
-    x.add_argument("scenario", nargs="?", default="scenarios/default.yaml", help="scenario YAML")
+    x.add_argument("scenario", nargs="?", default=shipped_scenario("default.yaml"), help="scenario YAML")
     x.add_argument("--out", default=None, help="run folders (default runs/bench-crosscheck-<time>)")
     x.add_argument("--timeout-s", type=float, default=1800.0, help="the demo's time limit (default 1800)")
     x.add_argument("--json", action="store_true", help="print one JSON object")
@@ -221,7 +221,7 @@ def register_agents(bsub) -> None:
     c.set_defaults(func=_collectives)
     a = bsub.add_parser("alltoall", help="the live loop's MoE all-to-all against RLSim's model of it, per train "
                                          "topology (JSON)")
-    a.add_argument("scenario", nargs="?", default="scenarios/moe-small.yaml", help="an MoE scenario (default moe-small)")
+    a.add_argument("scenario", nargs="?", default=shipped_scenario("moe-small.yaml"), help="an MoE scenario (default moe-small)")
     a.add_argument("--repeats", type=int, default=3, help="train phases per topology (default 3)")
     a.add_argument("--topologies", default="train,train:mp", help="comma-separated: train, train:mp")
     a.add_argument("--host-tcp-cc", choices=HOST_TCP_CCS, default=None,
@@ -299,7 +299,7 @@ def register_orchestrator(bsub) -> None:
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=_engine)
     p = bsub.add_parser("planner", help="the planner's and balancer's decision time for N in-flight requests (JSON)")
-    p.add_argument("scenario", nargs="?", default="scenarios/default.yaml", help="scenario YAML (default: the default)")
+    p.add_argument("scenario", nargs="?", default=shipped_scenario("default.yaml"), help="scenario YAML (default: the default)")
     p.add_argument("--requests", type=int, default=1024, help="in-flight requests (default 1024)")
     p.add_argument("--ticks", type=int, default=50, help="planning ticks measured (default 50)")
     p.add_argument("--metrics", choices=("on", "off"), default="off",

@@ -13,6 +13,17 @@ from emulation.validation import SpecError
 from emulation.validation import positive as _positive_rule
 
 
+CHECKOUT = Path(__file__).resolve().parents[2]  # the folder holding scenarios/ (an editable install's checkout)
+
+
+def shipped_scenario(name: str) -> str:
+    """A command's default scenario, ``scenarios/<name>``: as written where the current folder holds it (the
+    checkout, as the README runs every command), else the checkout's own, so ``orchestrrl demo`` from another
+    folder finds it (it was 'no such file')."""
+    rel = os.path.join("scenarios", name)
+    return rel if os.path.isfile(rel) else str(CHECKOUT / rel)
+
+
 class UsageError(Exception):
     """Bad command-line input detected after parsing (exit code 2)."""
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from testbed.commands.common import shipped_scenario
+
 
 def _run(args: argparse.Namespace) -> int:
     from testbed.commands.run import _compare
@@ -22,7 +24,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="compare every policy on the emulated cluster (the default scenario)")
-    p.add_argument("scenario", nargs="?", default="scenarios/default.yaml", help="scenario YAML")
+    p.add_argument("scenario", nargs="?", default=shipped_scenario("default.yaml"), help="scenario YAML")
     p.add_argument("--steps", type=int, default=None, help="RL steps (default: the scenario's)")
     p.add_argument("--out", default=None, help="output folder (default runs/demo-<time>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

@@ -209,3 +209,19 @@ def test_bench_estimator_midstep_compares_switches_from_inside_a_step(capsys, mo
     assert sum(k["engine_preempting"]["n"] + k["engine_not_preempting"]["n"] for k in kinds) == \
         sum(len(s["layouts"]) for s in states)
     assert doc["worst_regret"] == max(s["regret"] for s in states)
+
+
+def test_a_commands_default_scenario_is_found_from_any_folder(run_cli, tmp_path, monkeypatch):
+    """The default scenarios are the checkout's: `orchestrrl bench planner` (or demo, bench crosscheck, ...) run
+    from another folder found no 'scenarios/default.yaml' there (exit 2). From the checkout they read as written."""
+    import json
+    import os
+
+    from testbed.commands.common import shipped_scenario
+
+    assert shipped_scenario("default.yaml") == "scenarios/default.yaml"  # the suite runs from the checkout
+    monkeypatch.chdir(tmp_path)
+    assert shipped_scenario("default.yaml").endswith("/scenarios/default.yaml")
+    rc, out = run_cli(["bench", "planner", "--requests", "64", "--ticks", "1", "--json", "-q"])
+    assert rc == 0, out.err[-500:]
+    assert json.loads(out.out)["scenario"] == "default" and os.listdir(tmp_path) == []
