@@ -76,7 +76,8 @@ def _crosscheck(args: argparse.Namespace) -> int:
     positive("timeout-s", args.timeout_s)
     out = out_folder(args.out, f"runs/bench-crosscheck-{time.strftime('%Y%m%d-%H%M%S')}")
     with tqdm(total=1, desc="crosscheck (demo, then simulated)", file=sys.stderr, disable=args.quiet) as bar:
-        res = bench_crosscheck(Path(args.scenario), out, timeout_s=args.timeout_s)
+        # absolute: the demo runs in a child process whose folder is the checkout (bench_crosscheck.run_demo)
+        res = bench_crosscheck(Path(args.scenario).resolve(), out.resolve(), timeout_s=args.timeout_s)
         bar.update(1)
     _emit(res, args.json)
     return 0 if res["demo_exit"] == 0 else 1

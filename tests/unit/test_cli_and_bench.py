@@ -225,3 +225,24 @@ def test_a_commands_default_scenario_is_found_from_any_folder(run_cli, tmp_path,
     rc, out = run_cli(["bench", "planner", "--requests", "64", "--ticks", "1", "--json", "-q"])
     assert rc == 0, out.err[-500:]
     assert json.loads(out.out)["scenario"] == "default" and os.listdir(tmp_path) == []
+
+
+def test_bench_crosscheck_hands_its_child_absolute_paths(run_cli, tmp_path, monkeypatch):
+    """The demo runs in a child process whose folder is the checkout: a relative scenario or --out given from
+    another folder named other files there (the demo wrote one folder, the cross-check read another)."""
+    import shutil
+
+    from testbed.benchmarks import bench_crosscheck
+
+    got = {}
+
+    def fake(scenario, out, timeout_s):
+        got.update(scenario=scenario, out=out)
+        return {"demo_exit": 0}
+
+    monkeypatch.setattr(bench_crosscheck, "bench_crosscheck", fake)
+    shutil.copy("scenarios/default.yaml", tmp_path / "mine.yaml")
+    monkeypatch.chdir(tmp_path)
+    rc, out = run_cli(["bench", "crosscheck", "mine.yaml", "--out", "res", "-q"])
+    assert rc == 0, out.err[-500:]
+    assert got["scenario"] == tmp_path / "mine.yaml" and got["out"] == tmp_path / "res"
