@@ -270,6 +270,8 @@ def main(argv=None) -> int:
                     help="traffic: the MoE scenarios (beside --scenario)")
     ap.add_argument("--traffic-scales", type=_ints, default=[1024, 2048, 16384])
     args = ap.parse_args(argv)
+    # absolute: the timing section runs `orchestrrl sim` in child processes whose folder is the checkout
+    args.scenario, args.taper_scenario = os.path.abspath(args.scenario), os.path.abspath(args.taper_scenario)
     logging.basicConfig(level=logging.ERROR)
     sections = [s for s in args.sections.split(",") if s]
     unknown = [s for s in sections if s not in SECTIONS]
