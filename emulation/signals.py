@@ -125,3 +125,15 @@ def handlers_kept(signals=TEARDOWN_SIGNALS) -> Iterator[None]:
         for s, h in saved.items():
             if h is not None:  # None: set outside Python, nothing of ours to put back
                 signal.signal(s, h)
+
+
+def run_torn_down(work, label: str, note: str = "") -> tuple[int, object]:
+    """``work()`` under :func:`teardown_on_signals`, for a standalone script's main: (0, its result), or where a
+    teardown signal ended it (its ``with`` blocks unwound: what it started stopped, what it made removed)
+    ``LABEL: interrupted`` and ``note`` on stderr and (the exit status, None)."""
+    try:
+        with teardown_on_signals():
+            return 0, work()
+    except KeyboardInterrupt as e:
+        print(f"{label}: interrupted{note}", file=sys.stderr)
+        return exit_code(e), None

@@ -99,16 +99,16 @@ def main(argv=None) -> int:
             ap.error(f"--values {v!r}: {e}")
         values.append(value)
     out = {"scenario": scn.name, "profile": args.profile, "field": args.field, "points": []}
-    try:  # SIGTERM and Ctrl-C unwind: a point's temporary run folder is removed
-        with signals.teardown_on_signals():
-            for value in values:
-                with swept(args.profile, **{args.field: value}):
-                    res = rollpacker_point(scn) if args.rollpacker else compare_point(scn, args.steps)
-                out["points"].append({"value": value, **res})
-                print(json.dumps(out["points"][-1]), file=sys.stderr, flush=True)
-    except KeyboardInterrupt as e:
-        print("bench_engine_sweep.py: interrupted", file=sys.stderr)
-        return signals.exit_code(e)
+    def work() -> None:
+        for value in values:
+            with swept(args.profile, **{args.field: value}):
+                res = rollpacker_point(scn) if args.rollpacker else compare_point(scn, args.steps)
+            out["points"].append({"value": value, **res})
+            print(json.dumps(out["points"][-1]), file=sys.stderr, flush=True)
+
+    rc, _ = signals.run_torn_down(work, "bench_engine_sweep.py")  # a point's temporary run folder removed too
+    if rc:
+        return rc
     print(json.dumps(out, indent=1))
     return 0
 

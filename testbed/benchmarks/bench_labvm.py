@@ -469,12 +469,11 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or ROOT / "runs" / "vm-test" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     opts = Options(out=out, rebuild_box=args.rebuild_box, keep_vm=args.keep_vm,
                    wheels=args.wheels or default_wheels(), test_timeout_s=args.test_timeout_s)
-    try:
-        with signals.teardown_on_signals():  # SIGINT/SIGTERM/SIGHUP unwind: the VM is destroyed
-            summary = LabRun(opts).run()
-    except KeyboardInterrupt as e:
-        print(f"bench_labvm: interrupted; what it had made is destroyed (summary in {out})", file=sys.stderr)
-        return signals.exit_code(e)
+    # SIGINT/SIGTERM/SIGHUP unwind: the VM is destroyed
+    rc, summary = signals.run_torn_down(lambda: LabRun(opts).run(), "bench_labvm",
+                                        f"; what it had made is destroyed (summary in {out})")
+    if rc:
+        return rc
     print(json.dumps(summary, indent=1))
     return 0 if summary["ok"] else 1
 

@@ -138,11 +138,11 @@ def bench_planner(scn: Scenario, requests: int = 1024, ticks: int = 50, seed: in
             balancer.decide(views, rids, now=10.0)
             t3 = time.perf_counter()
         raised.append(up)
-        held = sum("waiting" in d.reason for d in decisions.values())
-        judged = sum(d.judged_gain_s is not None for d in decisions.values())
-        shapes.append({"held_by_lookahead": held, "judged": judged, "switched": sum(d.switch for d in decisions.values()),
-                       "tempted": held + len([d for d in decisions.values() if d.judged_gain_s is not None or
-                                              (d.switch and "waiting" not in d.reason)])})
+        ds = decisions.values()
+        held = sum("waiting" in d.reason for d in ds)  # a held-back server is neither judged nor switched
+        shapes.append({"held_by_lookahead": held, "judged": sum(d.judged_gain_s is not None for d in ds),
+                       "switched": sum(d.switch for d in ds),
+                       "tempted": held + sum(d.judged_gain_s is not None or d.switch for d in ds)})
         times.append((t3 - t0 - sample_s) * 1e3)
         online_ms.append((t1 - t0) * 1e3)
         plan_ms.append((t2 - t1 - sample_s) * 1e3 - shift_ms[-1])

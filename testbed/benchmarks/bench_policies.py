@@ -34,7 +34,6 @@ A benchmark reports; it asserts nothing. Simulated runs are deterministic: the s
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import statistics
@@ -182,14 +181,15 @@ def main(argv=None) -> int:
             out_folder(a.out, a.out)
         except UsageError as e:
             ap.error(str(e))
-    try:  # the default folder is temporary: removed however the run ends (SIGTERM and Ctrl-C included)
-        with signals.teardown_on_signals(), contextlib.ExitStack() as stack:
-            out = Path(a.out) if a.out else Path(stack.enter_context(tempfile.TemporaryDirectory(
-                prefix="bench-policies-")))
-            doc = _run_all(a, cases, seeds, reinits, extra, out)
-    except KeyboardInterrupt as e:
-        print("bench_policies.py: interrupted", file=sys.stderr)
-        return signals.exit_code(e)
+    def work() -> dict:  # the default folder is temporary: removed however the run ends (SIGTERM, Ctrl-C too)
+        if a.out:
+            return _run_all(a, cases, seeds, reinits, extra, Path(a.out))
+        with tempfile.TemporaryDirectory(prefix="bench-policies-") as tmp:
+            return _run_all(a, cases, seeds, reinits, extra, Path(tmp))
+
+    rc, doc = signals.run_torn_down(work, "bench_policies.py")
+    if rc:
+        return rc
     print(json.dumps(doc, indent=1))
     return 0
 

@@ -79,12 +79,11 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
         return 1
-    try:
-        with signals.teardown_on_signals():  # SIGINT/SIGTERM/SIGHUP unwind: the pairs and the namespace go
-            res = _bench(a.changes)
-    except KeyboardInterrupt as e:
-        print("bench_rate_change: interrupted; its veth pairs and namespace were removed", file=sys.stderr)
-        return signals.exit_code(e)
+    # SIGINT/SIGTERM/SIGHUP unwind: the pairs and the namespace go
+    rc, res = signals.run_torn_down(lambda: _bench(a.changes), "bench_rate_change",
+                                    "; its veth pairs and namespace were removed")
+    if rc:
+        return rc
     print(json.dumps(res, indent=1))
     return 0
 

@@ -283,7 +283,7 @@ def _compare(args) -> int:
     from testbed.orchestrator.policies import split_policies
 
     names = _policy_args(exp, split_policies(args.policies)) if args.policies else None  # exit 2 before the tuning
-    out_folder(args.out, "runs")
+    out = out_folder(args.out, f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     _tune(args, exp)
     policies = list({p.name: p for p in (exp.policy(n) for n in (names or exp.default_policies()))}.values())
     if steps == exp.steps:  # the oracle bounds (testbed/runs/oracle.py; cached like the grid)
@@ -292,7 +292,6 @@ def _compare(args) -> int:
             bar.update(bar.total - bar.n)
     if exp.tuned().name not in {p.name for p in policies}:
         policies.insert(0, exp.tuned())
-    out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     with _metrics(exp), _bar(args, steps * len(policies), "compare") as bar, exp:
         done = {"n": 0}
 
