@@ -721,7 +721,7 @@ def prompt_offsets(law: PromptLaw, share: float, done_pid: np.ndarray, done_len:
         # is evaluated once, the same numbers
         uy, inv = np.unique(cens_y, return_inverse=True)
         z = (uy[:, None] - mu - grid[None, :]) / se
-        lik = log_ndtr(-z) if p == 0 else np.logaddexp(math.log(p), math.log1p(-p) + log_ndtr(-z))
+        lik = log_ndtr(-z) if p == 0 else _spiked_log_survival(p, -z)
         src.append(inv + (len(terms[0]) if terms else 0))
         terms.append(lik)
         rows.append(cens_pid)
@@ -747,6 +747,15 @@ def prompt_offsets(law: PromptLaw, share: float, done_pid: np.ndarray, done_len:
             m = rank == k
             ll[sat[m]] += table[src[order[m]]]
     return _offsets_mean(pids, ll, prior, grid)
+
+
+def _spiked_log_survival(p: float, x: np.ndarray) -> np.ndarray:
+    """log(p + (1 - p) Phi(x)) for a spike of mass ``p`` in (0, 1): a censored sample's log-likelihood under
+    :func:`prompt_offsets`' law. The spike keeps the sum at or above ``p``, so it is taken directly rather than in
+    logs (``np.logaddexp(log p, log1p(-p) + log_ndtr(x))``, the same value to ~1e-15 absolute, 3x the time: the
+    running samples' terms were 0.9 of the prompt shifts' 1.3 ms a ``bench planner`` tick); the logs are needed
+    only without a spike, where Phi(x) underflows far out (p = 0: ``log_ndtr``)."""
+    return np.log(p + (1.0 - p) * ndtr(x))
 
 
 def _offsets_mean(pids: np.ndarray, ll: np.ndarray, prior: np.ndarray, grid: np.ndarray) -> dict[int, float]:

@@ -502,7 +502,7 @@ def _offsets_one_by_one(law, share, done_pid, done_len, run_pid, run_gen):
     ll = np.zeros((len(pids), len(grid)))
     np.add.at(ll, np.searchsorted(pids, ex_pid), -0.5 * ((ex_y[:, None] - law.mu - grid[None, :]) / se) ** 2)
     z = (cens_y[:, None] - law.mu - grid[None, :]) / se
-    lik = fc.log_ndtr(-z) if law.p == 0 else np.logaddexp(math.log(law.p), math.log1p(-law.p) + fc.log_ndtr(-z))
+    lik = fc.log_ndtr(-z) if law.p == 0 else np.log(law.p + (1.0 - law.p) * fc.ndtr(-z))
     np.add.at(ll, np.searchsorted(pids, cens_pid), lik)
     post = np.exp(ll - 0.5 * (grid / sa) ** 2 - (ll - 0.5 * (grid / sa) ** 2).max(axis=1, keepdims=True))
     return dict(zip(pids.tolist(), ((post @ grid) / post.sum(axis=1)).tolist()))
@@ -531,6 +531,28 @@ def test_prompt_offsets_equal_the_plain_sum_to_the_bit(per_prompt, compiled, mon
         got = fc.prompt_offsets(law, 0.44, done_pid, done_len, run_pid, run_gen)
         want = _offsets_one_by_one(law, 0.44, done_pid, done_len, run_pid, run_gen)
         assert got.keys() == want.keys() and all(got[k] == want[k] for k in want), trial
+
+
+def test_spiked_log_survival_is_the_log_space_sum():
+    """A censored sample's term under a spike, log(p + (1 - p) Phi(x)) taken directly, is the log-space sum
+    logaddexp(log p, log1p(-p) + log_ndtr(x)) it replaced, to ~1e-15 absolute, out to Phi's far tails (where
+    it is log p) and to x far above (where it is 0); and the offsets computed with either agree to ~1e-12."""
+    x = np.concatenate([np.linspace(-60, 60, 4001), [-1e6, -40.0, 38.5, 1e6]])
+    for p in (1e-6, 0.052, 0.3, 0.5):
+        got = fc._spiked_log_survival(p, x)
+        want = np.logaddexp(math.log(p), math.log1p(-p) + fc.log_ndtr(x))
+        assert np.all(np.isfinite(got)) and np.max(np.abs(got - want)) < 1e-14, p
+        assert got[-4] == pytest.approx(math.log(p), rel=1e-15) and got[-1] == 0.0
+    rng = np.random.default_rng(5)
+    run_pid, done_pid = np.repeat(np.arange(50), 4), np.repeat(np.arange(50), 2)
+    run_gen, done_len = rng.lognormal(6, 1.2, 200).astype(int), np.minimum(rng.lognormal(7, 1, 100).astype(int) + 1, CAP)
+    law = fc.PromptLaw(0.05, 7.0, 0.9, 0.7, float(CAP))
+    got = fc.prompt_offsets(law, 0.44, done_pid, done_len, run_pid, run_gen)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fc, "_spiked_log_survival",
+                   lambda p, x: np.logaddexp(math.log(p), math.log1p(-p) + fc.log_ndtr(x)))
+        want = fc.prompt_offsets(law, 0.44, done_pid, done_len, run_pid, run_gen)
+    assert got.keys() == want.keys() and max(abs(got[k] - want[k]) for k in want) < 1e-12
 
 
 def test_request_shifts_give_each_request_its_prompts_offset():
