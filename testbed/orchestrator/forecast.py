@@ -487,6 +487,12 @@ def _by_prompt(g: np.ndarray, shift, plain, prompt) -> np.ndarray:
     law), ``prompt(mask, s)`` for those of known offset ``s`` (the prompt law); ``g``'s shape."""
     s = np.asarray(shift, dtype=np.float64).reshape(g.shape)
     known = ~np.isnan(s)
+    # every request of one kind (a tick's, once every prompt has shown something): that law alone, on the same
+    # values in the same order, rather than the other law on no request as well (~25 us a call on 2 cores)
+    if known.all():
+        return prompt(known, s[known]).reshape(g.shape)
+    if not known.any():
+        return plain(~known).reshape(g.shape)
     out = np.empty(g.shape)
     out[~known] = plain(~known)
     out[known] = prompt(known, s[known])
@@ -521,6 +527,9 @@ def spike_mass(shape: Sequence[float] | None) -> float:
     return float((inner + outer) / 2.0)
 
 
+_BODY_LEVELS = (float(ndtr(-1.0)), 0.5, float(ndtr(1.0)))  # PromptLaw.of's body quantiles (of the mass below the spike)
+
+
 @dataclass(frozen=True)
 class PromptLaw:
     """The length of a request whose prompt's log-offset ``s`` is known (:func:`prompt_shifts`): the model
@@ -551,7 +560,8 @@ class PromptLaw:
     @classmethod
     def of(cls, fc: "LengthForecast") -> "PromptLaw":
         p = min(spike_mass(fc.shape), 0.5)
-        lo, mid, hi = (fc.quantile(x * (1.0 - p)) for x in (float(ndtr(-1.0)), 0.5, float(ndtr(1.0))))
+        # the three quantiles in one call of the forecast (elementwise: the values three calls give; once a tick)
+        lo, mid, hi = fc.remaining_quantile(np.zeros(3), np.array([x * (1.0 - p) for x in _BODY_LEVELS])).tolist()
         mu = math.log(max(mid, 1.0))
         sigma = max((math.log(max(hi, 1.0)) - math.log(max(lo, 1.0))) / 2.0, ForecastSettings.min_sigma)
         return cls(p, mu, sigma, math.sqrt(1.0 - fc.prompt_share), float(fc.cap))
