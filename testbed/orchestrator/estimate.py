@@ -680,6 +680,7 @@ class Estimator:
                 self.kv_tokens(Layout(tp))
             tp *= 2
         self._stack = DecodeStack.build(self._dec)  # all of them in one, for passes over several TP degrees
+        self._floor: dict[int, float] = {}  # TP degree -> decode_floor_s
         schedule_kernel.warm()  # the compiled passes where numba is installed, compiled now rather than in a tick
         self.calls = 0
         self._forecast = None
@@ -717,6 +718,48 @@ class Estimator:
         if tab is None:
             tab = self._dec[tp] = DecodeTable.build(self.cm, tp, self.settings.max_num_seqs) or False
         return tab
+
+    def decode_floor_s(self, tp: int) -> float:
+        """No decode step the estimates cost at ``tp`` is shorter than this: the least step time over the batches
+        a replica runs (1..max_num_seqs) with no context. A step's time does not fall as its context grows (the
+        attention's reads and flops grow with it, the eager launch of vLLM V0 past its capture limit only adds,
+        the engine's CPU time does not read it); checked on contexts up to 10^7 tokens, and 0 (no bound) where a
+        step there is shorter. Made once per TP degree (~1 ms)."""
+        f = self._floor.get(tp)
+        if f is None:
+            b = np.arange(1, max(1, self.settings.max_num_seqs) + 1, dtype=float)
+            f = float(self._decode_s(b, np.zeros(len(b)), tp).min())
+            for c in (1e2, 1e4, 1e5, 1e6, 1e7):
+                if not float(self._decode_s(b, np.full(len(b), c), tp).min()) >= f:
+                    f = 0.0
+            f = self._floor[tp] = max(f, 0.0) if math.isfinite(f) else 0.0
+        return f
+
+    def makespan_floor_s(self, layout: Layout, rem: np.ndarray) -> float:
+        """A lower bound of :meth:`servers_s_many`'s time for ``layout`` of a load whose requests the estimate
+        gives the remaining tokens ``rem`` (:meth:`estimated_rems`): the replica holding its longest request
+        runs at least that many decode steps, none shorter than :meth:`decode_floor_s` (the other requests,
+        the queue's prefills, a switch's cost and one in progress only add). Shaved by 1e-9 of itself, far
+        beyond the rounding of the estimate's sums of a few thousand segment times."""
+        if not len(rem):
+            return 0.0
+        top = float(np.ceil(max(float(np.max(rem)), 0.0)))
+        return top * self.decode_floor_s(layout.tp) * (1.0 - 1e-9)
+
+    def estimated_rems(self, loads: list) -> list:
+        """The remaining tokens :meth:`servers_s_many` estimates each load of ``loads`` on when they are estimated
+        together: every load's stratified quantiles where every one carries what stratifying needs (and there
+        is a forecast), else each load's ``rem`` (as :meth:`_blocks` decides jointly), in one call of the
+        forecast."""
+        live = [ld for ld in loads if ld.n]
+        if not live or not all(ld.gen is not None and ld.key is not None for ld in live) or self.forecast is None:
+            return [ld.rem for ld in loads]
+        flat = self._stratified_loads(live)
+        out, e0 = [], 0
+        for ld in loads:
+            out.append(flat[e0:e0 + ld.n] if ld.n else ld.rem)
+            e0 += ld.n
+        return out
 
     def kv_tokens(self, layout: Layout) -> float:
         """KV-cache tokens one replica of ``layout`` holds (as the engine sizes it: agents.engine.ModelledCost)."""

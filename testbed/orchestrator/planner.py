@@ -130,18 +130,20 @@ class Planner(LayoutPlanner):
         return max(self.settings.min_gain_s, self._margin(current) * base)
 
     def _all_times(self, views: dict, now: float, prune: bool = False, remember: bool = True,
-                   fresh: bool = False) -> dict:
+                   fresh: bool = False, bounded: frozenset = frozenset()) -> dict:
         """For every server: {layout: predicted remaining time with that layout, its switch cost and a
         switch in progress included}, every server evaluated in one pass per layout (``prune``: but the
         candidates pruned for it, see PlannerSettings.prune_ratio; ``remember``, ``fresh``: as
-        Estimator.servers_s_many's, for loads no later call asks for, and for those no call has seen either)."""
+        Estimator.servers_s_many's, for loads no later call asks for, and for those no call has seen either;
+        ``bounded``: (layout, server) cells not estimated, a candidate left out and the current layout inf,
+        as pruned ones are: the lookahead's cells that cannot beat switching now)."""
         est = self.estimator
         loads = {s: v.load for s, v in views.items()}
         currents = {s: v.layout for s, v in views.items()}
         out = {s: {} for s in views}
         lays = self.candidates + [lay for lay in {v.layout for v in views.values()} if lay not in self.candidates]
-        skip = frozenset((lay, s) for (lay, s), until in self._pruned.items()
-                         if prune and until > self._ticks and s in views and lay != views[s].layout)
+        skip = bounded | frozenset((lay, s) for (lay, s), until in self._pruned.items()
+                                   if prune and until > self._ticks and s in views and lay != views[s].layout)
         times = est.servers_s_many(lays, loads, currents, skip, remember=remember, fresh=fresh)
         kv = {s: v.load.kv_held for s, v in views.items()}
         for lay in lays:
@@ -264,12 +266,32 @@ class Planner(LayoutPlanner):
         is stratified (the loads advanced without the forecast's mean)."""
         # every point's loads in one pass of the estimator (each server's result is the one it gets alone);
         # none is asked for again, so none is remembered
-        aheads = self.estimator.advance_many_at([(views[s].layout, views[s].load) for s in tempted], waits,
-                                                mean=not strat)
+        est = self.estimator
+        aheads = est.advance_many_at([(views[s].layout, views[s].load) for s in tempted], waits, mean=not strat)
         # a point no sooner than the switch's own end cannot beat it (a time is never negative): not estimated
-        later = {(s, first + j): ServerView(s, views[s].layout, ld)
-                 for j, ahead in enumerate(aheads) for s, ld in zip(tempted, ahead) if ld.n and waits[j] < tempted[s]}
-        t2 = self._all_times(later, now, fresh=True) if later else {}
+        cells = [(s, j, ld) for j, ahead in enumerate(aheads) for s, ld in zip(tempted, ahead)
+                 if ld.n and waits[j] < tempted[s]]
+        # nor a layout at a point where its estimate is bounded below by one that cannot beat it: the point's
+        # longest request alone, at the layout's shortest decode step (Estimator.makespan_floor_s). On the bench's
+        # states that is ~2/3 of the lookahead's cells, mostly its later points' (docs/orchestrator.md "The
+        # lookahead's bound"). The remaining tokens the bound reads are those the estimate uses, so the loads are
+        # handed on with them (and without their keys: not stratified again); what is estimated, and so every
+        # decision and reason, is the same as estimating every cell
+        rems = est.estimated_rems([ld for _, _, ld in cells])
+        later, bounded = {}, set()
+        for (s, j, ld), rem in zip(cells, rems):
+            lays = self.candidates + ([views[s].layout] if views[s].layout not in self.candidates else [])
+            out = [lay for lay in lays if waits[j] + est.makespan_floor_s(lay, rem) >= tempted[s]]
+            if len(out) == len(lays):
+                continue  # no plan at this point can beat switching now
+            later[(s, first + j)] = (ld, rem)
+            bounded.update((lay, (s, first + j)) for lay in out)
+        # every load placed (no arrival, whose placement reads rem: Estimator._as_placed) and stratified: all of
+        # them handed on with their quantiles; else all as they are (the estimate stratifies all or none)
+        swap = all(rem is not ld.rem and bool((ld.replica >= 0).all()) for ld, rem in later.values())
+        later = {key: ServerView(key[0], views[key[0]].layout, replace(ld, rem=rem, key=None) if swap else ld)
+                 for key, (ld, rem) in later.items()}
+        t2 = self._all_times(later, now, fresh=True, bounded=frozenset(bounded)) if later else {}
         waiting = {}
         for j, dt in enumerate(waits):
             for s, best_t in tempted.items():

@@ -454,3 +454,75 @@ def test_the_built_in_balancer_runs_on_the_layout_tuned_for_it(tmp_path, monkeyp
     assert bal.layout.name(exp.gpus) == pick and not bal.tune_start
     assert set(rep["policies"]["balancer"]["layouts"].values()) == {pick}
     assert rep["policies"]["balancer"]["step_makespan_s"][0] == pytest.approx(tried[pick], abs=1e-4)
+
+
+@pytest.mark.parametrize("model, profile", [("Qwen2.5-14B", "vllm-v1"), ("Qwen2.5-7B", "vllm-v0"),
+                                            ("Qwen3-30B-A3B", "sglang"), ("Qwen2.5-7B", "kernels")])
+def test_the_makespan_floor_is_below_every_estimate(model, profile):
+    """Estimator.makespan_floor_s (the lookahead's bound): a load's longest request's steps at the layout's
+    shortest decode step is never above the estimate of any layout, placed or dealt, with a forecast (the
+    stratified quantiles, Estimator.estimated_rems) or without (rem as given), queues and KV limits included;
+    and it is a bound worth having (within 3x of the estimate somewhere)."""
+    from testbed.orchestrator.forecast import LengthForecast
+
+    st = EngineSettings(profile=profile, max_num_seqs=128)
+    est = Estimator(CostModel.for_engine(model, "H800", st), 8, st)
+    lays = [Layout(t) for t in (1, 2, 4, 8)]
+    assert all(est.decode_floor_s(lay.tp) > 0 for lay in lays)
+    rng = np.random.default_rng(7)
+    tightest = 0.0
+    for trial in range(24):
+        est.use_forecast(None if trial % 3 == 0 else LengthForecast(step=0, mu=float(rng.uniform(5, 8)),
+                                                                    sigma=0.9, cap=8192, mu_se=0.1, method="test"))
+        n = int(rng.integers(1, 600))
+        cur = lays[trial % 4]
+        ld = ServerLoad(rng.integers(256, 6000, n).astype(float), rng.integers(1, 4000, n).astype(float),
+                        rng.random(n) < 0.8, rng.integers(0, cur.replicas(8), n),
+                        gen=rng.integers(0, 3000, n).astype(float), key=rng.random(n), rid=rng.permutation(n))
+        times = est.servers_s_many(lays, {0: ld}, {0: cur}, remember=False)
+        (rem,) = est.estimated_rems([ld])
+        for lay in lays:
+            floor = est.makespan_floor_s(lay, rem)
+            assert 0 < floor <= times[lay][0], (trial, lay, floor, times[lay][0])
+            tightest = max(tightest, floor / times[lay][0])
+    assert tightest > 1 / 3
+
+
+def test_the_lookahead_bound_changes_no_decision(monkeypatch):
+    """The lookahead leaves out a (point, layout) whose makespan floor cannot beat switching now: on bench-like
+    states (every server tempted, mixed layouts, arrivals) every decision, reason and figure is the one of a
+    lookahead that estimates every cell, and cells were left out."""
+    import dataclasses
+
+    from orchestrator_cases import _bench_state, _setup
+
+    w, est, lays, _, _ = _setup(8192, 256, median=900)
+    left_out = []
+    plain_all_times = Planner._all_times
+
+    def counting(self, views, now, *a, bounded=frozenset(), **k):
+        left_out.append(len(bounded))
+        return plain_all_times(self, views, now, *a, bounded=bounded, **k)
+
+    def decide(views, bound):
+        p = Planner(est, ModelledCost(est.cm, 8), PlannerSettings(prune_ticks=0), False, tuple(lays),
+                    beside_balancer=True)
+        with monkeypatch.context() as m:
+            m.setattr(Planner, "_all_times", counting)
+            if not bound:
+                m.setattr(Estimator, "makespan_floor_s", lambda self, lay, rem: 0.0)
+            return p.evaluate_all(views, now=10.0, interval=1.0)
+
+    rng = np.random.default_rng(11)
+    waits = bounded = 0
+    for k in range(6):
+        pick = [lays[0]] * 4 if k % 2 == 0 else [lays[j % len(lays)] for j in range(4)]
+        views, _ = _bench_state(w, est, lays, rng, 1024, pick, k=k, arrivals=0.05 * (k % 3 == 2))
+        left_out.clear()
+        with_bound = decide(views, True)
+        bounded += sum(left_out)
+        without = decide(views, False)
+        assert {s: dataclasses.asdict(d) for s, d in with_bound.items()} == \
+            {s: dataclasses.asdict(d) for s, d in without.items()}, k
+        waits += sum("waiting" in d.reason for d in with_bound.values())
+    assert waits and bounded
