@@ -680,7 +680,9 @@ class Estimator:
                 self.kv_tokens(Layout(tp))
             tp *= 2
         self._stack = DecodeStack.build(self._dec)  # all of them in one, for passes over several TP degrees
-        self._floor: dict[int, float] = {}  # TP degree -> decode_floor_s
+        self._floor: dict[int, float] = {}  # TP degree -> decode_floor_s, each made here rather than in a tick
+        for t in self._dec:
+            self.decode_floor_s(t)
         schedule_kernel.warm()  # the compiled passes where numba is installed, compiled now rather than in a tick
         self.calls = 0
         self._forecast = None
@@ -743,8 +745,12 @@ class Estimator:
         beyond the rounding of the estimate's sums of a few thousand segment times."""
         if not len(rem):
             return 0.0
-        top = float(np.ceil(max(float(np.max(rem)), 0.0)))
-        return top * self.decode_floor_s(layout.tp) * (1.0 - 1e-9)
+        return self.steps_floor_s(layout, float(np.max(rem)))
+
+    def steps_floor_s(self, layout: Layout, longest: float) -> float:
+        """:meth:`makespan_floor_s` of a load whose longest request the estimate gives ``longest`` tokens (a
+        caller bounding one load under several layouts takes its maximum once)."""
+        return math.ceil(max(longest, 0.0)) * self.decode_floor_s(layout.tp) * (1.0 - 1e-9)
 
     def estimated_rems(self, loads: list) -> list:
         """The remaining tokens :meth:`servers_s_many` estimates each load of ``loads`` on when they are estimated

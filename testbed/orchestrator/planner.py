@@ -281,7 +281,8 @@ class Planner(LayoutPlanner):
         later, bounded = {}, set()
         for (s, j, ld), rem in zip(cells, rems):
             lays = self.candidates + ([views[s].layout] if views[s].layout not in self.candidates else [])
-            out = [lay for lay in lays if waits[j] + est.makespan_floor_s(lay, rem) >= tempted[s]]
+            longest = float(rem.max())
+            out = [lay for lay in lays if waits[j] + est.steps_floor_s(lay, longest) >= tempted[s]]
             if len(out) == len(lays):
                 continue  # no plan at this point can beat switching now
             later[(s, first + j)] = (ld, rem)

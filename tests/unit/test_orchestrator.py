@@ -510,7 +510,7 @@ def test_the_lookahead_bound_changes_no_decision(monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(Planner, "_all_times", counting)
             if not bound:
-                m.setattr(Estimator, "makespan_floor_s", lambda self, lay, rem: 0.0)
+                m.setattr(Estimator, "steps_floor_s", lambda self, lay, longest: 0.0)
             return p.evaluate_all(views, now=10.0, interval=1.0)
 
     rng = np.random.default_rng(11)
