@@ -681,6 +681,9 @@ class Estimator:
             tp *= 2
         self._stack = DecodeStack.build(self._dec)  # all of them in one, for passes over several TP degrees
         self._floor: dict[int, float] = {}  # TP degree -> decode_floor_s, each made here rather than in a tick
+        # a load's stratified quantiles under the forecast in use (:meth:`_stratified_loads`), by the arrays they
+        # read: (gen, key, shift, quantiles) by their ids, the arrays kept so an id is not reused while it is here
+        self._strat: dict[tuple, tuple] = {}
         for t in self._dec:
             self.decode_floor_s(t)
         schedule_kernel.warm()  # the compiled passes where numba is installed, compiled now rather than in a tick
@@ -694,6 +697,8 @@ class Estimator:
 
     def use_forecast(self, forecast) -> None:
         """Estimate on ``forecast`` from now on (a LengthForecast; None: exact lengths, ``rem`` as given)."""
+        if forecast is not self._forecast:
+            self._strat.clear()
         self._forecast = forecast
 
     def _prefill_s(self, n: int, mean_ctx: float, tp: int) -> float:
@@ -893,7 +898,11 @@ class Estimator:
             pre = out["prefill"]
             js = np.nonzero(nw)[0]
             tps = [layout.tp] * len(js) if tp_g is None else tp_g[js].tolist()
-            pre[js] = [self._prefill_s(n, m, tp) for n, m, tp in zip(nw[js].tolist(), (sw[js] / nw[js]).tolist(), tps)]
+            keys = list(zip(nw[js].tolist(), (sw[js] / nw[js]).tolist(), tps))
+            got = list(map(self._prefill.get, keys))  # _prefill_s's memo read directly (~1 us a replica less)
+            if None in got:
+                got = [self._prefill_s(*k) if t is None else t for k, t in zip(keys, got)]
+            pre[js] = got
             total += pre
         if kernel is not None:
             out["start"][idx] = start_o
@@ -1064,7 +1073,7 @@ class Estimator:
         ((k + 0.5) / n)-quantile of its conditional remaining length; without one, ``load.rem``."""
         if self.forecast is None or load.gen is None or load.key is None:
             return load.rem
-        return self._stratified(load.gen, load.key, np.zeros(len(load.gen), np.int64), 1, load.shift)
+        return self._stratified_loads([load])
 
     def stratified_within(self, load: ServerLoad, group: np.ndarray) -> np.ndarray:
         """:meth:`stratified` with the quantiles dealt inside each group of ``group`` (e.g. a server's
@@ -1118,21 +1127,37 @@ class Estimator:
     def _stratified_loads(self, loads: list) -> np.ndarray:
         """:meth:`stratified` of every load of ``loads``, concatenated: a load that stands in several blocks (one
         server under every candidate layout) is stratified once, all in one call of the forecast (which is
-        elementwise: the same numbers as load by load)."""
-        first: dict[tuple, int] = {}  # the arrays it reads -> the load's index among the distinct loads
-        distinct: list = []
+        elementwise: the same numbers as load by load). A load stratified before under the same forecast (the
+        tick's own pass, then the judgement's and the held-back servers' re-deals of it, the balancer's load
+        indices) is not stratified again (:attr:`_strat`: the values computed then). Always a new array."""
         ident = (lambda ld: (id(ld.gen), id(ld.key), id(ld.shift)))  # noqa: E731 - a load re-dealt shares them
+        memo = self._strat
+        part: dict[tuple, np.ndarray] = {}  # the arrays it reads -> the load's quantiles
+        todo: list = []
         for ld in loads:
-            if ident(ld) not in first:
-                first[ident(ld)] = len(distinct)
-                distinct.append(ld)
-        block = np.concatenate([np.full(ld.n, k, np.int64) for k, ld in enumerate(distinct)])
-        shifts = None if all(ld.shift is None for ld in distinct) else np.concatenate(
-            [ld.shift if ld.shift is not None else np.full(ld.n, np.nan) for ld in distinct])
-        flat = self._stratified(np.concatenate([ld.gen for ld in distinct]),
-                                np.concatenate([ld.key for ld in distinct]), block, len(distinct), shifts)
-        ends = np.cumsum([0] + [ld.n for ld in distinct])
-        return np.concatenate([flat[ends[first[ident(ld)]]:ends[first[ident(ld)] + 1]] for ld in loads])
+            k = ident(ld)
+            if k in part:
+                continue
+            hit = memo.get(k)
+            if hit is not None and hit[0] is ld.gen and hit[1] is ld.key and hit[2] is ld.shift:
+                part[k] = hit[3]
+            else:
+                part[k] = None
+                todo.append(ld)
+        if todo:
+            block = np.concatenate([np.full(ld.n, k, np.int64) for k, ld in enumerate(todo)])
+            shifts = None if all(ld.shift is None for ld in todo) else np.concatenate(
+                [ld.shift if ld.shift is not None else np.full(ld.n, np.nan) for ld in todo])
+            flat = self._stratified(np.concatenate([ld.gen for ld in todo]),
+                                    np.concatenate([ld.key for ld in todo]), block, len(todo), shifts)
+            if len(memo) + len(todo) > 4096:
+                memo.clear()
+            e0 = 0
+            for ld in todo:
+                part[ident(ld)] = q = flat[e0:e0 + ld.n]
+                memo[ident(ld)] = (ld.gen, ld.key, ld.shift, q)
+                e0 += ld.n
+        return np.concatenate([part[ident(ld)] for ld in loads])
 
     def _blocks(self, blocks: list, joint: bool, store: tuple = ()) -> list:
         """Every (layout, load, rep) of ``blocks`` in one grouped pass: a :class:`_Done` per block (the remaining
