@@ -682,7 +682,8 @@ class Estimator:
         self._stack = DecodeStack.build(self._dec)  # all of them in one, for passes over several TP degrees
         self._floor: dict[int, float] = {}  # TP degree -> decode_floor_s, each made here rather than in a tick
         # a load's stratified quantiles under the forecast in use (:meth:`_stratified_loads`), by the arrays they
-        # read: (gen, key, shift, quantiles) by their ids, the arrays kept so an id is not reused while it is here
+        # read: (gen, key, shift, quantiles) by their ids, the arrays kept so an id is not reused while it is here;
+        # emptied by every use_forecast (a tick's), and beyond 256 loads (a bench tick keeps ~30)
         self._strat: dict[tuple, tuple] = {}
         for t in self._dec:
             self.decode_floor_s(t)
@@ -697,8 +698,7 @@ class Estimator:
 
     def use_forecast(self, forecast) -> None:
         """Estimate on ``forecast`` from now on (a LengthForecast; None: exact lengths, ``rem`` as given)."""
-        if forecast is not self._forecast:
-            self._strat.clear()
+        self._strat.clear()  # what a tick kept (the quantiles of its loads) goes with it, whatever the forecast
         self._forecast = forecast
 
     def _prefill_s(self, n: int, mean_ctx: float, tp: int) -> float:
@@ -1150,7 +1150,7 @@ class Estimator:
                 [ld.shift if ld.shift is not None else np.full(ld.n, np.nan) for ld in todo])
             flat = self._stratified(np.concatenate([ld.gen for ld in todo]),
                                     np.concatenate([ld.key for ld in todo]), block, len(todo), shifts)
-            if len(memo) + len(todo) > 4096:
+            if len(memo) + len(todo) > 256:
                 memo.clear()
             e0 = 0
             for ld in todo:

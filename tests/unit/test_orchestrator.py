@@ -526,3 +526,31 @@ def test_the_lookahead_bound_changes_no_decision(monkeypatch):
             {s: dataclasses.asdict(d) for s, d in without.items()}, k
         waits += sum("waiting" in d.reason for d in with_bound.values())
     assert waits and bounded
+
+
+def test_a_loads_quantiles_are_kept_within_a_tick_and_never_handed_out_to_be_changed():
+    """Estimator._stratified_loads keeps a load's stratified quantiles until the next use_forecast: a load asked
+    again (itself, or re-dealt: the same arrays) gets the same values without another call of the forecast,
+    every answer is a new array (changing one changes nothing kept), and a tick's new forecast is used afresh."""
+    import dataclasses
+
+    from testbed.orchestrator.forecast import LengthForecast
+
+    est = Estimator(CostModel.for_names("Qwen2.5-7B", "H800"), 8, EngineSettings())
+    fc = LengthForecast(step=0, mu=6.5, sigma=0.9, cap=8192, mu_se=0.1, method="test")
+    est.use_forecast(fc)
+    rng = np.random.default_rng(4)
+    n = 300
+    ld = ServerLoad(rng.integers(256, 3000, n).astype(float), rng.integers(1, 900, n).astype(float),
+                    rng.random(n) < 0.7, rng.integers(0, 8, n), gen=rng.integers(0, 800, n).astype(float),
+                    key=rng.random(n), rid=rng.permutation(n))
+    calls = []
+    real = fc.remaining_quantile
+    object.__setattr__(fc, "remaining_quantile", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = est.stratified(ld)
+    first[:] = -1.0  # the caller's own array
+    again = est._stratified_loads([dataclasses.replace(ld, running=~ld.running), ld])
+    assert len(calls) == 1 and np.array_equal(again[:n], again[n:]) and (again > 0).all()
+    est.use_forecast(dataclasses.replace(fc, mu=7.0))
+    later = est.stratified(ld)
+    assert len(calls) == 1 and not np.array_equal(later, again[:n])  # the new forecast's own (not fc's method)
