@@ -83,15 +83,18 @@ def test_phase_change_moves_traffic_onto_new_circuits():
 
 @pytest.mark.parametrize("delay_ms", [0.0, 10.0, 50.0])
 def test_loss_gap_tracks_the_programmed_delay(delay_ms):
-    res = bench_reconfig(delay_ms, samples=4, pps=2000.0)
+    res = bench_reconfig(delay_ms, samples=8, pps=2000.0)
     assert res["unchanged_loss"] == 0 and res["unchanged_loss_rerouted"] == 0, res
     if delay_ms > 0:
         assert res["changed_lost"] > 0, res
     # about D where the same uplinks stay paired: a few ms of slack for a shared 2-core CI machine (the
     # benchmark reports the real spread). Below D: the controller sends the adds D after it sent the deletes,
     # counting on both taking effect one install latency later; on a loaded machine a delete lands later than
-    # the adds that follow it and the dark time comes out short (8.4 ms for D = 10 beside two CPU-bound jobs, 2026-12-06): 3 ms of slack, still far from 0
-    low = max(delay_ms - 3.0, 0.7 * delay_ms)
+    # the adds that follow it and the dark time comes out short: 8.4 ms for D = 10 beside two CPU-bound jobs
+    # (2026-12-06), and a median of 6.75 ms over 4 samples in a fresh-clone CI run with nothing else on the
+    # machine (2026-12-07; quiet, 6 runs of 4 gave medians 9.5-11.0, single samples 8.0-12.5). So 8 samples and
+    # 5 ms of slack: still far from D = 0's blackout, and a delay not applied (or applied twice) still fails
+    low = max(delay_ms - 5.0, 0.5 * delay_ms)
     assert low <= res["blackout_ms_p50"] <= delay_ms + 6.0, res
     # where the path's ToR routes move to other uplinks, the routes toward the new circuits may only go in
     # once the deletes are confirmed (before, they would send into the old circuit), so the dark interval is
