@@ -278,11 +278,16 @@ class Planner(LayoutPlanner):
         # handed on with them (and without their keys: not stratified again); what is estimated, and so every
         # decision and reason, is the same as estimating every cell
         rems = est.estimated_rems([ld for _, _, ld in cells])
+        # the bound holds where the estimate uses what it read: every load's quantiles (any subset of them is
+        # stratified alike), or no load's (none can be); a mix (one server without keys) stratifies none of
+        # them here, and a subset estimated without that server would be: no bound then
+        sound = (all(rem is not ld.rem for (_, _, ld), rem in zip(cells, rems)) or est.forecast is None
+                 or all(ld.gen is None or ld.key is None for _, _, ld in cells))
         later, bounded = {}, set()
         for (s, j, ld), rem in zip(cells, rems):
             lays = self.candidates + ([views[s].layout] if views[s].layout not in self.candidates else [])
             longest = float(rem.max())
-            out = [lay for lay in lays if waits[j] + est.steps_floor_s(lay, longest) >= tempted[s]]
+            out = [lay for lay in lays if sound and waits[j] + est.steps_floor_s(lay, longest) >= tempted[s]]
             if len(out) == len(lays):
                 continue  # no plan at this point can beat switching now
             later[(s, first + j)] = (ld, rem)
