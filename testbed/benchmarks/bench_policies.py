@@ -178,7 +178,7 @@ def main(argv=None) -> int:
         ap.error(str(e))
     if a.out:
         try:
-            out_folder(a.out, a.out)
+            out_folder(a.out)
         except UsageError as e:
             ap.error(str(e))
     def work() -> dict:  # the default folder is temporary: removed however the run ends (SIGTERM, Ctrl-C too)

@@ -36,7 +36,7 @@ def positive(name: str, v: float, allow_zero: bool = False) -> None:
         raise UsageError(f"{e.field} {e.message}") from None
 
 
-def out_folder(value: str | None, default: str, flag: str = "--out") -> Path:
+def out_folder(value: str | None, default: str | None = None, flag: str = "--out") -> Path:
     """The output folder ``value`` (``default`` where not given), checked before anything runs: a folder, or a path
     that can be made one. UsageError naming what is wrong otherwise (a file in its place, an ancestor that is
     not a folder, an ancestor nothing can be created in), so a command does not run for minutes and then fail

@@ -142,7 +142,7 @@ def _sweep(args) -> int:
 
     from testbed.commands.common import out_folder
 
-    out_folder(args.out, args.out)  # exit 2 before the sweep runs, not at its first write
+    out_folder(args.out)  # exit 2 before the sweep runs, not at its first write
     settings = SimSettings(train_rewire=args.train_rewire, fabric=FabricOptions(fat_tree_tiers=args.fat_tree_tiers))
     results = run_sweep(scn, points, settings, use_ray=use_ray, ray_address=args.ray_address)
     ceilings = {}

@@ -680,13 +680,11 @@ class Estimator:
                 self.kv_tokens(Layout(tp))
             tp *= 2
         self._stack = DecodeStack.build(self._dec)  # all of them in one, for passes over several TP degrees
-        self._floor: dict[int, float] = {}  # TP degree -> decode_floor_s, each made here rather than in a tick
+        self._floor: dict[int, float] = {}  # TP degree -> decode_floor_s (the planner makes its candidates' at start)
         # a load's stratified quantiles under the forecast in use (:meth:`_stratified_loads`), by the arrays they
         # read: (gen, key, shift, quantiles) by their ids, the arrays kept so an id is not reused while it is here;
         # emptied by every use_forecast (a tick's), and beyond 256 loads (a bench tick keeps ~30)
         self._strat: dict[tuple, tuple] = {}
-        for t in self._dec:
-            self.decode_floor_s(t)
         schedule_kernel.warm()  # the compiled passes where numba is installed, compiled now rather than in a tick
         self.calls = 0
         self._forecast = None
@@ -742,20 +740,18 @@ class Estimator:
             f = self._floor[tp] = max(f, 0.0) if math.isfinite(f) else 0.0
         return f
 
-    def makespan_floor_s(self, layout: Layout, rem: np.ndarray) -> float:
-        """A lower bound of :meth:`servers_s_many`'s time for ``layout`` of a load whose requests the estimate
-        gives the remaining tokens ``rem`` (:meth:`estimated_rems`): the replica holding its longest request
-        runs at least that many decode steps, none shorter than :meth:`decode_floor_s` (the other requests,
-        the queue's prefills, a switch's cost and one in progress only add). Shaved by 1e-9 of itself, far
-        beyond the rounding of the estimate's sums of a few thousand segment times."""
-        if not len(rem):
-            return 0.0
-        return self.steps_floor_s(layout, float(np.max(rem)))
-
-    def steps_floor_s(self, layout: Layout, longest: float) -> float:
-        """:meth:`makespan_floor_s` of a load whose longest request the estimate gives ``longest`` tokens (a
-        caller bounding one load under several layouts takes its maximum once)."""
+    def makespan_floor_s(self, layout: Layout, longest: float) -> float:
+        """A lower bound of :meth:`servers_s_many`'s time for ``layout`` of a load whose longest request the estimate
+        gives ``longest`` remaining tokens (the maximum of :meth:`estimated_rems`'s): that request's replica runs at
+        least that many decode steps, none shorter than :meth:`decode_floor_s` (the other requests, the queue's
+        prefills, a switch's cost and one in progress only add). Shaved by 1e-9 of itself, far beyond the
+        rounding of the estimate's sums of a few thousand segment times."""
         return math.ceil(max(longest, 0.0)) * self.decode_floor_s(layout.tp) * (1.0 - 1e-9)
+
+    def stratifiable(self, load: ServerLoad) -> bool:
+        """Whether ``load`` is estimated on its stratified quantiles (a forecast, and its generated tokens and keys)
+        rather than its ``rem``; a pass of several loads stratifies all of them or none (:meth:`_blocks`)."""
+        return load.gen is not None and load.key is not None and self.forecast is not None
 
     def estimated_rems(self, loads: list) -> list:
         """The remaining tokens :meth:`servers_s_many` estimates each load of ``loads`` on when they are estimated
@@ -763,7 +759,7 @@ class Estimator:
         is a forecast), else each load's ``rem`` (as :meth:`_blocks` decides jointly), in one call of the
         forecast."""
         live = [ld for ld in loads if ld.n]
-        if not live or not all(ld.gen is not None and ld.key is not None for ld in live) or self.forecast is None:
+        if not live or not all(map(self.stratifiable, live)):
             return [ld.rem for ld in loads]
         flat = self._stratified_loads(live)
         out, e0 = [], 0
@@ -1178,7 +1174,7 @@ class Estimator:
         group = np.concatenate([np.asarray(rep, np.int64) for _, _, rep in live]) + np.repeat(
             [offs[k] for k, _, _ in live], [ld.n for _, ld, _ in live])
         ctx0, rem, running = cat(lambda ld: ld.ctx0), cat(lambda ld: ld.rem), cat(lambda ld: ld.running)
-        able = [ld.gen is not None and ld.key is not None and self.forecast is not None for ld in loads]
+        able = [self.stratifiable(ld) for ld in loads]
         if all(able):
             rem = self._stratified_loads(loads)
             used = able

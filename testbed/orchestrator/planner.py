@@ -114,6 +114,7 @@ class Planner(LayoutPlanner):
             raise SpecError("orchestrator.planner.layouts", "no candidate layout holds the model and a longest response")
         for lay in self.candidates:
             lay.check(self.estimator.gpus, "orchestrator.planner.layouts")
+            self.estimator.decode_floor_s(lay.tp)  # the lookahead's bound's floors made now, not in a tick (~0.5 ms each)
 
     def _margin(self, current: Layout) -> float:
         """The share of a server's remaining makespan a switch's gain must exceed: PlannerSettings.gain_margin, or
@@ -281,13 +282,13 @@ class Planner(LayoutPlanner):
         # the bound holds where the estimate uses what it read: every load's quantiles (any subset of them is
         # stratified alike), or no load's (none can be); a mix (one server without keys) stratifies none of
         # them here, and a subset estimated without that server would be: no bound then
-        sound = (all(rem is not ld.rem for (_, _, ld), rem in zip(cells, rems)) or est.forecast is None
-                 or all(ld.gen is None or ld.key is None for _, _, ld in cells))
+        sound = (all(rem is not ld.rem for (_, _, ld), rem in zip(cells, rems))
+                 or not any(est.stratifiable(ld) for _, _, ld in cells))
         later, bounded = {}, set()
         for (s, j, ld), rem in zip(cells, rems):
             lays = self.candidates + ([views[s].layout] if views[s].layout not in self.candidates else [])
             longest = float(rem.max())
-            out = [lay for lay in lays if sound and waits[j] + est.steps_floor_s(lay, longest) >= tempted[s]]
+            out = [lay for lay in lays if sound and waits[j] + est.makespan_floor_s(lay, longest) >= tempted[s]]
             if len(out) == len(lays):
                 continue  # no plan at this point can beat switching now
             later[(s, first + j)] = (ld, rem)

@@ -247,6 +247,11 @@ def test_sim_of_one_iteration_refuses_an_output_folder(tmp_path, run_cli, nothin
     assert os.listdir(tmp_path) == []
 
 
+# the start of a rollout_s case (its scenario, round and layout follow)
+ROLLOUT = ("cases:\n- {id: a, kind: rollout_s, role: fit, model: Qwen3-8B, gpu: H100, profile: vllm-v1, "
+           "measured: 1, source: x")
+
+
 @pytest.mark.parametrize("text,field", [
     (None, "cases: no such file"),
     ("cases: [\n", "not valid YAML"),
@@ -257,14 +262,10 @@ def test_sim_of_one_iteration_refuses_an_output_folder(tmp_path, run_cli, nothin
      "cases[0].model: unknown model"),
     ("cases:\n- {id: a, kind: step_ms, role: fit, model: Qwen3-8B, gpu: Z900, profile: vllm-v1, measured: 1, source: x}\n",
      "cases[0].gpu: unknown GPU"),
-    ("cases:\n- {id: a, kind: rollout_s, role: fit, model: Qwen3-8B, gpu: H100, profile: vllm-v1, measured: 1, "
-     "source: x}\n", "cases[0].scenario: is required"),
-    ("cases:\n- {id: a, kind: rollout_s, role: fit, model: Qwen3-8B, gpu: H100, profile: vllm-v1, measured: 1, "
-     "source: x, scenario: scenarios/nope.yaml, round: short, layout: TP1x8}\n", "cases[0].scenario: no such file"),
-    ("cases:\n- {id: a, kind: rollout_s, role: fit, model: Qwen3-8B, gpu: H100, profile: vllm-v1, measured: 1, "
-     "source: x, scenario: scenarios/rollpacker-qwen3-8b.yaml, round: mid, layout: TP1x8}\n", "cases[0].round"),
-    ("cases:\n- {id: a, kind: rollout_s, role: fit, model: Qwen3-8B, gpu: H100, profile: vllm-v1, measured: 1, "
-     "source: x, scenario: scenarios/rollpacker-qwen3-8b.yaml, round: short, layout: TP4x2}\n", "cases[0].layout"),
+    (ROLLOUT + "}\n", "cases[0].scenario: is required"),
+    (ROLLOUT + ", scenario: scenarios/nope.yaml, round: short, layout: TP1x8}\n", "cases[0].scenario: no such file"),
+    (ROLLOUT + ", scenario: scenarios/rollpacker-qwen3-8b.yaml, round: mid, layout: TP1x8}\n", "cases[0].round"),
+    (ROLLOUT + ", scenario: scenarios/rollpacker-qwen3-8b.yaml, round: short, layout: TP4x2}\n", "cases[0].layout"),
 ])
 def test_a_bad_engine_case_file_exits_2_naming_what_is_wrong(tmp_path, run_cli, text, field):
     path = tmp_path / "cases.yaml"

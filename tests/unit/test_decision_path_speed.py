@@ -291,7 +291,7 @@ def test_the_lookahead_estimates_no_point_past_a_switchs_own_end(monkeypatch):
 
     setup = _setup(16384, 256)
     w, est, lays, planner = setup[:4]
-    monkeypatch.setattr(type(est), "steps_floor_s", lambda self, lay, longest: 0.0)
+    monkeypatch.setattr(type(est), "makespan_floor_s", lambda self, lay, longest: 0.0)
     views, _ = _bench_state(w, est, lays, np.random.default_rng(3), 1024, [lays[0]] * 4,
                             weights=[0.55, 0.25, 0.15, 0.05])
     seen, waits = [], []

@@ -482,7 +482,7 @@ def test_the_makespan_floor_is_below_every_estimate(model, profile):
         times = est.servers_s_many(lays, {0: ld}, {0: cur}, remember=False)
         (rem,) = est.estimated_rems([ld])
         for lay in lays:
-            floor = est.makespan_floor_s(lay, rem)
+            floor = est.makespan_floor_s(lay, float(rem.max()))
             assert 0 < floor <= times[lay][0], (trial, lay, floor, times[lay][0])
             tightest = max(tightest, floor / times[lay][0])
     assert tightest > 1 / 3
@@ -510,7 +510,7 @@ def test_the_lookahead_bound_changes_no_decision(monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(Planner, "_all_times", counting)
             if not bound:
-                m.setattr(Estimator, "steps_floor_s", lambda self, lay, longest: 0.0)
+                m.setattr(Estimator, "makespan_floor_s", lambda self, lay, longest: 0.0)
             return p.evaluate_all(views, now=10.0, interval=1.0)
 
     rng = np.random.default_rng(11)
