@@ -1,16 +1,21 @@
 """How much of the lane oracle can a policy keep that finds the long requests by their progress alone?
 
     .venv/bin/python testbed/benchmarks/bench_lanes.py [--scenarios short-7b,default] [--steps 1] [--top 5]
+        [--knowledge progress,prompt,predictor:0.25]
 
 Per scenario (scenarios/NAME.yaml) and step, on the engine (virtual time, the engine the simulated backend
 and the oracle run): the best static configuration (every feasible layout x the tuning grid's max_num_seqs,
 the tuned baseline's search), the lane oracle (testbed.runs.oracle ``both``: every response length known at
 time 0), the floor (the longest response alone at the fastest layout), and the search of
 testbed/runs/lanes.py: every progress-informed lane plan, free layouts and free instant migrations, so that
-its best is an upper estimate for online lane policies of that family. Prints one JSON document: per
-scenario the generation time summed over the steps of each, the speedups over the best static, the share of
-the oracle's speedup the best lane plan keeps, and the ``--top`` plans. A benchmark reports; it asserts
-nothing. Deterministic: the same scenario and seed give the same figures.
+its best is an upper estimate for online lane policies of that family. ``--knowledge`` searches again with
+more known at time 0 than an online policy knows (testbed/runs/lanes.py ``scores``: each prompt's difficulty,
+or a per-request length predictor of a given log error), the lanes seeded with the top-scored requests
+(``KNOWN_GRID``): what it would take to keep the oracle's gain. Prints one JSON document: per scenario the
+generation time summed over the steps of each, and per knowledge the speedups over the best static, the share
+of the oracle's speedup the best lane plan keeps, and the ``--top`` plans. A benchmark reports; it asserts
+nothing. Deterministic: the same scenario and seed give the same figures (a predictor's noise is drawn from
+the scenario's seed).
 """
 from __future__ import annotations
 
@@ -24,12 +29,16 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
+
 from emulation.scenario import load_scenario  # noqa: E402
-from testbed.runs.lanes import GRID, as_json, plans, search  # noqa: E402
+from emulation.workload import LengthSchedule  # noqa: E402
+from testbed.runs.lanes import GRID, KNOWN_GRID, as_json, plans, scores, search  # noqa: E402
 from testbed.runs.oracle import Oracle, ServerPlan  # noqa: E402
 
 
-def bench_scenario(path: Path, steps: int, top: int, grid: dict = GRID, quiet: bool = False) -> dict:
+def bench_scenario(path: Path, steps: int, top: int, grid: dict = GRID, quiet: bool = False,
+                   knowledge: tuple = ("progress",), known_grid: dict = KNOWN_GRID) -> dict:
     scn = load_scenario(path)
     probe = Oracle(scn, ("TP1x8", scn.orchestrator.engine.max_num_seqs), steps=steps)
     cases = probe.step_cases()
@@ -39,26 +48,39 @@ def bench_scenario(path: Path, steps: int, top: int, grid: dict = GRID, quiet: b
     tuned = min(static, key=lambda k: (static[k], k))
     lay, mns = tuned.split("@")
     orc = Oracle(scn, (lay, int(mns)), steps=steps)
-    n_plans = len(plans(orc, len(orc.servers), grid))
+    grids = {kind: grid if kind == "progress" else known_grid for kind in knowledge}
+    n_plans = {kind: len(plans(orc, len(orc.servers), g)) for kind, g in grids.items()}
     out = {"scenario": scn.name, "steps": steps, "tuned_static": tuned, "plans_searched": n_plans,
-           "grid": {k: list(v) for k, v in grid.items()}, "static_gen_s": 0.0, "oracle_gen_s": 0.0, "floor_s": 0.0,
-           "lanes_gen_s": 0.0, "per_step": []}
-    with tqdm(total=n_plans * len(cases), desc=f"lanes {scn.name}", file=sys.stderr, disable=quiet) as bar:
+           "grid": {kind: {k: list(v) for k, v in g.items()} for kind, g in grids.items()},
+           "static_gen_s": 0.0, "oracle_gen_s": 0.0, "floor_s": 0.0,
+           "knowledge": {kind: {"lanes_gen_s": 0.0} for kind in knowledge}, "per_step": []}
+    sched = LengthSchedule(orc.w)
+    with tqdm(total=sum(n_plans.values()) * len(cases), desc=f"lanes {scn.name}", file=sys.stderr,
+              disable=quiet) as bar:
         for k, lengths, placed in cases:
             st = orc.static(lengths, placed, orc.tuned)
             sw, pl = orc.switch_only(lengths, placed), orc.placement_only(lengths, placed)
             both = orc.both(lengths, placed, [sw, pl, (st, [ServerPlan(orc.tuned, i) for i in placed.values()])])[0]
-            runs = search(orc, lengths, placed, grid, progress=bar.update)
-            out["per_step"].append({"step": k, "static_gen_s": st, "oracle_gen_s": both, "floor_s": orc.floor(lengths),
-                                    "top": [as_json(r) for r in runs[:top]]})
+            step = {"step": k, "static_gen_s": st, "oracle_gen_s": both, "floor_s": orc.floor(lengths), "top": {}}
+            pid = np.asarray(sched.prompt_ids_for_step(k))
+            for kind in knowledge:
+                # a predictor's noise: the scenario's seed and the step's, the same draws for every sd (a sweep
+                # of the sd scales one draw) and whatever else is asked beside it
+                rng = np.random.default_rng([scn.seed, 7, k])
+                runs = search(orc, lengths, placed, grids[kind], progress=bar.update,
+                              score=scores(kind, lengths, pid, rng))
+                step["top"][kind] = [as_json(r) for r in runs[:top]]
+                out["knowledge"][kind]["lanes_gen_s"] += runs[0].makespan_s
+            out["per_step"].append(step)
             out["static_gen_s"] += st
             out["oracle_gen_s"] += both
-            out["floor_s"] += out["per_step"][-1]["floor_s"]
-            out["lanes_gen_s"] += runs[0].makespan_s
+            out["floor_s"] += step["floor_s"]
     s = out["static_gen_s"]
-    out["speedup"] = {"lanes": s / out["lanes_gen_s"], "oracle": s / out["oracle_gen_s"], "floor": s / out["floor_s"]}
+    out["speedup"] = {"oracle": s / out["oracle_gen_s"], "floor": s / out["floor_s"]}
     gain = out["speedup"]["oracle"] - 1
-    out["oracle_gain_kept"] = (out["speedup"]["lanes"] - 1) / gain if gain > 0 else None
+    for res in out["knowledge"].values():
+        res["speedup"] = s / res["lanes_gen_s"]
+        res["oracle_gain_kept"] = (res["speedup"] - 1) / gain if gain > 0 else None
     return out
 
 
@@ -67,6 +89,9 @@ def main(argv=None) -> int:
     ap.add_argument("--scenarios", default="short-7b,default", help="names under scenarios/ (comma-separated)")
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--top", type=int, default=5)
+    ap.add_argument("--knowledge", default="progress",
+                    help="what is known at time 0, comma-separated: progress (nothing), prompt (each prompt's "
+                         "difficulty), predictor:S (a length predictor of log-error sd S)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
@@ -75,8 +100,14 @@ def main(argv=None) -> int:
         ap.error(f"--scenarios: no scenarios/NAME.yaml for {missing or 'an empty list'}")
     if args.steps < 1 or args.top < 1:
         ap.error(f"--steps and --top must be >= 1, got {args.steps} and {args.top}")
-    res = {n: bench_scenario(ROOT / "scenarios" / f"{n}.yaml", args.steps, args.top, quiet=args.quiet)
-           for n in names}
+    knowledge = tuple(dict.fromkeys(k.strip() for k in args.knowledge.split(",") if k.strip()))
+    for kind in knowledge or ("",):  # a bad name is refused before any engine runs
+        try:
+            scores(kind, np.ones(1, np.int64), np.zeros(1, np.int64), np.random.default_rng(0))
+        except ValueError as e:
+            ap.error(f"--knowledge: {e}")
+    res = {n: bench_scenario(ROOT / "scenarios" / f"{n}.yaml", args.steps, args.top, quiet=args.quiet,
+                             knowledge=knowledge) for n in names}
     print(json.dumps(res, indent=1))
     return 0
 

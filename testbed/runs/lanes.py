@@ -15,8 +15,21 @@ that family generously, so that its best is an upper estimate for online lane po
   starting empty, only to the bulk servers (``deal="bulk"``);
 * searched: the number of lane servers, lane x bulk layout pairs (lane TP larger), ``min_generated``,
   ``per_tick`` (:data:`GRID`), at the scenario's ``max_num_seqs`` for the bulk (the tuning grid's largest
-  for the lanes, which are never capped). Not searched: ranking by anything but tokens generated (the
-  forecast's prompt-group evidence), moves back from a lane, more than one lane layout per plan.
+  for the lanes, which are never capped). Not searched: moves back from a lane, more than one lane layout
+  per plan.
+
+What knowledge would an online policy need to keep the oracle's gain? ``knowledge`` other than
+``"progress"`` gives the search something no online policy has at time 0, so that the answer is an upper
+estimate for it: a score per request (:func:`scores`), and ``seed`` (:class:`LanePlan`) requests per lane
+replica, those of the highest scores, placed on the lanes at the step's start (the rest dealt as ``deal``
+says), before the progress hand-over above:
+
+* ``"prompt"``: every request knows its prompt's difficulty as well as it can be known, the mean log length
+  of the prompt's own samples (what a perfect prompt-difficulty predictor, or the prompt-group evidence of
+  the forecast at its best, could give; a prompt's samples still spread around it by the within-prompt
+  sigma);
+* ``"predictor:S"``: a per-request length predictor whose log error is normal with sd ``S`` (its log length
+  plus that noise, seeded by the scenario); ``S`` = 0 is the lane oracle's own knowledge.
 
 Every makespan is an engine schedule (agents.engine, virtual time), the same engine the simulated backend
 and the oracle run. ``bench_lanes.py`` prints the search per scenario against the tuned static and the lane
@@ -32,7 +45,13 @@ import numpy as np
 
 from agents.engine import Engine, Layout, NewRequest
 
-GRID = {"min_generated": (200, 400, 800, 1600), "per_tick": (4, 16, 64), "deal": ("bulk", "all")}
+GRID = {"min_generated": (200, 400, 800, 1600), "per_tick": (4, 16, 64), "deal": ("bulk", "all"), "seed": (0,)}
+# with a score known at time 0: how many of the top-scored requests each lane replica starts with (the lane
+# oracle's testbed.runs.oracle.LANE_SHARES and beyond: a noisier score does best with more of them, on short-7b
+# up to 256 of its 512 requests a server), the progress hand-over on or off
+KNOWN_GRID = {"min_generated": (400, 10 ** 9), "per_tick": (16,), "deal": ("bulk",),
+              "seed": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)}
+KNOWLEDGE = ("progress", "prompt", "predictor:S")  # what :func:`scores` accepts (S: the predictor's log-error sd)
 TICK_S = 1.0  # the orchestrator's default planning interval
 HANDOVER_S = 0.05  # how often a request that left at the end of a step in flight is collected
 
@@ -45,6 +64,7 @@ class LanePlan:
     min_generated: int
     per_tick: int
     deal: str  # "all" | "bulk"
+    seed: int = 0  # requests per lane replica placed on the lanes at time 0 by a known score (0: none)
 
 
 @dataclass
@@ -56,25 +76,33 @@ class LaneRun:
 
 
 def run_plan(oracle, plan: LanePlan, lengths: np.ndarray, placed: dict, tick_s: float = TICK_S,
-             bulk_mns: int | None = None) -> LaneRun:
+             bulk_mns: int | None = None, score: np.ndarray | None = None) -> LaneRun:
     """One step under ``plan`` on the engine (see the module docstring). ``oracle``: a
-    testbed.runs.oracle.Oracle of the scenario (its cost model, GPUs per server, engine settings)."""
+    testbed.runs.oracle.Oracle of the scenario (its cost model, GPUs per server, engine settings); ``score``:
+    per request (indexed as ``lengths``) what is known of its length at time 0, for a plan that seeds the
+    lanes (:func:`scores`)."""
     if plan.deal not in ("all", "bulk"):
         raise ValueError(f"deal: must be 'all' or 'bulk', got {plan.deal!r}")
     servers = list(placed)
     if not 1 <= plan.lanes < len(servers):
         raise ValueError(f"lanes: must be in 1..{len(servers) - 1}, got {plan.lanes}")
+    if plan.seed < 0:
+        raise ValueError(f"seed: must be >= 0, got {plan.seed}")
+    if plan.seed and (score is None or len(score) != len(lengths)):
+        raise ValueError(f"seed: {plan.seed} requests per lane replica need a score per request "
+                         f"(got {'none' if score is None else len(score)} for {len(lengths)} requests)")
     lanes, bulk = servers[len(servers) - plan.lanes:], servers[:len(servers) - plan.lanes]
     mns = bulk_mns or oracle.settings.engine.max_num_seqs
     eng = {s: Engine(oracle.cost, oracle.gpus, Layout.parse(plan.bulk_layout, oracle.gpus), oracle._settings(mns))
            for s in bulk}
     eng.update({s: Engine(oracle.cost, oracle.gpus, Layout.parse(plan.lane_layout, oracle.gpus),
                           oracle._settings(max(oracle.grid))) for s in lanes})
-    idx = np.concatenate([placed[s] for s in servers])
-    to = servers if plan.deal == "all" else bulk
+    parts = start_deal(plan, placed, score, Layout.parse(plan.lane_layout, oracle.gpus).replicas(oracle.gpus))
     P = oracle.w.prompt_tokens
-    for s, part in zip(to, np.array_split(idx, len(to))):
-        eng[s].add([NewRequest(rid=int(i), prompt=P, target=int(lengths[i])) for i in part], 0.0, chunked=True)
+    for s in servers:
+        if len(parts[s]):
+            eng[s].add([NewRequest(rid=int(i), prompt=P, target=int(lengths[i])) for i in parts[s]], 0.0,
+                       chunked=True)
     def hand_over(now: float) -> None:  # what the bulk servers let go of goes to the emptiest lane
         for s in bulk:
             for rid in list(eng[s].detached):
@@ -108,22 +136,71 @@ def run_plan(oracle, plan: LanePlan, lengths: np.ndarray, placed: dict, tick_s: 
     return LaneRun(plan, max(e.last_end for e in eng.values() if e.last_end > -math.inf), moved, finished)
 
 
+def start_deal(plan: LanePlan, placed: dict, score: np.ndarray | None, lane_replicas: int) -> dict:
+    """The requests each server starts the step with under ``plan`` (``placed``: the dispatcher's deal, server ->
+    request indices; the last ``plan.lanes`` servers are the lanes): with ``plan.seed``, the ``seed`` x
+    ``lane_replicas`` x lanes requests of the highest ``score`` on the lanes, dealt round robin in score order
+    (ties by index); the rest, in index order, in equal consecutive chunks over every server (``deal="all"``)
+    or over the bulk servers only (``"bulk"``)."""
+    servers = list(placed)
+    lanes, bulk = servers[len(servers) - plan.lanes:], servers[:len(servers) - plan.lanes]
+    idx = np.concatenate([np.asarray(placed[s], np.int64) for s in servers])
+    out = dict.fromkeys(servers, idx[:0])
+    if plan.seed:
+        n_top = min(len(idx), plan.seed * plan.lanes * lane_replicas)
+        ranked = idx[np.argsort(-np.asarray(score, float)[idx], kind="stable")]
+        for j, s in enumerate(lanes):
+            out[s] = ranked[:n_top][j::len(lanes)]
+        idx = np.sort(ranked[n_top:])
+    to = servers if plan.deal == "all" else bulk
+    for s, part in zip(to, np.array_split(idx, len(to))):
+        out[s] = np.concatenate([out[s], part])
+    return out
+
+
 def plans(oracle, n_servers: int, grid: dict = GRID) -> list[LanePlan]:
     """Every plan of the search: lane counts 1..n-1 x (lane, bulk) layout pairs with the lane's TP larger x
-    the grid."""
+    the grid (``seed`` (0,) where the grid does not name it)."""
     lays = [lay.name(oracle.gpus) for lay in oracle.layouts]
     tp = {lay.name(oracle.gpus): lay.tp for lay in oracle.layouts}
     pairs = [(a, b) for a in lays for b in lays if tp[a] > tp[b]]
-    return [LanePlan(k, a, b, g, m, d) for k in range(1, n_servers) for a, b in pairs
-            for g, m, d in itertools.product(grid["min_generated"], grid["per_tick"], grid["deal"])]
+    return [LanePlan(k, a, b, g, m, d, e) for k in range(1, n_servers) for a, b in pairs
+            for g, m, d, e in itertools.product(grid["min_generated"], grid["per_tick"], grid["deal"],
+                                                grid.get("seed", (0,)))]
 
 
-def search(oracle, lengths: np.ndarray, placed: dict, grid: dict = GRID, progress=None) -> list[LaneRun]:
+def scores(knowledge: str, lengths: np.ndarray, pid: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
+    """What is known at time 0 of every request's length under ``knowledge`` (see the module docstring):
+    None for ``"progress"`` (nothing), the mean log length of its prompt's samples for ``"prompt"``, its log
+    length plus normal noise of sd ``S`` for ``"predictor:S"``. A name not of :data:`KNOWLEDGE` is a
+    ValueError naming it."""
+    lengths = np.asarray(lengths, np.int64)
+    log_len = np.log(np.maximum(lengths, 1).astype(float))
+    if knowledge == "progress":
+        return None
+    if knowledge == "prompt":
+        if len(pid) != len(lengths):
+            raise ValueError(f"knowledge 'prompt': {len(pid)} prompt ids for {len(lengths)} requests")
+        _, inv = np.unique(np.asarray(pid), return_inverse=True)
+        return (np.bincount(inv, weights=log_len) / np.bincount(inv))[inv]
+    if knowledge.startswith("predictor:"):
+        try:
+            sd = float(knowledge.split(":", 1)[1])
+        except ValueError:
+            sd = math.nan
+        if not (math.isfinite(sd) and sd >= 0):
+            raise ValueError(f"knowledge {knowledge!r}: the predictor's log-error sd must be a number >= 0")
+        return log_len + rng.normal(0.0, sd, len(lengths)) if sd > 0 else log_len
+    raise ValueError(f"knowledge {knowledge!r}: must be one of {', '.join(KNOWLEDGE)}")
+
+
+def search(oracle, lengths: np.ndarray, placed: dict, grid: dict = GRID, progress=None,
+           score: np.ndarray | None = None) -> list[LaneRun]:
     """Every plan of :func:`plans` run on the engine, fastest first (a run that did not finish every request
-    is an error: the search must conserve requests)."""
+    is an error: the search must conserve requests); ``score``: as :func:`run_plan`'s."""
     out = []
     for plan in plans(oracle, len(placed), grid):
-        r = run_plan(oracle, plan, lengths, placed)
+        r = run_plan(oracle, plan, lengths, placed, score=score)
         if r.finished != len(lengths):
             raise RuntimeError(f"{plan}: {r.finished} of {len(lengths)} requests finished")
         out.append(r)

@@ -1,15 +1,17 @@
-"""testbed/runs/lanes.py: the progress-informed lane search runs every plan on the engine and loses nothing."""
+"""testbed/runs/lanes.py: the progress-informed lane search runs every plan on the engine and loses nothing; with a
+score known at time 0 the lanes start with the top-scored requests."""
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from emulation.orchestration import orchestrator_settings
 from emulation.scenario import Scenario
 from emulation.spec import FabricSpec, JobLayout
 from emulation.workload import WorkloadSpec
-from testbed.runs.lanes import LanePlan, plans, run_plan, search
+from testbed.runs.lanes import KNOWN_GRID, LanePlan, plans, run_plan, scores, search, start_deal
 from testbed.runs.oracle import Oracle
 
 GRID = {"min_generated": (50, 10_000), "per_tick": (8,), "deal": ("all", "bulk")}
@@ -48,3 +50,54 @@ def test_a_plan_out_of_range_is_refused():
         run_plan(orc, LanePlan(1, lay[-1], lay[0], 50, 8, "some"), lengths, placed)
     with pytest.raises(ValueError, match="lanes"):
         run_plan(orc, LanePlan(len(placed), lay[-1], lay[0], 50, 8, "all"), lengths, placed)
+
+
+def test_a_seeded_plan_starts_the_lanes_with_the_top_scored_requests():
+    placed = {4: np.arange(0, 5), 5: np.arange(5, 10), 6: np.arange(10, 15), 7: np.arange(15, 20)}
+    score = np.zeros(20)
+    score[[3, 17, 8, 11]] = [4.0, 3.0, 2.0, 1.0]  # the four highest, in this order
+    parts = start_deal(LanePlan(2, "TP8x1", "TP1x8", 10**9, 1, "bulk", seed=2), placed, score, lane_replicas=1)
+    assert parts[6].tolist() == [3, 8] and parts[7].tolist() == [17, 11]  # 2 lanes x 1 replica x 2, round robin
+    rest = sorted(set(range(20)) - {3, 17, 8, 11})
+    assert np.concatenate([parts[4], parts[5]]).tolist() == rest  # the rest over the bulk, in index order
+    every = start_deal(LanePlan(2, "TP8x1", "TP1x8", 10**9, 1, "all", seed=1), placed, score, lane_replicas=1)
+    assert every[6][0] == 3 and every[7][0] == 17 and sum(map(len, every.values())) == 20
+    assert [len(every[s]) for s in placed] == [5, 5, 1 + 4, 1 + 4]  # "all": the 18 others in chunks over all four
+    unseeded = start_deal(LanePlan(1, "TP8x1", "TP1x8", 50, 8, "bulk"), placed, None, lane_replicas=1)
+    assert len(unseeded[7]) == 0 and np.concatenate([unseeded[s] for s in (4, 5, 6)]).tolist() == list(range(20))
+
+
+def test_scores_say_what_each_knowledge_knows():
+    lengths = np.array([100, 400, 10, 1000])
+    pid = np.array([0, 0, 1, 1])
+    rng = lambda: np.random.default_rng(3)  # noqa: E731
+    assert scores("progress", lengths, pid, rng()) is None
+    prompt = scores("prompt", lengths, pid, rng())
+    assert prompt[0] == prompt[1] == pytest.approx(np.log(200.0)) and prompt[2] == pytest.approx(np.log(100.0))
+    assert np.array_equal(scores("predictor:0", lengths, pid, rng()), np.log(lengths.astype(float)))
+    a, b = scores("predictor:0.1", lengths, pid, rng()), scores("predictor:0.4", lengths, pid, rng())
+    assert np.allclose((b - np.log(lengths)) / 0.4, (a - np.log(lengths)) / 0.1)  # one draw, scaled by the sd
+    many = scores("predictor:0.5", np.full(20000, 300), np.zeros(20000), rng()) - np.log(300.0)
+    assert abs(float(np.std(many)) - 0.5) < 0.02
+    for bad in ("oracle", "predictor:", "predictor:-0.1", "predictor:nan", ""):
+        with pytest.raises(ValueError, match="knowledge"):
+            scores(bad, lengths, pid, rng())
+
+
+def test_a_seeded_search_finishes_every_request_and_refuses_a_seed_without_scores():
+    orc = _oracle()
+    (_, lengths, placed), = orc.step_cases()
+    grid = dict(KNOWN_GRID, seed=(1, 4))
+    runs = search(orc, lengths, placed, grid, score=np.log(lengths.astype(float)))
+    assert len(runs) == len(plans(orc, len(placed), grid)) and {r.plan.seed for r in runs} == {1, 4}
+    floor = orc.floor(lengths)
+    for r in runs:
+        assert r.finished == len(lengths) and r.makespan_s >= floor - 1e-9
+        if r.plan.min_generated > lengths.max():
+            assert r.moved == 0
+    lay = [x.name(orc.gpus) for x in orc.layouts]
+    with pytest.raises(ValueError, match="seed: 2 requests per lane replica need a score"):
+        run_plan(orc, LanePlan(1, lay[-1], lay[0], 50, 8, "bulk", seed=2), lengths, placed)
+    with pytest.raises(ValueError, match="seed: must be >= 0"):
+        run_plan(orc, LanePlan(1, lay[-1], lay[0], 50, 8, "bulk", seed=-1), lengths, placed,
+                 score=np.zeros(len(lengths)))
