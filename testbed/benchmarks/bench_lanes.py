@@ -1,7 +1,7 @@
 """How much of the lane oracle can a policy keep that finds the long requests by their progress alone?
 
     .venv/bin/python testbed/benchmarks/bench_lanes.py [--scenarios short-7b,default] [--steps 1] [--top 5]
-        [--knowledge progress,prompt,predictor:0.25]
+        [--knowledge progress,prompt,predictor:0.25] [--seed N] [--known-seeds 32,64,128,256,512]
 
 Per scenario (scenarios/NAME.yaml) and step, on the engine (virtual time, the engine the simulated backend
 and the oracle run): the best static configuration (every feasible layout x the tuning grid's max_num_seqs,
@@ -20,6 +20,7 @@ the scenario's seed).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -38,8 +39,10 @@ from testbed.runs.oracle import Oracle, ServerPlan  # noqa: E402
 
 
 def bench_scenario(path: Path, steps: int, top: int, grid: dict = GRID, quiet: bool = False,
-                   knowledge: tuple = ("progress",), known_grid: dict = KNOWN_GRID) -> dict:
+                   knowledge: tuple = ("progress",), known_grid: dict = KNOWN_GRID, seed: int | None = None) -> dict:
     scn = load_scenario(path)
+    if seed is not None:  # the scenario's seed replaced (its lengths, deal and a predictor's noise)
+        scn = dataclasses.replace(scn, seed=seed)
     probe = Oracle(scn, ("TP1x8", scn.orchestrator.engine.max_num_seqs), steps=steps)
     cases = probe.step_cases()
     # the tuned static: the configuration with the least generation time summed over the steps
@@ -92,8 +95,23 @@ def main(argv=None) -> int:
     ap.add_argument("--knowledge", default="progress",
                     help="what is known at time 0, comma-separated: progress (nothing), prompt (each prompt's "
                          "difficulty), predictor:S (a length predictor of log-error sd S)")
+    ap.add_argument("--seed", type=int, default=None, help="the scenario's seed replaced by this one")
+    ap.add_argument("--known-seeds", default=None,
+                    help="top-scored requests per lane replica searched with --knowledge other than progress "
+                         "(comma-separated; default: KNOWN_GRID's 1-512)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
+    if args.seed is not None and args.seed < 0:
+        ap.error(f"--seed must be >= 0, got {args.seed}")
+    known_grid = KNOWN_GRID
+    if args.known_seeds is not None:
+        try:
+            seeds = tuple(int(x) for x in args.known_seeds.split(","))
+        except ValueError:
+            seeds = ()
+        if not seeds or min(seeds) < 1:
+            ap.error(f"--known-seeds: whole numbers >= 1, comma-separated, got {args.known_seeds!r}")
+        known_grid = dict(KNOWN_GRID, seed=seeds)
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
     missing = [n for n in names if not (ROOT / "scenarios" / f"{n}.yaml").is_file()]
     if missing or not names:
@@ -107,7 +125,7 @@ def main(argv=None) -> int:
         except ValueError as e:
             ap.error(f"--knowledge: {e}")
     res = {n: bench_scenario(ROOT / "scenarios" / f"{n}.yaml", args.steps, args.top, quiet=args.quiet,
-                             knowledge=knowledge) for n in names}
+                             knowledge=knowledge, known_grid=known_grid, seed=args.seed) for n in names}
     print(json.dumps(res, indent=1))
     return 0
 

@@ -297,6 +297,10 @@ def test_a_bad_engine_case_file_exits_2_naming_what_is_wrong(tmp_path, run_cli, 
     ("bench_rlsim", ["--sections", "nope"], "--sections: unknown ['nope']"),
     ("bench_rlsim", ["--runs", "0"], "must be >= 1"),
     ("bench_rate_change", ["--changes", "0"], "--changes must be >= 1"),
+    ("bench_lanes", ["--knowledge", "progress,bogus"], "--knowledge: knowledge 'bogus'"),
+    ("bench_lanes", ["--knowledge", "predictor:-1"], "log-error sd must be a number >= 0"),
+    ("bench_lanes", ["--seed", "-1"], "--seed must be >= 0"),
+    ("bench_lanes", ["--known-seeds", "0,4"], "--known-seeds: whole numbers >= 1"),
 ])
 def test_a_benchmark_script_refuses_bad_input_before_its_first_run(tmp_path, monkeypatch, capsys, script, argv, says):
     """The sweeps docs/costmodel.md and docs/orchestrator.md quote run for minutes a point: a bad seed, setting,
@@ -308,7 +312,8 @@ def test_a_benchmark_script_refuses_bad_input_before_its_first_run(tmp_path, mon
     def boom(*a, **k):
         raise AssertionError("ran before its input was checked")
 
-    for fn in ("run_case", "compare_point", "rollpacker_point", "one_run", "scales_section", "_measure"):
+    for fn in ("run_case", "compare_point", "rollpacker_point", "one_run", "scales_section", "_measure",
+               "bench_scenario"):
         if hasattr(mod, fn):
             monkeypatch.setattr(mod, fn, boom)
     (tmp_path / "f").write_text("mine")
