@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 from emulation.scenario import load_scenario  # noqa: E402
 from emulation.workload import LengthSchedule  # noqa: E402
-from testbed.runs.lanes import GRID, KNOWN_GRID, as_json, plans, scores, search  # noqa: E402
+from testbed.runs.lanes import GRID, KNOWN_GRID, as_json, parse_knowledge, plans, scores, search  # noqa: E402
 from testbed.runs.oracle import Oracle, ServerPlan  # noqa: E402
 
 
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     knowledge = tuple(dict.fromkeys(k.strip() for k in args.knowledge.split(",") if k.strip()))
     for kind in knowledge or ("",):  # a bad name is refused before any engine runs
         try:
-            scores(kind, np.ones(1, np.int64), np.zeros(1, np.int64), np.random.default_rng(0))
+            parse_knowledge(kind)
         except ValueError as e:
             ap.error(f"--knowledge: {e}")
     res = {n: bench_scenario(ROOT / "scenarios" / f"{n}.yaml", args.steps, args.top, quiet=args.quiet,

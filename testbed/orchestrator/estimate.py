@@ -1067,14 +1067,14 @@ class Estimator:
     def stratified(self, load: ServerLoad) -> np.ndarray:
         """Remaining tokens of every request of the server: with a forecast, the k-th of n (by key) gets the
         ((k + 0.5) / n)-quantile of its conditional remaining length; without one, ``load.rem``."""
-        if self.forecast is None or load.gen is None or load.key is None:
+        if not self.stratifiable(load):
             return load.rem
         return self._stratified_loads([load])
 
     def stratified_within(self, load: ServerLoad, group: np.ndarray) -> np.ndarray:
         """:meth:`stratified` with the quantiles dealt inside each group of ``group`` (e.g. a server's
         replicas) instead of across the server: groups of equal counts and equal knowledge get equal levels."""
-        if self.forecast is None or load.gen is None or load.key is None:
+        if not self.stratifiable(load):
             return load.rem
         group = np.asarray(group, np.int64)
         return self._stratified(load.gen, load.key, group, int(group.max()) + 1 if len(group) else 1, load.shift)
@@ -1085,11 +1085,8 @@ class Estimator:
         its own: the same numbers as load by load; a missing shift is not made a zero one, whose arithmetic
         differs in the last bits)."""
         out = [ld.rem for ld, _ in items]
-        if self.forecast is None:
-            return out
         for shifted in (False, True):
-            ks = [k for k, (ld, _) in enumerate(items)
-                  if ld.gen is not None and ld.key is not None and (ld.shift is not None) == shifted]
+            ks = [k for k, (ld, _) in enumerate(items) if self.stratifiable(ld) and (ld.shift is not None) == shifted]
             if not ks:
                 continue
             groups, off = [], 0

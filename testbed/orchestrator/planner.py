@@ -287,8 +287,10 @@ class Planner(LayoutPlanner):
         later, bounded = {}, set()
         for (s, j, ld), rem in zip(cells, rems):
             lays = self.candidates + ([views[s].layout] if views[s].layout not in self.candidates else [])
-            longest = float(rem.max())
-            out = [lay for lay in lays if sound and waits[j] + est.makespan_floor_s(lay, longest) >= tempted[s]]
+            out = []
+            if sound:
+                longest = float(rem.max())
+                out = [lay for lay in lays if waits[j] + est.makespan_floor_s(lay, longest) >= tempted[s]]
             if len(out) == len(lays):
                 continue  # no plan at this point can beat switching now
             later[(s, first + j)] = (ld, rem)

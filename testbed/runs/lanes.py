@@ -91,13 +91,13 @@ def run_plan(oracle, plan: LanePlan, lengths: np.ndarray, placed: dict, tick_s: 
     if plan.seed and (score is None or len(score) != len(lengths)):
         raise ValueError(f"seed: {plan.seed} requests per lane replica need a score per request "
                          f"(got {'none' if score is None else len(score)} for {len(lengths)} requests)")
-    lanes, bulk = servers[len(servers) - plan.lanes:], servers[:len(servers) - plan.lanes]
+    bulk, lanes = _split(plan, servers)
     mns = bulk_mns or oracle.settings.engine.max_num_seqs
+    lane_layout = Layout.parse(plan.lane_layout, oracle.gpus)
     eng = {s: Engine(oracle.cost, oracle.gpus, Layout.parse(plan.bulk_layout, oracle.gpus), oracle._settings(mns))
            for s in bulk}
-    eng.update({s: Engine(oracle.cost, oracle.gpus, Layout.parse(plan.lane_layout, oracle.gpus),
-                          oracle._settings(max(oracle.grid))) for s in lanes})
-    parts = start_deal(plan, placed, score, Layout.parse(plan.lane_layout, oracle.gpus).replicas(oracle.gpus))
+    eng.update({s: Engine(oracle.cost, oracle.gpus, lane_layout, oracle._settings(max(oracle.grid))) for s in lanes})
+    parts = start_deal(plan, placed, score, lane_layout.replicas(oracle.gpus))
     P = oracle.w.prompt_tokens
     for s in servers:
         if len(parts[s]):
@@ -136,6 +136,11 @@ def run_plan(oracle, plan: LanePlan, lengths: np.ndarray, placed: dict, tick_s: 
     return LaneRun(plan, max(e.last_end for e in eng.values() if e.last_end > -math.inf), moved, finished)
 
 
+def _split(plan: LanePlan, servers: list) -> tuple[list, list]:
+    """(bulk servers, lane servers) of ``plan``: the last ``plan.lanes`` are the lanes."""
+    return servers[:len(servers) - plan.lanes], servers[len(servers) - plan.lanes:]
+
+
 def start_deal(plan: LanePlan, placed: dict, score: np.ndarray | None, lane_replicas: int) -> dict:
     """The requests each server starts the step with under ``plan`` (``placed``: the dispatcher's deal, server ->
     request indices; the last ``plan.lanes`` servers are the lanes): with ``plan.seed``, the ``seed`` x
@@ -143,7 +148,7 @@ def start_deal(plan: LanePlan, placed: dict, score: np.ndarray | None, lane_repl
     (ties by index); the rest, in index order, in equal consecutive chunks over every server (``deal="all"``)
     or over the bulk servers only (``"bulk"``)."""
     servers = list(placed)
-    lanes, bulk = servers[len(servers) - plan.lanes:], servers[:len(servers) - plan.lanes]
+    bulk, lanes = _split(plan, servers)
     idx = np.concatenate([np.asarray(placed[s], np.int64) for s in servers])
     out = dict.fromkeys(servers, idx[:0])
     if plan.seed:
@@ -169,20 +174,11 @@ def plans(oracle, n_servers: int, grid: dict = GRID) -> list[LanePlan]:
                                                 grid.get("seed", (0,)))]
 
 
-def scores(knowledge: str, lengths: np.ndarray, pid: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
-    """What is known at time 0 of every request's length under ``knowledge`` (see the module docstring):
-    None for ``"progress"`` (nothing), the mean log length of its prompt's samples for ``"prompt"``, its log
-    length plus normal noise of sd ``S`` for ``"predictor:S"``. A name not of :data:`KNOWLEDGE` is a
-    ValueError naming it."""
-    lengths = np.asarray(lengths, np.int64)
-    log_len = np.log(np.maximum(lengths, 1).astype(float))
-    if knowledge == "progress":
-        return None
-    if knowledge == "prompt":
-        if len(pid) != len(lengths):
-            raise ValueError(f"knowledge 'prompt': {len(pid)} prompt ids for {len(lengths)} requests")
-        _, inv = np.unique(np.asarray(pid), return_inverse=True)
-        return (np.bincount(inv, weights=log_len) / np.bincount(inv))[inv]
+def parse_knowledge(knowledge: str) -> tuple[str, float | None]:
+    """(kind, the predictor's log-error sd or None) of a name of :data:`KNOWLEDGE`; a ValueError naming it
+    otherwise (a CLI checks its names with this before any engine runs)."""
+    if knowledge in ("progress", "prompt"):
+        return knowledge, None
     if knowledge.startswith("predictor:"):
         try:
             sd = float(knowledge.split(":", 1)[1])
@@ -190,8 +186,25 @@ def scores(knowledge: str, lengths: np.ndarray, pid: np.ndarray, rng: np.random.
             sd = math.nan
         if not (math.isfinite(sd) and sd >= 0):
             raise ValueError(f"knowledge {knowledge!r}: the predictor's log-error sd must be a number >= 0")
-        return log_len + rng.normal(0.0, sd, len(lengths)) if sd > 0 else log_len
+        return "predictor", sd
     raise ValueError(f"knowledge {knowledge!r}: must be one of {', '.join(KNOWLEDGE)}")
+
+
+def scores(knowledge: str, lengths: np.ndarray, pid: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
+    """What is known at time 0 of every request's length under ``knowledge`` (see the module docstring):
+    None for ``"progress"`` (nothing), the mean log length of its prompt's samples for ``"prompt"``, its log
+    length plus normal noise of sd ``S`` for ``"predictor:S"``. A name not of :data:`KNOWLEDGE` is a
+    ValueError naming it (:func:`parse_knowledge`)."""
+    kind, sd = parse_knowledge(knowledge)
+    if kind == "progress":
+        return None
+    log_len = np.log(np.maximum(np.asarray(lengths, np.int64), 1).astype(float))
+    if kind == "prompt":
+        if len(pid) != len(lengths):
+            raise ValueError(f"knowledge 'prompt': {len(pid)} prompt ids for {len(lengths)} requests")
+        _, inv = np.unique(np.asarray(pid), return_inverse=True)
+        return (np.bincount(inv, weights=log_len) / np.bincount(inv))[inv]
+    return log_len + rng.normal(0.0, sd, len(lengths)) if sd > 0 else log_len
 
 
 def search(oracle, lengths: np.ndarray, placed: dict, grid: dict = GRID, progress=None,
