@@ -1,7 +1,8 @@
 """How much of the lane oracle can a policy keep that finds the long requests by their progress alone?
 
     .venv/bin/python testbed/benchmarks/bench_lanes.py [--scenarios short-7b,default] [--steps 1] [--top 5]
-        [--knowledge progress,prompt,predictor:0.25] [--seed N] [--known-seeds 32,64,128,256,512]
+        [--knowledge progress,prompt,predictor:0.25] [--seed N] [--known-seeds 32,64,128,256,512] [--plot FILE.png]
+    .venv/bin/python testbed/benchmarks/bench_lanes.py --from-json A.json [B.json ...] [--plot FILE.png]
 
 Per scenario (scenarios/NAME.yaml) and step, on the engine (virtual time, the engine the simulated backend
 and the oracle run): the best static configuration (every feasible layout x the tuning grid's max_num_seqs,
@@ -15,7 +16,11 @@ or a per-request length predictor of a given log error), the lanes seeded with t
 generation time summed over the steps of each, and per knowledge the speedups over the best static, the share
 of the oracle's speedup the best lane plan keeps, and the ``--top`` plans. A benchmark reports; it asserts
 nothing. Deterministic: the same scenario and seed give the same figures (a predictor's noise is drawn from
-the scenario's seed).
+the scenario's seed). ``--plot`` draws, per scenario, the speedup against the predictor's log error beside the
+other knowledge's and the oracle's (:func:`plot`). ``--from-json`` merges and re-plots the JSON of earlier runs
+instead of searching (the full table is two processes of ~17 minutes, ``--knowledge`` split between them):
+runs of one scenario must agree on its steps, seed, tuned static and oracle, and a knowledge searched twice
+on its figure.
 """
 from __future__ import annotations
 
@@ -53,7 +58,7 @@ def bench_scenario(path: Path, steps: int, top: int, grid: dict = GRID, quiet: b
     orc = Oracle(scn, (lay, int(mns)), steps=steps)
     grids = {kind: grid if kind == "progress" else known_grid for kind in knowledge}
     n_plans = {kind: len(plans(orc, len(orc.servers), g)) for kind, g in grids.items()}
-    out = {"scenario": scn.name, "steps": steps, "tuned_static": tuned, "plans_searched": n_plans,
+    out = {"scenario": scn.name, "steps": steps, "seed": scn.seed, "tuned_static": tuned, "plans_searched": n_plans,
            "grid": {kind: {k: list(v) for k, v in g.items()} for kind, g in grids.items()},
            "static_gen_s": 0.0, "oracle_gen_s": 0.0, "floor_s": 0.0,
            "knowledge": {kind: {"lanes_gen_s": 0.0} for kind in knowledge}, "per_step": []}
@@ -87,9 +92,96 @@ def bench_scenario(path: Path, steps: int, top: int, grid: dict = GRID, quiet: b
     return out
 
 
+class MergeError(ValueError):
+    """Results of :func:`bench_scenario` that do not describe the same scenario, step and seed."""
+
+
+def merge(runs: list) -> dict:
+    """The results of several runs (each {scenario: :func:`bench_scenario`'s result}, e.g. one JSON per process
+    with ``--knowledge`` split between them) as one: per scenario the union of their knowledge, each step's top
+    plans included. A scenario's runs must agree on what does not depend on the knowledge (steps, seed, tuned
+    static, static, oracle and floor times, each step's), and a knowledge found in two runs on its figure; a
+    :class:`MergeError` names what differs."""
+    out: dict = {}
+    same = ("steps", "seed", "tuned_static", "static_gen_s", "oracle_gen_s", "floor_s")
+    for i, run in enumerate(runs):
+        if not isinstance(run, dict) or not run:
+            raise MergeError(f"run {i + 1}: not a bench_lanes result (a JSON object of scenarios)")
+        for name, res in run.items():
+            need = ("knowledge", "per_step", "speedup") + same[:1] + same[2:]
+            if not isinstance(res, dict) or any(k not in res for k in need):
+                raise MergeError(f"run {i + 1}, scenario {name!r}: not a bench_lanes result (missing "
+                                 f"{', '.join(k for k in need if not isinstance(res, dict) or k not in res)})")
+            if name not in out:
+                out[name] = json.loads(json.dumps(res))  # a copy the later runs are merged into
+                continue
+            base = out[name]
+            for k in same:
+                if base.get(k) != res.get(k):
+                    raise MergeError(f"scenario {name!r}: run {i + 1} has {k} {res.get(k)!r}, an earlier run "
+                                     f"{base.get(k)!r}: not the same scenario, seed and steps")
+            for kind, fig in res["knowledge"].items():
+                have = base["knowledge"].get(kind)
+                if have is not None and have.get("lanes_gen_s") != fig.get("lanes_gen_s"):
+                    raise MergeError(f"scenario {name!r}: knowledge {kind!r} is {fig.get('lanes_gen_s')} s in run "
+                                     f"{i + 1} and {have.get('lanes_gen_s')} s in an earlier run")
+                base["knowledge"][kind] = fig
+            for key in ("plans_searched", "grid"):
+                base.setdefault(key, {}).update(res.get(key, {}))
+            steps = {st["step"]: st for st in base["per_step"]}
+            for st in res["per_step"]:
+                if st["step"] in steps:
+                    steps[st["step"]]["top"].update(st.get("top", {}))
+                else:
+                    base["per_step"].append(st)
+    return out
+
+
+def plot(results: dict, path: Path) -> str:
+    """One panel per scenario of ``results`` ({scenario: :func:`bench_scenario`'s result}): the best lane plan's
+    speedup over the tuned static against the predictor's log-error sd (``predictor:S``), with the lane
+    oracle, 0.9 of its speedup (issue 33's goal for a policy against its own oracle), each prompt's difficulty and
+    progress alone as horizontal lines where they were searched. Returns the path written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from emulation import plots
+
+    names = list(results)
+    fig, axes = plt.subplots(len(names), 1, figsize=(9.0, 3.9 * len(names)), squeeze=False, layout="constrained")
+    for ax, name in zip(axes[:, 0], names):
+        res = results[name]
+        oracle = res["speedup"]["oracle"]
+        pred = sorted((parse_knowledge(k)[1], v["speedup"]) for k, v in res["knowledge"].items()
+                      if parse_knowledge(k)[0] == "predictor")
+        if pred:
+            ax.plot([x for x, _ in pred], [y for _, y in pred], "o-", color="#1f77b4",
+                    label="per-request length predictor")
+        lines = [(oracle, "lane oracle (every length known)", "#2ca02c", "-"),
+                 (0.9 * oracle, "0.9 of the oracle's speedup", "#2ca02c", ":"),
+                 (1.0, f"tuned static {res['tuned_static']}", "black", "-")]
+        for kind, colour in (("prompt", "#ff7f0e"), ("progress", "#d62728")):
+            if kind in res["knowledge"]:
+                what = "each prompt's difficulty" if kind == "prompt" else "progress alone"
+                lines.append((res["knowledge"][kind]["speedup"], what, colour, "--"))
+        for y, label, colour, ls in lines:
+            ax.axhline(y, color=colour, ls=ls, lw=1.1, label=f"{label}: {y:.3f}")
+        ax.set_xlim(-0.03, max([1.0] + [x for x, _ in pred]) + 0.03)
+        ax.set_xlabel("the predictor's log-error sd (0: every length known)")
+        ax.set_ylabel("speedup over the tuned static")
+        seed = f", seed {res['seed']}" if res.get("seed") is not None else ""  # older runs' JSON lacks it
+        plots.title(ax, f"{name} ({res['steps']} step{'s' if res['steps'] > 1 else ''}{seed}): the best lane "
+                        "plan given what is known at time 0")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    return plots.save(fig, path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenarios", default="short-7b,default", help="names under scenarios/ (comma-separated)")
+    ap.add_argument("--scenarios", default=None,
+                    help="names under scenarios/ (comma-separated; default short-7b,default)")
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--knowledge", default="progress",
@@ -99,8 +191,39 @@ def main(argv=None) -> int:
     ap.add_argument("--known-seeds", default=None,
                     help="top-scored requests per lane replica searched with --knowledge other than progress "
                          "(comma-separated; default: KNOWN_GRID's 1-512)")
+    ap.add_argument("--plot", type=Path, default=None, help="a PNG of the speedup against what is known (plot())")
+    ap.add_argument("--from-json", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="merge and re-plot earlier runs' output instead of searching")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
+    if args.plot is not None and (args.plot.suffix.lower() != ".png" or not args.plot.parent.is_dir()):
+        ap.error(f"--plot: a .png file in an existing folder, got {str(args.plot)!r}")
+    if args.from_json is not None:
+        searched = [f"--{k.replace('_', '-')}" for k in ("scenarios", "steps", "top", "knowledge", "seed", "known_seeds")
+                    if getattr(args, k) != ap.get_default(k)]
+        if searched:
+            ap.error(f"--from-json re-plots earlier runs: {', '.join(searched)} would not be searched")
+        runs = []
+        for f in args.from_json:
+            try:
+                runs.append(json.loads(f.read_text()))
+            except (OSError, ValueError) as e:
+                ap.error(f"--from-json: cannot read {str(f)!r}: {e}")
+        try:
+            res = merge(runs)
+        except MergeError as e:
+            ap.error(f"--from-json: {e}")
+        for name, r in res.items():  # a knowledge name the search would refuse is refused here too
+            for kind in r["knowledge"]:
+                try:
+                    parse_knowledge(kind)
+                except ValueError as e:
+                    ap.error(f"--from-json: scenario {name!r}: {e}")
+        if args.plot is not None:
+            plot(res, args.plot)
+        print(json.dumps(res, indent=1))
+        return 0
+    args.scenarios = "short-7b,default" if args.scenarios is None else args.scenarios
     if args.seed is not None and args.seed < 0:
         ap.error(f"--seed must be >= 0, got {args.seed}")
     known_grid = KNOWN_GRID
@@ -126,6 +249,8 @@ def main(argv=None) -> int:
             ap.error(f"--knowledge: {e}")
     res = {n: bench_scenario(ROOT / "scenarios" / f"{n}.yaml", args.steps, args.top, quiet=args.quiet,
                              knowledge=knowledge, known_grid=known_grid, seed=args.seed) for n in names}
+    if args.plot is not None:
+        plot(res, args.plot)
     print(json.dumps(res, indent=1))
     return 0
 

@@ -301,6 +301,10 @@ def test_a_bad_engine_case_file_exits_2_naming_what_is_wrong(tmp_path, run_cli, 
     ("bench_lanes", ["--knowledge", "predictor:-1"], "log-error sd must be a number >= 0"),
     ("bench_lanes", ["--seed", "-1"], "--seed must be >= 0"),
     ("bench_lanes", ["--known-seeds", "0,4"], "--known-seeds: whole numbers >= 1"),
+    ("bench_lanes", ["--from-json", "FILE"], "--from-json: cannot read"),
+    ("bench_lanes", ["--from-json", "FILE", "--knowledge", "prompt"], "--from-json re-plots earlier runs: --knowledge"),
+    ("bench_lanes", ["--plot", "FILE.txt"], "--plot: a .png file in an existing folder"),
+    ("bench_lanes", ["--plot", "FILE/x/lanes.png"], "--plot: a .png file in an existing folder"),
 ])
 def test_a_benchmark_script_refuses_bad_input_before_its_first_run(tmp_path, monkeypatch, capsys, script, argv, says):
     """The sweeps docs/costmodel.md and docs/orchestrator.md quote run for minutes a point: a bad seed, setting,

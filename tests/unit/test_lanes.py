@@ -101,3 +101,40 @@ def test_a_seeded_search_finishes_every_request_and_refuses_a_seed_without_score
     with pytest.raises(ValueError, match="seed: must be >= 0"):
         run_plan(orc, LanePlan(1, lay[-1], lay[0], 50, 8, "bulk", seed=-1), lengths, placed,
                  score=np.zeros(len(lengths)))
+
+
+def _result(knowledge: dict, oracle_s: float = 80.0, step_top: dict | None = None) -> dict:
+    """A bench_lanes result of one scenario and step: static 100 s, the given oracle, each knowledge's best plan."""
+    return {"scenario": "s", "steps": 1, "seed": 1, "tuned_static": "TP8x1@1024", "static_gen_s": 100.0,
+            "oracle_gen_s": oracle_s, "floor_s": 70.0, "speedup": {"oracle": 100.0 / oracle_s, "floor": 100 / 70},
+            "knowledge": {k: {"lanes_gen_s": t, "speedup": 100.0 / t} for k, t in knowledge.items()},
+            "per_step": [{"step": 0, "static_gen_s": 100.0, "oracle_gen_s": oracle_s, "floor_s": 70.0,
+                          "top": step_top or {k: [] for k in knowledge}}]}
+
+
+def test_runs_split_by_knowledge_merge_into_one_and_disagreeing_runs_are_refused():
+    from testbed.benchmarks.bench_lanes import MergeError, merge
+
+    a = {"s": _result({"progress": 100.5, "predictor:0.5": 88.0})}
+    b = {"s": _result({"predictor:0.25": 83.0, "predictor:0.5": 88.0}), "t": _result({"prompt": 97.0})}
+    out = merge([a, b])
+    assert set(out) == {"s", "t"}
+    assert set(out["s"]["knowledge"]) == {"progress", "predictor:0.5", "predictor:0.25"}
+    assert set(out["s"]["per_step"][0]["top"]) == {"progress", "predictor:0.5", "predictor:0.25"}
+    assert a["s"]["knowledge"].keys() == {"progress", "predictor:0.5"}  # the inputs are left as they were
+    with pytest.raises(MergeError, match="oracle_gen_s"):  # another scenario, seed or model under the same name
+        merge([a, {"s": _result({"prompt": 97.0}, oracle_s=79.0)}])
+    with pytest.raises(MergeError, match="'predictor:0.5' is 87.0 s in run 2"):
+        merge([a, {"s": _result({"predictor:0.5": 87.0})}])
+    with pytest.raises(MergeError, match="missing knowledge"):
+        merge([{"s": {"steps": 1}}])
+
+
+def test_the_plot_draws_every_scenario(tmp_path):
+    from testbed.benchmarks.bench_lanes import plot
+
+    res = {"s": _result({"progress": 100.5, "prompt": 97.0, "predictor:0": 80.2, "predictor:0.5": 88.0}),
+           "t": _result({"progress": 99.0})}  # no predictor searched: the lines alone
+    path = plot(res, tmp_path / "lanes.png")
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
