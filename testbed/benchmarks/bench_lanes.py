@@ -92,6 +92,13 @@ def bench_scenario(path: Path, steps: int, top: int, grid: dict = GRID, quiet: b
     return out
 
 
+DEFAULT_SCENARIOS = "short-7b,default"
+# what a scenario's runs must agree on to be merged (none of it depends on the knowledge searched), and what a
+# result must hold besides
+SAME = ("steps", "seed", "tuned_static", "static_gen_s", "oracle_gen_s", "floor_s")
+NEEDED = ("knowledge", "per_step", "speedup", "steps", "tuned_static", "static_gen_s", "oracle_gen_s", "floor_s")
+
+
 class MergeError(ValueError):
     """Results of :func:`bench_scenario` that do not describe the same scenario, step and seed."""
 
@@ -99,24 +106,24 @@ class MergeError(ValueError):
 def merge(runs: list) -> dict:
     """The results of several runs (each {scenario: :func:`bench_scenario`'s result}, e.g. one JSON per process
     with ``--knowledge`` split between them) as one: per scenario the union of their knowledge, each step's top
-    plans included. A scenario's runs must agree on what does not depend on the knowledge (steps, seed, tuned
-    static, static, oracle and floor times, each step's), and a knowledge found in two runs on its figure; a
-    :class:`MergeError` names what differs."""
+    plans included. A scenario's runs must agree on what does not depend on the knowledge (:data:`SAME`: steps,
+    seed, tuned static, and the static, oracle and floor times summed over the steps), and a knowledge found in
+    two runs on its figure; a :class:`MergeError` names what differs (a run's JSON without a seed, older than
+    the field, has None)."""
     out: dict = {}
-    same = ("steps", "seed", "tuned_static", "static_gen_s", "oracle_gen_s", "floor_s")
     for i, run in enumerate(runs):
         if not isinstance(run, dict) or not run:
             raise MergeError(f"run {i + 1}: not a bench_lanes result (a JSON object of scenarios)")
         for name, res in run.items():
-            need = ("knowledge", "per_step", "speedup") + same[:1] + same[2:]
-            if not isinstance(res, dict) or any(k not in res for k in need):
+            missing = [k for k in NEEDED if not isinstance(res, dict) or k not in res]
+            if missing:
                 raise MergeError(f"run {i + 1}, scenario {name!r}: not a bench_lanes result (missing "
-                                 f"{', '.join(k for k in need if not isinstance(res, dict) or k not in res)})")
+                                 f"{', '.join(missing)})")
             if name not in out:
                 out[name] = json.loads(json.dumps(res))  # a copy the later runs are merged into
                 continue
             base = out[name]
-            for k in same:
+            for k in SAME:
                 if base.get(k) != res.get(k):
                     raise MergeError(f"scenario {name!r}: run {i + 1} has {k} {res.get(k)!r}, an earlier run "
                                      f"{base.get(k)!r}: not the same scenario, seed and steps")
@@ -154,8 +161,8 @@ def plot(results: dict, path: Path) -> str:
     for ax, name in zip(axes[:, 0], names):
         res = results[name]
         oracle = res["speedup"]["oracle"]
-        pred = sorted((parse_knowledge(k)[1], v["speedup"]) for k, v in res["knowledge"].items()
-                      if parse_knowledge(k)[0] == "predictor")
+        kinds = {k: parse_knowledge(k) for k in res["knowledge"]}
+        pred = sorted((sd, res["knowledge"][k]["speedup"]) for k, (kind, sd) in kinds.items() if kind == "predictor")
         if pred:
             ax.plot([x for x, _ in pred], [y for _, y in pred], "o-", color="#1f77b4",
                     label="per-request length predictor")
@@ -181,7 +188,7 @@ def plot(results: dict, path: Path) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", default=None,
-                    help="names under scenarios/ (comma-separated; default short-7b,default)")
+                    help=f"names under scenarios/ (comma-separated; default {DEFAULT_SCENARIOS})")
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--knowledge", default="progress",
@@ -223,7 +230,7 @@ def main(argv=None) -> int:
             plot(res, args.plot)
         print(json.dumps(res, indent=1))
         return 0
-    args.scenarios = "short-7b,default" if args.scenarios is None else args.scenarios
+    args.scenarios = DEFAULT_SCENARIOS if args.scenarios is None else args.scenarios
     if args.seed is not None and args.seed < 0:
         ap.error(f"--seed must be >= 0, got {args.seed}")
     known_grid = KNOWN_GRID

@@ -103,13 +103,13 @@ def test_a_seeded_search_finishes_every_request_and_refuses_a_seed_without_score
                  score=np.zeros(len(lengths)))
 
 
-def _result(knowledge: dict, oracle_s: float = 80.0, step_top: dict | None = None) -> dict:
+def _result(knowledge: dict, oracle_s: float = 80.0) -> dict:
     """A bench_lanes result of one scenario and step: static 100 s, the given oracle, each knowledge's best plan."""
     return {"scenario": "s", "steps": 1, "seed": 1, "tuned_static": "TP8x1@1024", "static_gen_s": 100.0,
             "oracle_gen_s": oracle_s, "floor_s": 70.0, "speedup": {"oracle": 100.0 / oracle_s, "floor": 100 / 70},
             "knowledge": {k: {"lanes_gen_s": t, "speedup": 100.0 / t} for k, t in knowledge.items()},
             "per_step": [{"step": 0, "static_gen_s": 100.0, "oracle_gen_s": oracle_s, "floor_s": 70.0,
-                          "top": step_top or {k: [] for k in knowledge}}]}
+                          "top": {k: [] for k in knowledge}}]}
 
 
 def test_runs_split_by_knowledge_merge_into_one_and_disagreeing_runs_are_refused():
